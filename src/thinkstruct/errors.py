@@ -1,0 +1,62 @@
+"""Errors that reach users of thinkstruct.
+
+Bad user input (a schema, regex, grammar or request) is reported with
+:class:`InvalidConstraint`, whose message names the offending part: a JSON pointer
+into a schema, or a character position in a regex or grammar. Internal library errors
+are wrapped so that a user never sees only a raw C++/Rust error string.
+"""
+
+from __future__ import annotations
+
+
+class ThinkstructError(Exception):
+    """Base class of every error thinkstruct raises on purpose."""
+
+
+class InvalidConstraint(ThinkstructError, ValueError):
+    """A constraint that cannot be compiled, with where and why.
+
+    Attributes:
+        reason: what is wrong, in one sentence.
+        pointer: JSON pointer into the schema (``"/properties/age/type"``), or ``None``.
+        position: 0-based character offset into the regex, grammar or raw JSON text, or ``None``.
+        backend: the backend that refused it, or ``None`` when thinkstruct's own checks did.
+        kind: the constraint kind (``"json_schema"``, ``"regex"``, ...), or ``None``.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        pointer: str | None = None,
+        position: int | None = None,
+        backend: str | None = None,
+        kind: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.pointer = pointer
+        self.position = position
+        self.backend = backend
+        self.kind = kind
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = []
+        if self.kind:
+            where.append(self.kind)
+        if self.pointer is not None:
+            where.append(f"at {self.pointer or '/'}")
+        if self.position is not None:
+            where.append(f"at character {self.position}")
+        if self.backend:
+            where.append(f"(backend {self.backend})")
+        prefix = " ".join(where)
+        return f"{prefix}: {self.reason}" if prefix else self.reason
+
+
+class CompileTimeout(InvalidConstraint):
+    """A compile that ran past its time limit; its work was stopped."""
+
+
+class UnsupportedConstraint(InvalidConstraint):
+    """A backend cannot enforce this kind of constraint (or one of its keywords)."""

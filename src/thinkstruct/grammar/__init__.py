@@ -1,0 +1,1 @@
+"""Token-level constraints: specs, backends, reasoning-aware wrapper, compile service, bitmasks."""

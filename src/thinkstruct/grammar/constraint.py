@@ -1,0 +1,224 @@
+"""What a request asks its answer to match: :class:`Constraint`.
+
+A constraint is immutable and hashable; with the backend and its options it is the
+compile-cache key. Constructors parse and canonicalise their input (so two spellings of
+the same schema share one cache entry only when their JSON is identical, keys in the same
+order: key order is meaningful to every backend) and reject input that cannot be a
+constraint at all with :class:`~thinkstruct.InvalidConstraint`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from thinkstruct.errors import InvalidConstraint
+
+#: Deepest nesting of arrays/objects accepted in a schema or structural tag document.
+MAX_NESTING_DEPTH = 64
+
+
+class ConstraintKind(str, enum.Enum):
+    JSON_SCHEMA = "json_schema"
+    JSON_OBJECT = "json_object"
+    REGEX = "regex"
+    EBNF = "ebnf"
+    STRUCTURAL_TAG = "structural_tag"
+    CHOICE = "choice"
+
+    @classmethod
+    def parse(cls, kind: str | ConstraintKind) -> ConstraintKind:
+        try:
+            return cls(kind)
+        except ValueError:
+            known = ", ".join(k.value for k in cls)
+            raise InvalidConstraint(
+                f"unknown constraint kind {kind!r}; known kinds: {known}"
+            ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """A constraint on the answer: ``kind`` and its canonical ``value``.
+
+    ``value`` is canonical text: compact JSON (keys in their given order) for
+    ``json_schema`` and ``structural_tag``, the pattern for ``regex``, the grammar for
+    ``ebnf``, ``""`` for ``json_object``, and a JSON list of strings for ``choice``.
+    Build one with the class methods rather than the constructor.
+    """
+
+    kind: ConstraintKind
+    value: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ConstraintKind.parse(self.kind))
+        if not isinstance(self.value, str):
+            raise InvalidConstraint(
+                f"constraint value must be text, got {type(self.value).__name__}",
+                kind=self.kind.value,
+            )
+        nul = self.value.find("\x00")
+        if nul >= 0:
+            raise InvalidConstraint(
+                "NUL character is not allowed", position=nul, kind=self.kind.value
+            )
+
+    # ---- constructors -------------------------------------------------------------
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any] | bool | str) -> Constraint:
+        """A JSON Schema (a dict, a boolean schema, or its JSON text)."""
+        doc = _load_json(schema, ConstraintKind.JSON_SCHEMA)
+        if not isinstance(doc, (dict, bool)):
+            raise InvalidConstraint(
+                f"a JSON schema must be an object or a boolean, got {type(doc).__name__}",
+                pointer="",
+                kind="json_schema",
+            )
+        return cls(ConstraintKind.JSON_SCHEMA, _dump_json(doc, ConstraintKind.JSON_SCHEMA))
+
+    @classmethod
+    def json_object(cls) -> Constraint:
+        """Any JSON object (OpenAI's ``response_format={"type": "json_object"}``)."""
+        return cls(ConstraintKind.JSON_OBJECT, "")
+
+    @classmethod
+    def regex(cls, pattern: str) -> Constraint:
+        """A regular expression the whole answer must match."""
+        _require_text(pattern, ConstraintKind.REGEX)
+        return cls(ConstraintKind.REGEX, pattern)
+
+    @classmethod
+    def ebnf(cls, grammar: str) -> Constraint:
+        """An EBNF grammar in GBNF style (``root ::= ...``)."""
+        _require_text(grammar, ConstraintKind.EBNF)
+        return cls(ConstraintKind.EBNF, grammar)
+
+    @classmethod
+    def structural_tag(cls, tag: Mapping[str, Any] | str) -> Constraint:
+        """A structural tag: the legacy ``{structures, triggers}`` form or the ``{format}`` form."""
+        doc = _load_json(tag, ConstraintKind.STRUCTURAL_TAG)
+        if not isinstance(doc, dict):
+            raise InvalidConstraint(
+                "a structural tag must be a JSON object", pointer="", kind="structural_tag"
+            )
+        return cls(
+            ConstraintKind.STRUCTURAL_TAG, _dump_json(doc, ConstraintKind.STRUCTURAL_TAG)
+        )
+
+    @classmethod
+    def choice(cls, options: Sequence[str]) -> Constraint:
+        """Exactly one of the given strings."""
+        if isinstance(options, str) or not isinstance(options, Sequence):
+            raise InvalidConstraint("choice needs a list of strings", kind="choice")
+        if not options:
+            raise InvalidConstraint("choice needs at least one option", kind="choice")
+        for i, option in enumerate(options):
+            if not isinstance(option, str):
+                raise InvalidConstraint(
+                    f"option must be a string, got {type(option).__name__}",
+                    pointer=f"/{i}",
+                    kind="choice",
+                )
+        return cls(ConstraintKind.CHOICE, json.dumps(list(options), ensure_ascii=False))
+
+    # ---- views ----------------------------------------------------------------------
+
+    @property
+    def document(self) -> Any:
+        """The parsed JSON value (schema, structural tag, or list of choices)."""
+        if self.kind in (
+            ConstraintKind.JSON_SCHEMA,
+            ConstraintKind.STRUCTURAL_TAG,
+            ConstraintKind.CHOICE,
+        ):
+            return json.loads(self.value)
+        if self.kind is ConstraintKind.JSON_OBJECT:
+            return {"type": "object"}
+        raise TypeError(f"a {self.kind.value} constraint has no JSON document")
+
+    def __repr__(self) -> str:
+        shown = self.value if len(self.value) <= 60 else self.value[:57] + "..."
+        return f"Constraint({self.kind.value}, {shown!r})"
+
+
+def _require_text(value: object, kind: ConstraintKind) -> None:
+    if not isinstance(value, str):
+        raise InvalidConstraint(
+            f"expected text, got {type(value).__name__}", kind=kind.value
+        )
+    if not value:
+        raise InvalidConstraint("must not be empty", kind=kind.value)
+
+
+def _load_json(value: object, kind: ConstraintKind) -> Any:
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidConstraint(
+                "not valid UTF-8", position=e.start, kind=kind.value
+            ) from None
+    if not isinstance(value, str):
+        return value
+    nul = value.find("\x00")
+    if nul >= 0:
+        raise InvalidConstraint("NUL character is not allowed", position=nul, kind=kind.value)
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as e:
+        raise InvalidConstraint(
+            f"malformed JSON: {e.msg} (line {e.lineno}, column {e.colno})",
+            position=e.pos,
+            kind=kind.value,
+        ) from None
+    except RecursionError:
+        raise InvalidConstraint(
+            f"nesting deeper than {MAX_NESTING_DEPTH} levels", kind=kind.value
+        ) from None
+
+
+def _dump_json(doc: Any, kind: ConstraintKind) -> str:
+    _check_depth(doc, kind)
+    try:
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise InvalidConstraint(f"not representable as JSON: {e}", kind=kind.value) from None
+
+
+def _check_depth(doc: Any, kind: ConstraintKind) -> None:
+    # Iterative, so a hostile document cannot exhaust the Python stack here.
+    stack: list[tuple[Any, str, int]] = [(doc, "", 0)]
+    while stack:
+        node, pointer, depth = stack.pop()
+        if depth > MAX_NESTING_DEPTH:
+            raise InvalidConstraint(
+                f"nesting deeper than {MAX_NESTING_DEPTH} levels",
+                pointer=pointer,
+                kind=kind.value,
+            )
+        if isinstance(node, dict):
+            for key, child in node.items():
+                if not isinstance(key, str):
+                    raise InvalidConstraint(
+                        f"object keys must be strings, got {key!r}", pointer=pointer, kind=kind.value
+                    )
+                if "\x00" in key:
+                    raise InvalidConstraint(
+                        "NUL character is not allowed in a key", pointer=pointer, kind=kind.value
+                    )
+                stack.append((child, f"{pointer}/{escape_pointer(key)}", depth + 1))
+        elif isinstance(node, list):
+            for i, child in enumerate(node):
+                stack.append((child, f"{pointer}/{i}", depth + 1))
+        elif isinstance(node, str) and "\x00" in node:
+            raise InvalidConstraint(
+                "NUL character is not allowed", pointer=pointer, kind=kind.value
+            )
+
+
+def escape_pointer(token: str) -> str:
+    """Escape one JSON pointer reference token (RFC 6901)."""
+    return token.replace("~", "~0").replace("/", "~1")

