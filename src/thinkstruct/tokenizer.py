@@ -184,9 +184,17 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` as plain text: no BOS, and special tokens' texts are not
         turned into their ids (``"</think>"`` inside a JSON string stays characters)."""
+        return self._plain_encoding(text).ids
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """As :meth:`encode`, with each token's ``(start, end)`` character offsets."""
+        enc = self._plain_encoding(text)
+        return enc.ids, enc.offsets
+
+    def _plain_encoding(self, text: str) -> Any:
         backend = self._text_backend or self._once("text", self._build_text_backend)
         self._text_backend = backend
-        return backend.encode(text, add_special_tokens=False).ids
+        return backend.encode(text, add_special_tokens=False)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=False)

@@ -1,0 +1,101 @@
+"""The one-call entry points: :func:`compile` and :func:`accepts`."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+
+from thinkstruct.grammar.backends import create_backend
+from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend, InvalidGrammar
+from thinkstruct.grammar.bitmask import allocate_bitmask, is_allowed
+from thinkstruct.grammar.json_format import JsonFormat
+
+if TYPE_CHECKING:
+    from thinkstruct.grammar.constraint import Constraint
+    from thinkstruct.tokenizer import Tokenizer
+
+_backends: weakref.WeakKeyDictionary[Tokenizer, dict[tuple[str, JsonFormat], GrammarBackend]] = (
+    weakref.WeakKeyDictionary()
+)
+_backends_lock = threading.Lock()
+
+
+def get_backend(
+    tokenizer: Tokenizer, name: str, *, json_format: JsonFormat | None = None
+) -> GrammarBackend:
+    """The shared backend instance for (tokenizer, name, JSON format)."""
+    fmt = json_format or JsonFormat()
+    with _backends_lock:
+        per_tokenizer = _backends.setdefault(tokenizer, {})
+        backend = per_tokenizer.get((name, fmt))
+        if backend is None:
+            backend = create_backend(name, tokenizer, json_format=fmt)
+            per_tokenizer[(name, fmt)] = backend
+    return backend
+
+
+def compile(
+    constraint: Constraint,
+    tokenizer: Tokenizer | None = None,
+    backend: str = "xgrammar",
+    *,
+    json_format: JsonFormat | None = None,
+) -> CompiledGrammar:
+    """Compile ``constraint`` for ``tokenizer`` (default: DeepSeek-V4) with one backend.
+
+    Raises:
+        InvalidConstraint: the constraint is malformed, or this backend cannot enforce it;
+            the message names the offending part.
+    """
+    from thinkstruct.tokenizer import Tokenizer
+
+    tok = tokenizer or Tokenizer.default()
+    result = get_backend(tok, backend, json_format=json_format).compile(constraint)
+    if isinstance(result, InvalidGrammar):
+        raise result.error
+    return result
+
+
+def accepts(
+    constraint: Constraint,
+    text: str,
+    *,
+    tokenizer: Tokenizer | None = None,
+    backend: str = "xgrammar",
+    json_format: JsonFormat | None = None,
+) -> bool:
+    """Whether ``text`` is a complete answer under ``constraint``.
+
+    ``text`` is tokenized as plain text (no BOS; special tokens' texts stay characters),
+    fed token by token, and accepted if every token is and a stop token would be allowed
+    next.
+
+    Raises:
+        InvalidConstraint: as :func:`compile`.
+    """
+    compiled = compile(constraint, tokenizer, backend, json_format=json_format)
+    return first_rejected(compiled, text) is None
+
+
+def first_rejected(compiled: CompiledGrammar, text: str) -> int | None:
+    """Character offset in ``text`` where the grammar rejects it, or ``None`` if it accepts
+    it as a complete answer (``len(text)`` when the text is a valid but unfinished prefix)."""
+    tok = compiled.tokenizer
+    grammar = compiled.matcher()
+    ids, offsets = tok.encode_with_offsets(text)
+    for token_id, (start, _) in zip(ids, offsets):
+        if not grammar.accept_token(token_id):
+            return start
+    return None if can_stop(grammar, tok) else len(text)
+
+
+def can_stop(grammar: Grammar, tokenizer: Tokenizer) -> bool:
+    """Whether a stop token is allowed next (the answer so far is complete)."""
+    bitmask = allocate_bitmask(1, tokenizer.vocab_size)
+    grammar.fill_bitmask(bitmask, 0)
+    return any(is_allowed(bitmask, 0, eos) for eos in tokenizer.eos_token_ids)
+
+
+__all__ = ["accepts", "can_stop", "compile", "first_rejected", "get_backend"]

@@ -1,0 +1,192 @@
+"""llguidance: JSON Schema, regex, EBNF (via Lark) and legacy structural tags, matched by a
+lazy lexer and Earley parser (fast compiles, masks computed on demand)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import llguidance
+
+from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
+from thinkstruct.grammar.bitmask import allow_only
+from thinkstruct.grammar.row_pointer import row_address
+from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend
+from thinkstruct.grammar.constraint import Constraint, ConstraintKind
+from thinkstruct.grammar.json_format import JsonFormat
+from thinkstruct.grammar.library_errors import describe_library_error, describe_message
+
+if TYPE_CHECKING:
+    import torch
+
+    from thinkstruct.tokenizer import Tokenizer
+
+
+class LLGuidanceBackend(GrammarBackend):
+    name = "llguidance"
+    kinds = frozenset(ConstraintKind)
+
+    def __init__(
+        self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat(), lenient: bool = False
+    ) -> None:
+        super().__init__(tokenizer, json_format=json_format)
+        #: With ``lenient``, llguidance ignores JSON Schema keywords it cannot enforce
+        #: instead of refusing the schema (more schemas compile, fewer are enforced exactly).
+        self.lenient = lenient
+        self._ll_tokenizer = tokenizer.llguidance_tokenizer()
+
+    def options_key(self) -> tuple[object, ...]:
+        return (*super().options_key(), self.lenient)
+
+    def _compile(self, constraint: Constraint) -> CompiledGrammar:
+        start = time.perf_counter()
+        try:
+            grammar = self._grammar_text(constraint)
+        except InvalidConstraint:
+            raise
+        except Exception as e:
+            raise describe_library_error(e, constraint, self.name) from None
+        # Building the matcher parses the grammar and builds the lexer (GIL released).
+        pristine = llguidance.LLMatcher(self._ll_tokenizer, grammar, log_level=0)
+        if pristine.is_error():
+            raise describe_message(pristine.get_error(), constraint, self.name)
+        return LLGuidanceCompiled(
+            constraint=constraint,
+            backend=self.name,
+            tokenizer=self.tokenizer,
+            compile_seconds=time.perf_counter() - start,
+            grammar=grammar,
+            pristine=pristine,
+            eos_ids=frozenset(self.tokenizer.eos_token_ids),
+        )
+
+    def _grammar_text(self, constraint: Constraint) -> str:
+        kind = constraint.kind
+        if kind is ConstraintKind.JSON_SCHEMA or kind is ConstraintKind.JSON_OBJECT:
+            schema = constraint.value if kind is ConstraintKind.JSON_SCHEMA else '{"type":"object"}'
+            # Overrides, not defaults: a schema's own "x-guidance" must not re-enable
+            # unbounded whitespace.
+            return llguidance.LLMatcher.grammar_from_json_schema(
+                schema, overrides=self._json_options()
+            )
+        if kind is ConstraintKind.REGEX:
+            return llguidance.LLMatcher.grammar_from_regex(constraint.value)
+        if kind is ConstraintKind.EBNF:
+            return llguidance.grammar_from("ebnf", constraint.value)
+        if kind is ConstraintKind.CHOICE:
+            options = constraint.document
+            alternatives = " | ".join(json.dumps(o, ensure_ascii=False) for o in options)
+            return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}")
+        if kind is ConstraintKind.STRUCTURAL_TAG:
+            return self._structural_tag(constraint)
+        raise AssertionError(f"unhandled kind {kind}")
+
+    def _structural_tag(self, constraint: Constraint) -> str:
+        tag = constraint.document
+        if "structures" not in tag:
+            raise UnsupportedConstraint(
+                "the llguidance backend only takes the legacy {structures, triggers} "
+                "structural tag form",
+                kind=constraint.kind.value,
+                backend=self.name,
+            )
+        triggers = tag.get("triggers") or []
+        tags = []
+        for i, s in enumerate(tag["structures"]):
+            trigger = next((t for t in triggers if s["begin"].startswith(t)), None)
+            if trigger is None:
+                raise InvalidConstraint(
+                    f"begin {s['begin']!r} starts with none of the triggers {triggers!r}",
+                    pointer=f"/structures/{i}/begin",
+                    kind=constraint.kind.value,
+                )
+            schema = s.get("schema") or {}
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                schema, overrides=self._json_options()
+            )
+            tags.append(
+                llguidance.StructTag(
+                    trigger=trigger, begin=s["begin"], grammar=json.loads(grammar), end=s["end"]
+                )
+            )
+        return llguidance.StructTag.to_grammar(tags)
+
+    def _json_options(self) -> dict[str, Any]:
+        ws = self.json_format.max_whitespace
+        options: dict[str, Any] = {
+            "item_separator": ",",
+            "key_separator": ":",
+            "lenient": self.lenient,
+        }
+        if ws == 0:
+            options["whitespace_flexible"] = False
+        else:
+            options["whitespace_flexible"] = True
+            options["whitespace_pattern"] = self.json_format.whitespace_regex
+        return options
+
+
+@dataclass(frozen=True, eq=False)
+class LLGuidanceCompiled(CompiledGrammar):
+    grammar: str = field(default="", repr=False)
+    pristine: Any = field(default=None, repr=False)
+    eos_ids: frozenset[int] = frozenset()
+
+    def matcher(self) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(self)
+
+    @property
+    def memory_bytes(self) -> int:
+        return len(self.grammar) * 2 + 64 * 1024
+
+
+class LLGuidanceMatcher(Grammar):
+    __slots__ = ("_compiled", "_m", "_eos", "_finished")
+
+    def __init__(self, compiled: LLGuidanceCompiled) -> None:
+        self._compiled = compiled
+        # A deep copy of the compiled matcher skips re-parsing the grammar.
+        self._m = compiled.pristine.deep_copy()
+        self._eos = compiled.eos_ids
+        # The stop token is not fed to llguidance (see rollback), only recorded here.
+        self._finished = False
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._finished:
+            return False
+        if token_id in self._eos:
+            if self._m.is_accepting():
+                self._finished = True
+                return True
+            return False
+        # try_consume_tokens stops at a rejected token without entering the error state.
+        return self._m.try_consume_tokens([token_id]) == 1
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        if self._finished:
+            self._finished = False
+            num_tokens -= 1  # the stop token never reached the matcher
+        if num_tokens:
+            self._m.rollback(num_tokens)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._finished:
+            allow_only(bitmask, row, self._eos)
+            return
+        address, words = row_address(bitmask, row)
+        self._m.unsafe_compute_mask_ptr(address, words * 4)
+
+    def is_terminated(self) -> bool:
+        return self._finished
+
+    def jump_forward(self) -> list[int]:
+        if self._finished:
+            return []
+        return list(self._m.compute_ff_tokens())
+
+    def copy(self) -> LLGuidanceMatcher:
+        return LLGuidanceMatcher(self._compiled)

@@ -1,0 +1,218 @@
+"""outlines-core: regular languages only (JSON Schema through its regex translation, regex,
+choice), compiled to a token-level DFA index over the whole vocabulary."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import outlines_core
+
+from thinkstruct.errors import InvalidConstraint
+from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend
+from thinkstruct.grammar.bitmask import allow_only, set_allowed
+from thinkstruct.grammar.constraint import Constraint, ConstraintKind
+from thinkstruct.grammar.json_format import JsonFormat
+from thinkstruct.grammar.library_errors import describe_library_error
+from thinkstruct.grammar.row_pointer import row_address
+
+if TYPE_CHECKING:
+    import torch
+
+    from thinkstruct.tokenizer import Tokenizer
+
+#: Most tokens a matcher can roll back (outlines-core keeps a bounded state history).
+MAX_ROLLBACK_TOKENS = 4096
+
+#: How deep outlines-core unrolls recursive schemas (``$ref`` cycles, free-form objects).
+MAX_RECURSION_DEPTH = 3
+
+
+class OutlinesBackend(GrammarBackend):
+    name = "outlines"
+    kinds = frozenset(
+        {
+            ConstraintKind.JSON_SCHEMA,
+            ConstraintKind.JSON_OBJECT,
+            ConstraintKind.REGEX,
+            ConstraintKind.CHOICE,
+        }
+    )
+
+    def __init__(self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat()) -> None:
+        super().__init__(tokenizer, json_format=json_format)
+        self._vocabulary = tokenizer.outlines_vocabulary()
+
+    def _compile(self, constraint: Constraint) -> CompiledGrammar:
+        start = time.perf_counter()
+        try:
+            regex = self.regex_for(constraint)
+            index = outlines_core.Index(regex, self._vocabulary)
+        except InvalidConstraint:
+            raise
+        except BaseException as e:  # a Rust panic surfaces as PanicException(BaseException)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise describe_library_error(e, constraint, self.name) from None
+        eos = self.tokenizer.eos_token_ids
+        return OutlinesCompiled(
+            constraint=constraint,
+            backend=self.name,
+            tokenizer=self.tokenizer,
+            compile_seconds=time.perf_counter() - start,
+            index=index,
+            regex=regex,
+            eos_ids=frozenset(eos),
+            extra_eos_ids=tuple(eos[1:]),
+            forced={},
+        )
+
+    def regex_for(self, constraint: Constraint) -> str:
+        """The regex outlines-core enforces for ``constraint``."""
+        kind = constraint.kind
+        if kind is ConstraintKind.REGEX:
+            return constraint.value
+        if kind is ConstraintKind.CHOICE:
+            return "(" + "|".join(_escape(o) for o in constraint.document) + ")"
+        schema = constraint.value if kind is ConstraintKind.JSON_SCHEMA else '{"type":"object"}'
+        ws = self.json_format.whitespace_regex
+        regex = outlines_core.json_schema.build_regex_from_schema(
+            schema, ws or "", max_recursion_depth=MAX_RECURSION_DEPTH
+        )
+        return _align_array_separators(regex, ws) if ws else regex
+
+
+# outlines-core writes array items as `item(,WS item)*` while objects (and xgrammar and
+# llguidance everywhere) allow `WS,WS`; add the missing run so all backends accept the same
+# whitespace. Only an unescaped "(," followed by the whitespace run is an array separator.
+def _align_array_separators(regex: str, ws: str) -> str:
+    pattern = re.compile(r"(?<!\\)((?:\\\\)*)\(," + re.escape(ws))
+    return pattern.sub(lambda m: m.group(1) + "(" + ws + "," + ws, regex)
+
+
+_REGEX_META = set("\\.+*?()|[]{}^$#&-~/")
+
+
+def _escape(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in _REGEX_META:
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(f"\\x{{{ord(ch):x}}}")
+    return "".join(out)
+
+
+@dataclass(frozen=True, eq=False)
+class OutlinesCompiled(CompiledGrammar):
+    index: Any = field(default=None, repr=False)
+    regex: str = field(default="", repr=False)
+    eos_ids: frozenset[int] = frozenset()
+    #: Stop ids beyond the first (outlines-core's vocabulary knows a single EOS id).
+    extra_eos_ids: tuple[int, ...] = ()
+    #: Per-state cache for jump-forward: state -> (forced byte's token, next state) or None.
+    forced: dict[int, tuple[int, int] | None] = field(default_factory=dict, repr=False)
+
+    def matcher(self) -> OutlinesMatcher:
+        return OutlinesMatcher(self)
+
+
+class OutlinesMatcher(Grammar):
+    __slots__ = ("_compiled", "_guide", "_finished")
+
+    def __init__(self, compiled: OutlinesCompiled) -> None:
+        self._compiled = compiled
+        self._guide = outlines_core.Guide(compiled.index, max_rollback=MAX_ROLLBACK_TOKENS)
+        self._finished = False
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._finished:
+            return False
+        if token_id in self._compiled.eos_ids:
+            if self._guide.is_finished():
+                self._finished = True  # not fed to the guide; see rollback
+                return True
+            return False
+        try:
+            self._guide.advance(token_id, return_tokens=False)
+        except ValueError:  # no transition: the guide's state is unchanged
+            return False
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        if self._finished:
+            self._finished = False
+            num_tokens -= 1
+        if num_tokens:
+            self._guide.rollback_state(num_tokens)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._finished:
+            allow_only(bitmask, row, self._compiled.eos_ids)
+            return
+        address, words = row_address(bitmask, row)
+        self._guide.write_mask_into(address, words, 4)
+        extra = self._compiled.extra_eos_ids
+        if extra and self._guide.is_finished():
+            for t in extra:
+                set_allowed(bitmask, row, t)
+
+    def is_terminated(self) -> bool:
+        return self._finished
+
+    def jump_forward(self) -> list[int]:
+        """Follow the states where every allowed token starts with the same byte (so that
+        byte is forced), then tokenize the forced text."""
+        if self._finished:
+            return []
+        compiled = self._compiled
+        index = compiled.index
+        vocab = compiled.tokenizer.decoded_vocab()
+        state = self._guide.get_state()
+        forced = bytearray()
+        while len(forced) < 256:
+            if state not in compiled.forced:
+                compiled.forced[state] = _forced_byte(index, state, vocab)
+            step = compiled.forced[state]
+            if step is None:
+                break
+            token, state = step
+            forced += vocab[token]
+        if not forced:
+            return []
+        text = forced.decode("utf-8", errors="ignore")
+        return compiled.tokenizer.encode(text) if text else []
+
+    def copy(self) -> OutlinesMatcher:
+        return OutlinesMatcher(self._compiled)
+
+
+def _forced_byte(index: Any, state: int, vocab: list[bytes]) -> tuple[int, int] | None:
+    if index.is_final_state(state):
+        return None  # the answer may end here: nothing is forced
+    allowed = index.get_allowed_tokens(state)
+    if not allowed:
+        return None
+    first = None
+    single = None
+    for t in allowed:
+        raw = vocab[t]
+        if not raw:
+            return None
+        if first is None:
+            first = raw[0]
+        elif raw[0] != first:
+            return None
+        if len(raw) == 1:
+            single = t
+    if single is None:
+        return None
+    nxt = index.get_next_state(state, single)
+    return None if nxt is None else (single, nxt)

@@ -1,0 +1,135 @@
+"""xgrammar: JSON Schema, regex, EBNF and structural tags, compiled to a pushdown automaton
+with a precomputed per-state token-mask cache (fast masks, slower compiles)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import xgrammar as xgr
+
+from thinkstruct.errors import InvalidConstraint
+from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend
+from thinkstruct.grammar.constraint import Constraint, ConstraintKind
+from thinkstruct.grammar.json_format import JsonFormat
+from thinkstruct.grammar.library_errors import describe_library_error
+
+if TYPE_CHECKING:
+    import torch
+
+    from thinkstruct.tokenizer import Tokenizer
+
+
+class XGrammarBackend(GrammarBackend):
+    name = "xgrammar"
+    kinds = frozenset(ConstraintKind)
+
+    def __init__(
+        self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat(), max_threads: int = 2
+    ) -> None:
+        super().__init__(tokenizer, json_format=json_format)
+        # thinkstruct keeps its own compile cache (GrammarCompiler); xgrammar's would hold
+        # a second copy of every grammar.
+        self._compiler = xgr.GrammarCompiler(
+            tokenizer.xgrammar_info(), max_threads=max_threads, cache_enabled=False
+        )
+
+    def _compile(self, constraint: Constraint) -> CompiledGrammar:
+        start = time.perf_counter()
+        try:
+            ctx = self._compile_ctx(constraint)
+        except InvalidConstraint:
+            raise
+        except Exception as e:  # xgrammar raises RuntimeError/ValueError/its own types
+            raise describe_library_error(e, constraint, self.name) from None
+        return XGrammarCompiled(
+            constraint=constraint,
+            backend=self.name,
+            tokenizer=self.tokenizer,
+            compile_seconds=time.perf_counter() - start,
+            ctx=ctx,
+        )
+
+    def _compile_ctx(self, constraint: Constraint) -> xgr.CompiledGrammar:
+        kind = constraint.kind
+        if kind is ConstraintKind.JSON_SCHEMA or kind is ConstraintKind.JSON_OBJECT:
+            schema = constraint.value if kind is ConstraintKind.JSON_SCHEMA else '{"type":"object"}'
+            return self._compiler.compile_json_schema(schema, **self._json_options())
+        if kind is ConstraintKind.REGEX:
+            return self._compiler.compile_regex(constraint.value)
+        if kind is ConstraintKind.EBNF:
+            return self._compiler.compile_grammar(constraint.value)
+        if kind is ConstraintKind.CHOICE:
+            options = constraint.document
+            ebnf = "root ::= " + " | ".join(_ebnf_literal(o) for o in options)
+            return self._compiler.compile_grammar(ebnf)
+        if kind is ConstraintKind.STRUCTURAL_TAG:
+            tag = constraint.document
+            if "structures" in tag or "triggers" in tag:
+                items = [
+                    xgr.StructuralTagItem(
+                        begin=s["begin"], schema=json.dumps(s.get("schema") or {}), end=s["end"]
+                    )
+                    for s in tag.get("structures", [])
+                ]
+                return self._compiler.compile_structural_tag(items, tag.get("triggers", []))
+            return self._compiler.compile_structural_tag(constraint.value)
+        raise AssertionError(f"unhandled kind {kind}")
+
+    def _json_options(self) -> dict[str, Any]:
+        ws = self.json_format.max_whitespace
+        if ws == 0:
+            return {"any_whitespace": False, "separators": (",", ":")}
+        return {"any_whitespace": True, "max_whitespace_cnt": ws}
+
+
+def _ebnf_literal(text: str) -> str:
+    # xgrammar's EBNF string literals take JSON-style escapes.
+    return json.dumps(text, ensure_ascii=False) if text else '""'
+
+
+@dataclass(frozen=True, eq=False)
+class XGrammarCompiled(CompiledGrammar):
+    ctx: Any = field(default=None, repr=False)
+
+    def matcher(self) -> XGrammarMatcher:
+        return XGrammarMatcher(self)
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.ctx.memory_size_bytes)
+
+
+class XGrammarMatcher(Grammar):
+    __slots__ = ("_compiled", "_m")
+
+    def __init__(self, compiled: XGrammarCompiled) -> None:
+        self._compiled = compiled
+        self._m = xgr.GrammarMatcher(compiled.ctx, max_rollback_tokens=-1)
+
+    def accept_token(self, token_id: int) -> bool:
+        # False (state unchanged) for a rejected, special or out-of-range token. After
+        # termination xgrammar would also refuse, but log a warning for each call.
+        if self._m.is_terminated():
+            return False
+        return self._m.accept_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens > 0:
+            self._m.rollback(num_tokens)
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self._m.fill_next_token_bitmask(bitmask, row)
+
+    def is_terminated(self) -> bool:
+        return self._m.is_terminated()
+
+    def jump_forward(self) -> list[int]:
+        # xgrammar finds the forced string and tokenizes it greedily, leaving out a final
+        # token that could still grow; special and stop tokens are never included.
+        return list(self._m.find_jump_forward_tokens())
+
+    def copy(self) -> XGrammarMatcher:
+        return XGrammarMatcher(self._compiled)

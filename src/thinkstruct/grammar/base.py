@@ -1,0 +1,160 @@
+"""The backend interface: a backend compiles, a per-request grammar matches.
+
+Everything else in thinkstruct hangs off three small types:
+
+- :class:`GrammarBackend` compiles a :class:`~thinkstruct.Constraint` for one tokenizer
+  into a :class:`CompiledGrammar`, or into an :class:`InvalidGrammar` that carries a
+  user-facing :class:`~thinkstruct.InvalidConstraint`. It never raises for bad input.
+- :class:`CompiledGrammar` is immutable and shared; :meth:`CompiledGrammar.matcher`
+  makes a fresh, cheap per-request :class:`Grammar`.
+- :class:`Grammar` follows one request's tokens and fills its row of the token bitmask.
+
+Token bitmasks are int32 tensors of shape ``[batch, ceil(vocab_size / 32)]``: bit ``j``
+of word ``i`` set means token ``32 * i + j`` is allowed. Every backend writes the same
+bits, so one batch may mix backends.
+
+Stop tokens behave the same everywhere: once the answer is complete, any of the model's
+EOS ids is allowed and accepting one terminates the grammar; ``rollback`` can undo it.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Union
+
+from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
+from thinkstruct.grammar.constraint import Constraint, ConstraintKind
+from thinkstruct.grammar.json_format import JsonFormat
+
+if TYPE_CHECKING:
+    import torch
+
+    from thinkstruct.tokenizer import Tokenizer
+
+
+class Grammar(abc.ABC):
+    """One request's position in a compiled grammar.
+
+    A rejected token is reported by :meth:`accept_token` returning ``False``; the state
+    is then unchanged. Methods never raise for tokens the model might produce.
+    """
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token. ``False`` (state unchanged) if the grammar forbids it."""
+
+    @abc.abstractmethod
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens (a stop token counts as one)."""
+
+    @abc.abstractmethod
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the set of allowed next tokens into row ``row`` of an int32 CPU bitmask."""
+
+    @abc.abstractmethod
+    def is_terminated(self) -> bool:
+        """True once a stop token has been accepted."""
+
+    @abc.abstractmethod
+    def jump_forward(self) -> list[int]:
+        """Token ids the grammar forces next (possibly none), without accepting them.
+
+        Feed them with :meth:`accept_token` to skip that many decoding steps.
+        """
+
+    @abc.abstractmethod
+    def copy(self) -> Grammar:
+        """A fresh matcher at the start, sharing the compiled grammar."""
+
+    def accept_tokens(self, token_ids: list[int]) -> int:
+        """Accept tokens until one is rejected; return how many were accepted."""
+        for n, token_id in enumerate(token_ids):
+            if not self.accept_token(token_id):
+                return n
+        return len(token_ids)
+
+
+@dataclass(frozen=True, eq=False)
+class CompiledGrammar(abc.ABC):
+    """A constraint compiled for one tokenizer by one backend; shared and immutable."""
+
+    constraint: Constraint
+    backend: str
+    tokenizer: Tokenizer = field(repr=False)
+    #: Seconds the backend spent compiling.
+    compile_seconds: float = 0.0
+
+    @abc.abstractmethod
+    def matcher(self) -> Grammar:
+        """A fresh per-request matcher at the start of the grammar."""
+
+    @property
+    def memory_bytes(self) -> int:
+        """Approximate memory the compiled grammar holds (for cache accounting)."""
+        return len(self.constraint.value) * 4 + 1024
+
+
+@dataclass(frozen=True)
+class InvalidGrammar:
+    """The result of compiling a constraint a backend cannot compile."""
+
+    constraint: Constraint
+    backend: str
+    error: InvalidConstraint
+
+    def raise_error(self) -> None:
+        raise self.error
+
+
+CompileResult = Union[CompiledGrammar, InvalidGrammar]
+
+
+class GrammarBackend(abc.ABC):
+    """Compiles constraints for one tokenizer with one library.
+
+    One instance per (tokenizer, backend, options). ``compile`` is safe to call from
+    several threads at once.
+    """
+
+    name: ClassVar[str]
+    kinds: ClassVar[frozenset[ConstraintKind]]
+
+    def __init__(self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat()) -> None:
+        self.tokenizer = tokenizer
+        self.json_format = json_format
+
+    def compile(self, constraint: Constraint) -> CompileResult:
+        """Compile, or return an :class:`InvalidGrammar` naming what is wrong."""
+        if constraint.kind not in self.kinds:
+            return self.invalid(
+                constraint,
+                UnsupportedConstraint(
+                    f"the {self.name} backend cannot enforce a {constraint.kind.value} constraint",
+                    backend=self.name,
+                    kind=constraint.kind.value,
+                ),
+            )
+        from thinkstruct.grammar.validation import check_constraint
+
+        try:
+            check_constraint(constraint)
+            return self._compile(constraint)
+        except InvalidConstraint as e:
+            if e.backend is None:
+                e.backend = self.name
+            return self.invalid(constraint, e)
+
+    def invalid(self, constraint: Constraint, error: InvalidConstraint) -> InvalidGrammar:
+        return InvalidGrammar(constraint, self.name, error)
+
+    @abc.abstractmethod
+    def _compile(self, constraint: Constraint) -> CompiledGrammar:
+        """Compile a checked constraint of a supported kind; raise InvalidConstraint if the
+        library refuses it."""
+
+    def options_key(self) -> tuple[object, ...]:
+        """The options that change what ``compile`` produces (part of the cache key)."""
+        return (self.name, self.json_format)

@@ -1,0 +1,149 @@
+"""Token bitmasks: allocate once, fill per row, apply to logits in place.
+
+A bitmask is an int32 tensor of shape ``[batch, ceil(vocab_size / 32)]``. Bit ``j`` of
+word ``i`` (least significant first) set means token ``32 * i + j`` is allowed. xgrammar,
+llguidance and outlines-core all write this layout, so rows filled by different backends
+can sit in one tensor and be applied together.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+_ALL_ALLOWED = -1  # every bit set
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """Number of int32 words one row needs for ``vocab_size`` tokens."""
+    return (vocab_size + 31) // 32
+
+
+def allocate_bitmask(batch_size: int, vocab_size: int, *, device: str | torch.device = "cpu") -> torch.Tensor:
+    """A new ``[batch_size, ceil(vocab_size/32)]`` int32 bitmask with every token allowed.
+
+    Grammars fill rows on the CPU; copy to the logits' device before applying.
+    """
+    pin = torch.device(device).type == "cpu" and torch.cuda.is_available()
+    return torch.full(
+        (batch_size, bitmask_words(vocab_size)),
+        _ALL_ALLOWED,
+        dtype=torch.int32,
+        device=device,
+        pin_memory=pin,
+    )
+
+
+class TokenBitmask:
+    """One bitmask buffer reused across decoding steps; rows are views, never copies.
+
+    Args:
+        max_batch_size: rows allocated up front (grown, never shrunk, if exceeded).
+        vocab_size: the model's vocabulary size (logits width).
+    """
+
+    def __init__(self, max_batch_size: int, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self._buffer = allocate_bitmask(max_batch_size, vocab_size)
+
+    def rows(self, batch_size: int) -> torch.Tensor:
+        """The first ``batch_size`` rows (a view), reset to all-allowed."""
+        if batch_size > self._buffer.shape[0]:
+            self._buffer = allocate_bitmask(batch_size, self.vocab_size)
+        view = self._buffer[:batch_size]
+        view.fill_(_ALL_ALLOWED)
+        return view
+
+
+def allow_all(bitmask: torch.Tensor, row: int) -> None:
+    """Set every bit of one row."""
+    bitmask[row].fill_(_ALL_ALLOWED)
+
+
+def allow_only(bitmask: torch.Tensor, row: int, token_ids: Iterable[int]) -> None:
+    """Clear a row, then allow exactly ``token_ids``."""
+    r = bitmask[row]
+    r.zero_()
+    for t in token_ids:
+        set_allowed(bitmask, row, t)
+
+
+def set_allowed(bitmask: torch.Tensor, row: int, token_id: int) -> None:
+    """Set one token's bit (leaving the others)."""
+    word, bit = divmod(token_id, 32)
+    value = int(bitmask[row, word]) | (1 << bit)
+    bitmask[row, word] = value - (1 << 32) if value >= 1 << 31 else value
+
+
+def clear_allowed(bitmask: torch.Tensor, row: int, token_ids: Iterable[int]) -> None:
+    """Clear the bits of ``token_ids`` in one row."""
+    r = bitmask[row]
+    for t in token_ids:
+        word, bit = divmod(t, 32)
+        value = int(r[word]) & ~(1 << bit) & 0xFFFFFFFF
+        r[word] = value - (1 << 32) if value >= 1 << 31 else value
+
+
+def is_allowed(bitmask: torch.Tensor, row: int, token_id: int) -> bool:
+    word, bit = divmod(token_id, 32)
+    return bool((int(bitmask[row, word]) >> bit) & 1)
+
+
+def allowed_token_ids(bitmask: torch.Tensor, row: int, vocab_size: int) -> torch.Tensor:
+    """The allowed ids of one row, ascending (for tests and tools, not the hot path)."""
+    return torch.nonzero(unpack_row(bitmask[row], vocab_size)).flatten()
+
+
+def unpack_row(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A bool vector of ``vocab_size`` from one row of words."""
+    return _unpack(words.unsqueeze(0))[0, :vocab_size]
+
+
+def _unpack(bitmask: torch.Tensor) -> torch.Tensor:
+    """``[batch, words]`` int32 to ``[batch, 32 * words]`` bool."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    return ((bitmask.unsqueeze(-1) >> shifts) & 1).view(bitmask.shape[0], -1).bool()
+
+
+def apply_bitmask_inplace(
+    logits: torch.Tensor, bitmask: torch.Tensor, *, indices: list[int] | None = None
+) -> None:
+    """Set the logits of disallowed tokens to ``-inf``, in place.
+
+    Args:
+        logits: ``[batch, vocab]`` float32, bfloat16 or float16, on CPU or CUDA. Columns past
+            the bitmask's ``32 * words`` are treated as disallowed.
+        bitmask: ``[batch, words]`` int32 (or ``[len(indices), words]`` with ``indices``),
+            on any device; moved to the logits' device if needed.
+        indices: apply only to these logits rows, row ``k`` of ``bitmask`` going to
+            ``logits[indices[k]]``.
+    """
+    if bitmask.dtype != torch.int32:
+        raise TypeError(f"bitmask must be int32, got {bitmask.dtype}")
+    if logits.dim() != 2 or bitmask.dim() != 2:
+        raise ValueError("logits and bitmask must both be 2-D")
+    if bitmask.device != logits.device:
+        bitmask = bitmask.to(logits.device, non_blocking=True)
+    vocab = logits.shape[1]
+    covered = min(vocab, bitmask.shape[1] * 32)
+    if logits.is_cuda and indices is None and _xgrammar_cuda_apply(logits, bitmask):
+        return
+    target = logits if indices is None else logits[indices]
+    allowed = _unpack(bitmask)[:, :covered]
+    if covered < vocab:
+        target[:, covered:] = float("-inf")
+    target[:, :covered].masked_fill_(~allowed, float("-inf"))
+    if indices is not None:
+        logits[indices] = target
+
+
+def _xgrammar_cuda_apply(logits: torch.Tensor, bitmask: torch.Tensor) -> bool:
+    """Use xgrammar's fused CUDA/Triton kernel where it takes these tensors."""
+    try:
+        import xgrammar
+
+        xgrammar.apply_token_bitmask_inplace(logits, bitmask)
+        return True
+    except Exception:  # no triton, unsupported dtype: the torch path below works everywhere
+        return False
