@@ -1,0 +1,149 @@
+"""Split a model's output into reasoning and content, whole or streamed.
+
+``ReasoningParser(family, ...)`` builds the parser for the family's format (tags or
+harmony channels); every parser offers the same three calls:
+
+- ``parse(text)``: a whole output at once.
+- ``feed(chunk)`` for each streamed piece, then ``finish()`` once at the end.
+
+For any output and any way of cutting it into chunks, the concatenated results of
+``feed``/``finish`` equal ``parse`` of the whole output (the test suite checks this with
+hypothesis). Whitespace rule, identical in both paths: whitespace right after the start
+tag, right before the end tag and right after the end tag is dropped (so is a start tag
+the model repeats at the very beginning of a thought); everything else is kept as written.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, NamedTuple
+
+from thinkstruct.parsers.reasoning_families import ReasoningFamily, ReasoningFormat, get_reasoning_family
+
+
+class ParseResult(NamedTuple):
+    """What a piece of output contributes: reasoning text and content text (either may be ``""``)."""
+
+    reasoning: str = ""
+    content: str = ""
+
+
+# Building the tuple directly skips NamedTuple's Python-level __new__: feed() runs per
+# token, and at ~2 µs per call the constructor is a visible share.
+_new_result = tuple.__new__
+EMPTY_RESULT = ParseResult("", "")
+
+
+class ReasoningParser:
+    """Splits one model output into reasoning and content for a reasoning family.
+
+    Args:
+        family: a registered family name (``"qwen3"``, ``"deepseek-r1"``, ...) or a
+            :class:`~thinkstruct.parsers.ReasoningFamily`.
+        enabled: whether this request reasons at all; pass the value of
+            :func:`~thinkstruct.parsers.reasoning_enabled` (the one the grammar gets).
+            When ``False`` the whole output is content.
+        force_reasoning: whether the output starts inside a thought (the prompt opened
+            it); ``None`` takes the family's setting.
+        stream_reasoning: when ``False``, reasoning is held back and returned in one piece
+            when the thought ends (end tag, tool call, or :meth:`finish`).
+        continue_final_message: the output continues ``previous_content`` (an assistant
+            message the prompt ended with) instead of starting a new turn.
+        previous_content: the assistant message text being continued. The parser starts
+            in the state that text leaves it in: inside the thought if the text has an
+            unclosed start tag, or if reasoning is forced and the text has no end tag.
+
+    Raises:
+        UnknownName: unknown family (the message lists the known ones).
+    """
+
+    __slots__ = (
+        "family",
+        "enabled",
+        "forced",
+        "stream_reasoning",
+        "continue_final_message",
+        "previous_content",
+    )
+
+    _implementations: ClassVar[dict[ReasoningFormat, type[ReasoningParser]]] = {}
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> ReasoningParser:
+        # ReasoningParser(family) picks the class of the family's format; a subclass (or
+        # copy.copy, which passes no arguments) gets itself.
+        if cls is ReasoningParser:
+            family = args[0] if args else kwargs.get("family")
+            spec = get_reasoning_family(family)  # type: ignore[arg-type]
+            cls = ReasoningParser._implementations[spec.format]
+        return object.__new__(cls)
+
+    def __init__(
+        self,
+        family: str | ReasoningFamily,
+        *,
+        enabled: bool = True,
+        force_reasoning: bool | None = None,
+        stream_reasoning: bool = True,
+        continue_final_message: bool = False,
+        previous_content: str | None = "",
+    ) -> None:
+        self.family: ReasoningFamily = get_reasoning_family(family)
+        self.enabled = bool(enabled)
+        self.forced = self.family.forced if force_reasoning is None else bool(force_reasoning)
+        self.stream_reasoning = bool(stream_reasoning)
+        self.continue_final_message = bool(continue_final_message)
+        if previous_content is None:
+            previous_content = ""
+        if not isinstance(previous_content, str):
+            raise TypeError(f"previous_content must be a str, got {type(previous_content).__name__}")
+        self.previous_content = previous_content if self.continue_final_message else ""
+        self._setup()
+
+    @classmethod
+    def _register_format(cls, fmt: ReasoningFormat, implementation: type[ReasoningParser]) -> None:
+        cls._implementations[fmt] = implementation
+
+    # ---- the API every format implements -------------------------------------------
+
+    def parse(self, text: str) -> ParseResult:
+        """Split a whole output. Does not touch the streaming state."""
+        raise NotImplementedError
+
+    def feed(self, chunk: str) -> ParseResult:
+        """Take the next piece of a streamed output; return what it settles.
+
+        Text that could still be the beginning of a tag is held back until the next chunk
+        decides it (or :meth:`finish`). Work is proportional to the chunk.
+
+        Raises:
+            RuntimeError: called after :meth:`finish` without :meth:`reset`.
+        """
+        raise NotImplementedError
+
+    def finish(self) -> ParseResult:
+        """End the stream: flush held-back text. An output cut off inside a thought
+        (no end tag) is reasoning. Call :meth:`reset` to parse another stream."""
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget the stream; the next :meth:`feed` starts a new output."""
+        raise NotImplementedError
+
+    @property
+    def in_reasoning(self) -> bool:
+        """Whether the stream is inside a thought right now."""
+        raise NotImplementedError
+
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.family.name!r}, enabled={self.enabled}, forced={self.forced}, "
+            f"stream_reasoning={self.stream_reasoning})"
+        )
+
+
+# The formats register themselves; importing them here makes ReasoningParser complete
+# whichever module a user imports first.
+from thinkstruct.parsers import harmony_parser as _harmony_parser  # noqa: E402,F401
+from thinkstruct.parsers import tag_parser as _tag_parser  # noqa: E402,F401
