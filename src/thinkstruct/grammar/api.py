@@ -85,10 +85,19 @@ def first_rejected(compiled: CompiledGrammar, text: str) -> int | None:
     tok = compiled.tokenizer
     grammar = compiled.matcher()
     ids, offsets = tok.encode_with_offsets(text)
-    for token_id, (start, _) in zip(ids, offsets):
+    for token_id, (start, end) in zip(ids, offsets):
         if not grammar.accept_token(token_id):
-            return start
+            return _first_rejected_char(grammar, tok, text, start, end)
     return None if can_stop(grammar, tok) else len(text)
+
+
+def _first_rejected_char(grammar: Grammar, tok: Tokenizer, text: str, start: int, end: int) -> int:
+    # The rejected token may begin with characters the grammar allows (" " of ' "x"');
+    # feed its span one character at a time to find the first one it does not.
+    for pos in range(start, max(end, start + 1)):
+        if grammar.accept_tokens(tok.encode(text[pos])) != len(tok.encode(text[pos])):
+            return pos
+    return start
 
 
 def can_stop(grammar: Grammar, tokenizer: Tokenizer) -> bool:

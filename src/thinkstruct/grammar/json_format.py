@@ -5,7 +5,8 @@ llguidance's wants ``,`` and ``:``; outlines-core's regex allows runs of any len
 model that may emit an unbounded whitespace run can loop on blank lines until
 ``max_tokens``, so thinkstruct configures every backend to the same format: compact
 separators, and at each place JSON allows whitespace, a run of at most
-:attr:`JsonFormat.max_whitespace` characters from space, newline and tab.
+:attr:`JsonFormat.max_whitespace` of JSON's whitespace characters (space, newline,
+carriage return, tab).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: Characters a whitespace run may contain.
-WHITESPACE_CHARS = " \n\t"
+WHITESPACE_CHARS = " \n\r\t"
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +22,7 @@ class JsonFormat:
     """Whitespace allowed between JSON tokens.
 
     Args:
-        max_whitespace: longest run of whitespace characters (space, ``\\n``, ``\\t``)
+        max_whitespace: longest run of whitespace characters (space, ``\\n``, ``\\r``, ``\\t``)
             allowed at any one place between JSON tokens. 0 means no whitespace at all.
     """
 
@@ -44,5 +45,5 @@ class JsonFormat:
 
     @property
     def whitespace_regex(self) -> str:
-        """The regex of one whitespace run, e.g. ``[ \\n\\t]{0,2}``."""
-        return f"[ \\n\\t]{{0,{self.max_whitespace}}}" if self.max_whitespace else ""
+        """The regex of one whitespace run, e.g. ``[ \\n\\r\\t]{0,2}``."""
+        return f"[ \\n\\r\\t]{{0,{self.max_whitespace}}}" if self.max_whitespace else ""

@@ -102,14 +102,12 @@ class LLGuidanceBackend(GrammarBackend):
                     pointer=f"/structures/{i}/begin",
                     kind=constraint.kind.value,
                 )
-            schema = s.get("schema") or {}
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                schema, overrides=self._json_options()
-            )
+            schema = s.get("schema")
+            schema = {"allOf": [schema]} if isinstance(schema, bool) else dict(schema or {})
+            # Inside Lark's %json the options travel in the schema's "x-guidance" key.
+            schema["x-guidance"] = self._json_options()
             tags.append(
-                llguidance.StructTag(
-                    trigger=trigger, begin=s["begin"], grammar=json.loads(grammar), end=s["end"]
-                )
+                llguidance.StructTag(trigger=trigger, begin=s["begin"], grammar=schema, end=s["end"])
             )
         return llguidance.StructTag.to_grammar(tags)
 

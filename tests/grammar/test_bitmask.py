@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from thinkstruct import Constraint, Tokenizer
+from thinkstruct.grammar.bitmask import (
+    TokenBitmask,
+    allocate_bitmask,
+    allowed_token_ids,
+    apply_bitmask_inplace,
+    bitmask_words,
+)
+
+from .conftest import BACKENDS, PERSON_SCHEMA, compiled
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def test_shape_and_reuse() -> None:
+    assert bitmask_words(129_280) == 4040
+    buf = TokenBitmask(8, 129_280)
+    rows = buf.rows(3)
+    assert rows.shape == (3, 4040) and rows.dtype == torch.int32
+    rows[0].zero_()
+    again = buf.rows(2)
+    assert again.data_ptr() == rows.data_ptr()  # the same memory, reset
+    assert int(again[0, 0]) == -1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("device", DEVICES)
+def test_apply_in_place(dtype: torch.dtype, device: str) -> None:
+    vocab = 100
+    bm = allocate_bitmask(2, vocab)
+    bm.zero_()
+    bm[0, 0] = 0b1011  # tokens 0, 1, 3
+    bm[1, 2] = 1 << 5  # token 69
+    logits = torch.randn(2, vocab, dtype=dtype, device=device)
+    ptr = logits.data_ptr()
+    apply_bitmask_inplace(logits, bm)
+    assert logits.data_ptr() == ptr
+    finite = torch.isfinite(logits.float()).cpu()
+    assert finite[0].nonzero().flatten().tolist() == [0, 1, 3]
+    assert finite[1].nonzero().flatten().tolist() == [69]
+
+
+def test_apply_to_selected_rows() -> None:
+    logits = torch.zeros(3, 40)
+    bm = allocate_bitmask(1, 40)
+    bm.zero_()
+    bm[0, 1] = 1  # token 32
+    apply_bitmask_inplace(logits, bm, indices=[1])
+    assert torch.isfinite(logits[0]).all() and torch.isfinite(logits[2]).all()
+    assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [32]
+
+
+def test_logits_wider_than_the_mask_are_cut() -> None:
+    logits = torch.zeros(1, 70)
+    bm = allocate_bitmask(1, 40)  # two words: 64 tokens
+    apply_bitmask_inplace(logits, bm)
+    assert torch.isfinite(logits[0, :64]).all() and not torch.isfinite(logits[0, 64:]).any()
+
+
+def test_one_batch_mixes_backends(tokenizer: Tokenizer) -> None:
+    """Rows filled by different backends in one tensor mean the same tokens."""
+    prefix = tokenizer.encode('{"name":"Ada","age":')
+    bm = allocate_bitmask(len(BACKENDS), tokenizer.vocab_size)
+    for row, backend in enumerate(BACKENDS):
+        g = compiled(backend, Constraint.json_schema(PERSON_SCHEMA)).matcher()
+        assert g.accept_tokens(prefix) == len(prefix)
+        g.fill_bitmask(bm, row)
+    allowed = [set(allowed_token_ids(bm, r, tokenizer.vocab_size).tolist()) for r in range(len(BACKENDS))]
+    assert allowed[0] == allowed[1] == allowed[2]
+    digits = tokenizer.encode("7")[0]
+    assert digits in allowed[0]
+    logits = torch.zeros(len(BACKENDS), tokenizer.vocab_size)
+    apply_bitmask_inplace(logits, bm)
+    assert [int(torch.isfinite(logits[r]).sum()) for r in range(3)] == [len(a) for a in allowed]
+
+
+def test_wrong_bitmask_is_refused_not_written(tokenizer: Tokenizer) -> None:
+    g = compiled("llguidance", Constraint.json_schema(PERSON_SCHEMA)).matcher()
+    with pytest.raises(TypeError):
+        g.fill_bitmask(torch.zeros(1, 4040, dtype=torch.int64), 0)
+    with pytest.raises(IndexError):
+        g.fill_bitmask(allocate_bitmask(1, tokenizer.vocab_size), 1)
+    with pytest.raises(ValueError):
+        g.fill_bitmask(allocate_bitmask(2, tokenizer.vocab_size).t(), 0)

@@ -1,0 +1,154 @@
+"""Each class of bad input raises InvalidConstraint naming where; nothing crashes."""
+
+from __future__ import annotations
+
+import pytest
+
+import thinkstruct
+from thinkstruct import Constraint, InvalidConstraint, Tokenizer
+from thinkstruct.grammar.constraint import MAX_NESTING_DEPTH
+
+from .conftest import BACKENDS
+
+
+def _compile_error(constraint: Constraint, backend: str) -> InvalidConstraint:
+    with pytest.raises(InvalidConstraint) as info:
+        thinkstruct.compile(constraint, Tokenizer.default(), backend)
+    return info.value
+
+
+def test_malformed_json_names_the_position() -> None:
+    with pytest.raises(InvalidConstraint) as info:
+        Constraint.json_schema('{"type": "object", "properties": {"a": }}')
+    assert info.value.position == 39
+    assert "malformed JSON" in str(info.value) and "column 40" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "schema, pointer, words",
+    [
+        ({"type": "object", "properties": {"a": {"type": "strng"}}}, "/properties/a/type", "unknown type"),
+        ({"type": ["string", 3]}, "/type", "unknown type"),
+        ({"$ref": "#/$defs/missing", "$defs": {"there": {}}}, "/$ref", "cannot resolve"),
+        ({"items": {"$ref": "other.json#/x"}}, "/items/$ref", "cannot resolve"),
+        ({"type": "array", "minItems": 5, "maxItems": 2}, "/minItems", "unsatisfiable"),
+        ({"type": "string", "minLength": 3, "maxLength": 1}, "/minLength", "unsatisfiable"),
+        ({"type": "number", "minimum": 10, "maximum": 1}, "/minimum", "unsatisfiable"),
+        ({"type": "integer", "exclusiveMinimum": 5, "exclusiveMaximum": 5}, "/exclusiveMinimum", "unsatisfiable"),
+        ({"type": "string", "maxLength": -1}, "/maxLength", "non-negative integer"),
+        ({"anyOf": []}, "/anyOf", "non-empty list"),
+        ({"properties": {"a/b": {"pattern": "(unclosed"}}}, "/properties/a~1b/pattern", "invalid regex"),
+        ({"patternProperties": {"[z-a]": {}}}, "/patternProperties/[z-a]", "invalid regex"),
+        ({"properties": {"a": 5}}, "/properties/a", "must be an object or a boolean"),
+    ],
+)
+def test_invalid_schema_names_the_pointer(backend: str, schema: dict, pointer: str, words: str) -> None:
+    error = _compile_error(Constraint.json_schema(schema), backend)
+    assert error.pointer == pointer
+    assert words in error.reason
+    assert pointer in str(error)
+
+
+def test_regex_inside_pattern_reports_both_pointer_and_position() -> None:
+    error = _compile_error(Constraint.json_schema({"type": "string", "pattern": "ab(c"}), "llguidance")
+    assert error.pointer == "/pattern" and error.position == 2
+
+
+@pytest.mark.parametrize("pattern, position", [("a(b", 1), ("[z-a]", 1), (r"x(?=y)", 1), ("a{3,1}", 1)])
+def test_invalid_regex_names_the_position(backend: str, pattern: str, position: int) -> None:
+    error = _compile_error(Constraint.regex(pattern), backend)
+    assert error.position == position
+    assert error.kind == "regex"
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "llguidance"])
+def test_ebnf_syntax_error(backend_name: str) -> None:
+    grammar = 'root ::= "a" (\nnum ::= [0-9]+'
+    error = _compile_error(Constraint.ebnf(grammar), backend_name)
+    assert error.kind == "ebnf" and error.backend == backend_name
+    assert backend_name in str(error)
+
+
+def test_ebnf_error_position_from_xgrammar() -> None:
+    error = _compile_error(Constraint.ebnf('root ::= "a" | ?'), "xgrammar")
+    assert error.position == 15
+    assert "[" not in str(error).split(":")[0]  # no raw C++ log prefix
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Constraint.regex("ab\x00c"),
+        lambda: Constraint.json_schema('{"type": "string", "pattern": "a\\u0000"}'),
+        lambda: Constraint.json_schema('{"type":\x00 "string"}'),
+        lambda: Constraint.ebnf('root ::= "\x00"'),
+    ],
+)
+def test_nul_bytes_are_refused(make) -> None:
+    with pytest.raises(InvalidConstraint, match="NUL"):
+        make()
+
+
+def test_nesting_deeper_than_the_limit() -> None:
+    ok: dict = {"type": "string"}
+    for _ in range(MAX_NESTING_DEPTH // 2 - 1):
+        ok = {"type": "array", "items": ok}
+    Constraint.json_schema(ok)
+    deep: dict = {"type": "string"}
+    for _ in range(MAX_NESTING_DEPTH):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(InvalidConstraint, match=f"deeper than {MAX_NESTING_DEPTH}") as info:
+        Constraint.json_schema(deep)
+    assert info.value.pointer.startswith("/items/items")
+
+
+def test_absurdly_deep_json_text_is_refused_not_a_crash() -> None:
+    text = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(InvalidConstraint):
+        Constraint.json_schema(text)
+
+
+def test_unknown_kind_lists_the_known_ones() -> None:
+    with pytest.raises(InvalidConstraint) as info:
+        Constraint("xml_schema", "<x/>")
+    for kind in ("json_schema", "regex", "ebnf", "structural_tag", "choice", "json_object"):
+        assert kind in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: Constraint.json_schema("[1, 2]"), "object or a boolean"),
+        (lambda: Constraint.choice([]), "at least one"),
+        (lambda: Constraint.choice(["a", 3]), "must be a string"),
+        (lambda: Constraint.regex(""), "empty"),
+        (lambda: Constraint.structural_tag('{"structures": []}'), None),
+    ],
+)
+def test_other_malformed_input(make, match) -> None:
+    if match is None:
+        with pytest.raises(InvalidConstraint, match="structures"):
+            thinkstruct.compile(make(), Tokenizer.default(), "xgrammar")
+    else:
+        with pytest.raises(InvalidConstraint, match=match):
+            make()
+
+
+@pytest.mark.parametrize("backend_name", ["llguidance", "outlines"])
+def test_library_refusals_are_wrapped_with_backend_and_kind(backend_name: str) -> None:
+    # Valid JSON Schema that these backends' own compilers refuse.
+    error = _compile_error(Constraint.json_schema({"type": "string", "format": "no-such-format"}), backend_name)
+    assert error.kind == "json_schema" and error.backend == backend_name
+    assert str(error).startswith(f"json_schema (backend {backend_name}): {backend_name} could not compile it: ")
+    assert "no-such-format" in str(error) or "nosuch" in str(error)
+
+
+def test_a_bad_constraint_does_not_break_the_backend(backend: str) -> None:
+    _compile_error(Constraint.regex("a(b"), backend)
+    assert thinkstruct.accepts(Constraint.regex("ab+"), "abbb", backend=backend)
+
+
+def test_every_backend_name_is_known() -> None:
+    with pytest.raises(ValueError, match="known backends"):
+        thinkstruct.compile(Constraint.regex("a"), Tokenizer.default(), "nope")
+    assert set(BACKENDS) == {"xgrammar", "llguidance", "outlines"}
