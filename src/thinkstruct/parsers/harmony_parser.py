@@ -26,7 +26,7 @@ import copy
 import re
 
 from thinkstruct.parsers.reasoning_families import ReasoningFormat
-from thinkstruct.parsers.reasoning_parser import EMPTY_RESULT, ParseResult, ReasoningParser, _new_result
+from thinkstruct.parsers.reasoning_parser import EMPTY_RESULT, HeldReasoning, ParseResult, ReasoningParser, _new_result
 
 START = "<|start|>"
 CHANNEL = "<|channel|>"
@@ -99,7 +99,7 @@ class HarmonyReasoningParser(ReasoningParser):
         self._reason_any = reason_any
         self._fresh = fresh
         self._pending = ""
-        self._held: list[str] = []
+        self._held = HeldReasoning()
 
     @property
     def in_reasoning(self) -> bool:
@@ -134,7 +134,7 @@ class HarmonyReasoningParser(ReasoningParser):
             if not self._fresh:
                 if self.stream_reasoning:
                     return _new_result(ParseResult, (chunk, ""))
-                self._held.append(chunk)
+                self._held.add(chunk)
                 return EMPTY_RESULT
         elif mode == _VERBATIM:
             return _new_result(ParseResult, ("", chunk))
@@ -246,8 +246,7 @@ class HarmonyReasoningParser(ReasoningParser):
         self._kind = kind
         self._fresh = True
         if kind != _REASON and self._held:  # the thought is over: release it
-            reasoning.append("".join(self._held))
-            self._held = []
+            reasoning.append(self._held.take())
 
     def _route(self, s: str, reasoning: list[str], content: list[str]) -> None:
         if self._kind != _REASON:
@@ -261,15 +260,14 @@ class HarmonyReasoningParser(ReasoningParser):
         if self.stream_reasoning:
             reasoning.append(s)
         else:
-            self._held.append(s)
+            self._held.add(s)
 
     def _close(self, reasoning: list[str]) -> None:
         if self._mode == _HEADER:
             self._header = []  # a header without a message carries no text
             self._mode = _IDLE
         if self._held:
-            reasoning.append("".join(self._held))
-            self._held = []
+            reasoning.append(self._held.take())
 
 
 ReasoningParser._register_format(ReasoningFormat.HARMONY, HarmonyReasoningParser)

@@ -20,7 +20,7 @@ The batch side (:meth:`TagReasoningParser.parse`) is written independently with
 from __future__ import annotations
 
 from thinkstruct.parsers.reasoning_families import ReasoningFormat
-from thinkstruct.parsers.reasoning_parser import EMPTY_RESULT, ParseResult, ReasoningParser, _new_result
+from thinkstruct.parsers.reasoning_parser import EMPTY_RESULT, HeldReasoning, ParseResult, ReasoningParser, _new_result
 
 # Parser states. ``_PRE``: not forced, nothing but whitespace seen; a start tag here opens
 # the thought. ``_OPENING``: inside a thought that has no text yet (whitespace and echoed
@@ -70,7 +70,7 @@ class TagReasoningParser(ReasoningParser):
         self._state = initial
         self._pending = ""
         self._ws: list[str] = []
-        self._held: list[str] = []
+        self._held = HeldReasoning()
         if self.continue_final_message and self.previous_content:
             # The state the previous text leaves the machine in is where this output starts;
             # what that text itself would have produced is not part of this output.
@@ -83,7 +83,7 @@ class TagReasoningParser(ReasoningParser):
         self._state = self._initial
         self._pending = ""
         self._ws = []
-        self._held = []
+        self._held = HeldReasoning()
 
     @property
     def in_reasoning(self) -> bool:
@@ -128,11 +128,11 @@ class TagReasoningParser(ReasoningParser):
             if first is not None and first not in chunk:
                 if not self.stream_reasoning:
                     # Trailing whitespace is dropped when the held reasoning is released.
-                    self._held.append(chunk)
+                    self._held.add(chunk)
                     return EMPTY_RESULT
                 body = chunk.rstrip()
                 if body is chunk:  # no trailing whitespace: the common case
-                    if self._ws:
+                    if self._ws and chunk:
                         body = "".join(self._ws) + chunk
                         self._ws = []
                     return _new_result(ParseResult, (body, ""))
@@ -245,7 +245,7 @@ class TagReasoningParser(ReasoningParser):
         if not text:
             return ""
         if not self.stream_reasoning:
-            self._held.append(text)
+            self._held.add(text)
             return ""
         body = text.rstrip()
         if not body:
@@ -264,9 +264,7 @@ class TagReasoningParser(ReasoningParser):
         """The thought is over: drop held whitespace, release held reasoning."""
         self._ws = []
         if self._held:
-            out = "".join(self._held).rstrip()
-            self._held = []
-            return out
+            return self._held.take().rstrip()
         return ""
 
     def _partial_stop_at_end(self, text: str) -> int:
