@@ -196,9 +196,7 @@ class ChatTemplate:
                 "add_generation_prompt and continue_final_message cannot both be true: the first opens "
                 "a new assistant turn, the second continues the last message"
             )
-        clash = sorted(_RESERVED & template_kwargs.keys())
-        if clash:
-            raise InvalidChatRequest(f"chat_template_kwargs may not set {', '.join(map(repr, clash))}")
+        _check_reserved(template_kwargs)
         variables: dict[str, Any] = {**self.special_tokens, **template_kwargs}
         variables.update(add_generation_prompt=bool(add_generation_prompt), tools=tools)
         if not continue_final_message:
@@ -358,6 +356,7 @@ def render_chat(
     """
     spec = get_reasoning_family(family)
     kwargs = dict(chat_template_kwargs or {})
+    _check_reserved(kwargs)
     enabled = spec.enabled(kwargs)
     if spec.switch is not None:
         value = spec.switch.template_value(enabled)
@@ -392,6 +391,12 @@ def content_text(content: Any) -> str:
             part.get("text", "") for part in content if isinstance(part, Mapping) and part.get("type") == "text"
         )
     raise InvalidChatRequest(f"message content must be a string, a list of parts or null, got {type(content).__name__}")
+
+
+def _check_reserved(kwargs: Mapping[str, Any]) -> None:
+    clash = sorted(_RESERVED & kwargs.keys())
+    if clash:
+        raise InvalidChatRequest(f"chat_template_kwargs may not set {', '.join(map(repr, clash))}")
 
 
 def _check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
@@ -455,30 +460,18 @@ def _config_special_tokens(path: Path) -> dict[str, str]:
 
 def _gguf_chat_template(path: Path) -> tuple[str | None, dict[str, str]]:
     """The chat template and BOS/EOS texts from a GGUF file's metadata."""
+    from thinkstruct.parsers.gguf_metadata import GGUFFormatError, read_gguf_metadata
+
+    keys = ("tokenizer.chat_template", "tokenizer.ggml.tokens", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")
     try:
-        from gguf import GGUFReader
-
-        reader = GGUFReader(str(path), "r")
-    except Exception as exc:  # a broken or foreign file: say which
+        meta = read_gguf_metadata(path, keys)
+    except (OSError, GGUFFormatError) as exc:
         raise ChatTemplateError(f"cannot read GGUF metadata: {exc}", template=str(path)) from exc
-
-    def string_field(key: str) -> str | None:
-        field = reader.fields.get(key)
-        if field is None or not field.data:
-            return None
-        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
-
-    def int_field(key: str) -> int | None:
-        field = reader.fields.get(key)
-        if field is None or not field.data:
-            return None
-        return int(field.parts[field.data[0]][0])
-
+    tokens = meta.get("tokenizer.ggml.tokens") or []
     special: dict[str, str] = {}
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
     for name, key in (("bos_token", "tokenizer.ggml.bos_token_id"), ("eos_token", "tokenizer.ggml.eos_token_id")):
-        idx = int_field(key)
-        if tokens is not None and idx is not None and 0 <= idx < len(tokens.data):
-            special[name] = bytes(tokens.parts[tokens.data[idx]]).decode("utf-8", errors="replace")
-    return string_field("tokenizer.chat_template"), special
-
+        idx = meta.get(key)
+        if isinstance(idx, int) and 0 <= idx < len(tokens) and isinstance(tokens[idx], str):
+            special[name] = tokens[idx]
+    source = meta.get("tokenizer.chat_template")
+    return (source if isinstance(source, str) else None), special
