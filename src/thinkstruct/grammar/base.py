@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Union
+from typing import TYPE_CHECKING, ClassVar, Iterable, Union
 
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
@@ -87,9 +87,55 @@ class CompiledGrammar(abc.ABC):
     #: Seconds the backend spent compiling.
     compile_seconds: float = 0.0
 
+    #: JSON Schema keywords this grammar does not enforce (JSON pointers), when a
+    #: lenient compile ignored them; empty when the constraint is enforced exactly.
+    ignored_keywords: tuple[str, ...] = ()
+
+    def matcher(
+        self,
+        *,
+        reasoning: bool = False,
+        max_reasoning_tokens: int | None = None,
+        stop_ids_while_thinking: Iterable[int] = (),
+        banned_ids_while_thinking: Iterable[int] = (),
+        end_tag: str | None = None,
+    ) -> Grammar:
+        """A fresh per-request matcher.
+
+        Args:
+            reasoning: the model thinks first; the grammar applies after its end tag
+                (see :class:`~thinkstruct.grammar.reasoning.ReasoningGrammar`). With
+                ``False`` the answer starts at once and the plain backend matcher is
+                returned.
+            max_reasoning_tokens: thinking budget in tokens; once spent, only the end tag
+                is allowed until it is complete.
+            stop_ids_while_thinking: stop ids the model may still emit while thinking.
+                By default every stop id is masked until the thought is closed, since a
+                grammar must follow.
+            banned_ids_while_thinking: further ids masked while thinking (a family's
+                tool-call tokens, say).
+            end_tag: the text that ends the thought (default: the tokenizer's).
+        """
+        inner = self._new_matcher()
+        if not reasoning:
+            return inner
+        from thinkstruct.grammar.end_tag import end_tag_matcher
+        from thinkstruct.grammar.reasoning import ReasoningGrammar
+
+        allowed_stops = set(stop_ids_while_thinking)
+        banned = {i for i in self.tokenizer.eos_token_ids if i not in allowed_stops}
+        banned.update(banned_ids_while_thinking)
+        return ReasoningGrammar(
+            inner,
+            end_tag_matcher(self.tokenizer, end_tag),
+            reasoning=True,
+            max_reasoning_tokens=max_reasoning_tokens,
+            banned_while_thinking=banned,
+        )
+
     @abc.abstractmethod
-    def matcher(self) -> Grammar:
-        """A fresh per-request matcher at the start of the grammar."""
+    def _new_matcher(self) -> Grammar:
+        """A fresh backend matcher at the start of the grammar."""
 
     @property
     def memory_bytes(self) -> int:

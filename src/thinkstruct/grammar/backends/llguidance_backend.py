@@ -132,7 +132,7 @@ class LLGuidanceCompiled(CompiledGrammar):
     pristine: Any = field(default=None, repr=False)
     eos_ids: frozenset[int] = frozenset()
 
-    def matcher(self) -> LLGuidanceMatcher:
+    def _new_matcher(self) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(self)
 
     @property

@@ -118,7 +118,7 @@ class OutlinesCompiled(CompiledGrammar):
     #: Per-state cache for jump-forward: state -> (forced byte's token, next state) or None.
     forced: dict[int, tuple[int, int] | None] = field(default_factory=dict, repr=False)
 
-    def matcher(self) -> OutlinesMatcher:
+    def _new_matcher(self) -> OutlinesMatcher:
         return OutlinesMatcher(self)
 
 

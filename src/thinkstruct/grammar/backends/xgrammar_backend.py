@@ -12,6 +12,7 @@ import xgrammar as xgr
 
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend
+from thinkstruct.grammar.bitmask import allow_only
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import JsonFormat
 from thinkstruct.grammar.library_errors import describe_library_error
@@ -50,6 +51,7 @@ class XGrammarBackend(GrammarBackend):
             tokenizer=self.tokenizer,
             compile_seconds=time.perf_counter() - start,
             ctx=ctx,
+            eos_ids=frozenset(self.tokenizer.eos_token_ids),
         )
 
     def _compile_ctx(self, constraint: Constraint) -> xgr.CompiledGrammar:
@@ -93,8 +95,9 @@ def _ebnf_literal(text: str) -> str:
 @dataclass(frozen=True, eq=False)
 class XGrammarCompiled(CompiledGrammar):
     ctx: Any = field(default=None, repr=False)
+    eos_ids: frozenset[int] = frozenset()
 
-    def matcher(self) -> XGrammarMatcher:
+    def _new_matcher(self) -> XGrammarMatcher:
         return XGrammarMatcher(self)
 
     @property
@@ -103,32 +106,45 @@ class XGrammarCompiled(CompiledGrammar):
 
 
 class XGrammarMatcher(Grammar):
-    __slots__ = ("_compiled", "_m")
+    __slots__ = ("_compiled", "_m", "_eos", "_done")
 
     def __init__(self, compiled: XGrammarCompiled) -> None:
         self._compiled = compiled
         self._m = xgr.GrammarMatcher(compiled.ctx, max_rollback_tokens=-1)
+        self._eos = compiled.eos_ids
+        # Termination is tracked here: xgrammar logs a warning for a token offered after
+        # it, and raises if asked for a mask.
+        self._done = False
 
     def accept_token(self, token_id: int) -> bool:
-        # False (state unchanged) for a rejected, special or out-of-range token. After
-        # termination xgrammar would also refuse, but log a warning for each call.
-        if self._m.is_terminated():
+        # False (state unchanged) for a rejected, special or out-of-range token.
+        if self._done:
             return False
-        return self._m.accept_token(token_id)
+        if not self._m.accept_token(token_id):
+            return False
+        if token_id in self._eos:
+            self._done = True
+        return True
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens > 0:
             self._m.rollback(num_tokens)
+            self._done = False
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._done:
+            allow_only(bitmask, row, self._eos)
+            return
         self._m.fill_next_token_bitmask(bitmask, row)
 
     def is_terminated(self) -> bool:
-        return self._m.is_terminated()
+        return self._done
 
     def jump_forward(self) -> list[int]:
         # xgrammar finds the forced string and tokenizes it greedily, leaving out a final
         # token that could still grow; special and stop tokens are never included.
+        if self._done:
+            return []
         return list(self._m.find_jump_forward_tokens())
 
     def copy(self) -> XGrammarMatcher:

@@ -1,0 +1,156 @@
+"""ReasoningGrammar: free thought first, then the constrained answer.
+
+The decorator from SGLang's ReasonerGrammarBackend, rebuilt to work over every backend
+and with end tags spelled in several tokens. One integer carries the phase:
+
+- ``-1`` thinking: the mask allows everything except the stop tokens (a response cannot
+  end inside its thought) and tokens that would close the thought and run on into the
+  answer inside the same token; tokens are not fed to the inner grammar.
+- ``0``: the token that completed the end tag was just accepted.
+- ``N > 0``: ``N`` answer tokens accepted after the tag, all fed to the inner grammar.
+
+A token moves the state *after* it is fed, so the end tag itself never reaches the inner
+grammar. ``rollback(k)`` rolls the inner grammar back by the answer tokens among the
+``k`` only, then walks the state back across the boundary; thinking tokens keep the
+partial-tag match they had, so rolling back into the middle of a tag restores it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from thinkstruct.grammar.base import Grammar
+from thinkstruct.grammar.bitmask import allow_only
+from thinkstruct.grammar.end_tag import RUNS_ON, EndTagMatcher
+
+if TYPE_CHECKING:
+    import torch
+
+THINKING = -1
+
+
+class ReasoningGrammar(Grammar):
+    """Wraps any backend's :class:`Grammar` for a reasoning model.
+
+    Args:
+        inner: the answer's grammar (fed only after the end tag).
+        end_tag: the shared matcher of the model's end tag.
+        reasoning: start in the thought (``True``) or directly in the answer.
+        max_reasoning_tokens: after this many thinking tokens the mask allows only the
+            next token of the end tag until it is complete, so the answer always comes.
+        banned_while_thinking: token ids masked and refused while thinking (by default the
+            caller passes the model's stop tokens).
+    """
+
+    __slots__ = ("_inner", "_tag", "_state", "_initial", "_matched", "_budget", "_banned")
+
+    def __init__(
+        self,
+        inner: Grammar,
+        end_tag: EndTagMatcher,
+        *,
+        reasoning: bool = True,
+        max_reasoning_tokens: int | None = None,
+        banned_while_thinking: Iterable[int] = (),
+    ) -> None:
+        if max_reasoning_tokens is not None and max_reasoning_tokens < 0:
+            raise ValueError("max_reasoning_tokens must be >= 0")
+        self._inner = inner
+        self._tag = end_tag
+        self._initial = THINKING if reasoning else 0
+        self._state = self._initial
+        # Partial tag match after each thinking token; [0] is before the first one.
+        self._matched: list[int] = [0]
+        self._budget = max_reasoning_tokens
+        self._banned = frozenset(banned_while_thinking)
+
+    # ---- state -----------------------------------------------------------------------
+
+    @property
+    def state(self) -> int:
+        """-1 while thinking, else the number of tokens accepted after the end tag."""
+        return self._state
+
+    @property
+    def is_thinking(self) -> bool:
+        return self._state == THINKING
+
+    @property
+    def thinking_tokens(self) -> int:
+        """Tokens accepted while thinking (the one that completed the tag included)."""
+        return len(self._matched) - 1
+
+    @property
+    def inner(self) -> Grammar:
+        return self._inner
+
+    def _closing(self) -> bool:
+        return self._budget is not None and len(self._matched) - 1 >= self._budget
+
+    # ---- Grammar ---------------------------------------------------------------------
+
+    def accept_token(self, token_id: int) -> bool:
+        if self._state >= 0:
+            if self._inner.accept_token(token_id):
+                self._state += 1
+                return True
+            return False
+        if token_id in self._banned:
+            return False
+        matched = self._matched[-1]
+        if self._closing() and token_id != self._tag.closing_ids(matched)[0]:
+            return False
+        matched, status = self._tag.step(matched, token_id)
+        if status == RUNS_ON:
+            return False
+        self._matched.append(matched)
+        if status:
+            self._state = 0
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens <= 0:
+            return
+        answer = min(num_tokens, max(self._state, 0))
+        if answer:
+            self._inner.rollback(answer)
+            self._state -= answer
+            num_tokens -= answer
+        if not num_tokens:
+            return
+        if self._initial == 0:
+            raise ValueError("cannot roll back past the start of the answer")
+        if num_tokens > len(self._matched) - 1:
+            raise ValueError(f"cannot roll back {num_tokens} more tokens than were accepted")
+        # The first step back from state 0 undoes the token that completed the tag.
+        self._state = THINKING
+        del self._matched[len(self._matched) - num_tokens:]
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._state >= 0:
+            self._inner.fill_bitmask(bitmask, row)
+            return
+        matched = self._matched[-1]
+        if self._closing():
+            allow_only(bitmask, row, self._tag.closing_ids(matched)[:1])
+        else:
+            bitmask[row].copy_(self._tag.thinking_row(matched, self._banned))
+
+    def is_terminated(self) -> bool:
+        return self._state >= 0 and self._inner.is_terminated()
+
+    def jump_forward(self) -> list[int]:
+        if self._state >= 0:
+            return self._inner.jump_forward()
+        if self._closing():
+            return list(self._tag.closing_ids(self._matched[-1]))
+        return []
+
+    def copy(self) -> ReasoningGrammar:
+        return ReasoningGrammar(
+            self._inner.copy(),
+            self._tag,
+            reasoning=self._initial == THINKING,
+            max_reasoning_tokens=self._budget,
+            banned_while_thinking=self._banned,
+        )
