@@ -134,6 +134,22 @@ def test_stream(
         assert run_stream(parser, chunks)[1] == ParseResult(reasoning, content), chunks
 
 
+@pytest.mark.parametrize("family, shape, text, options, reasoning, content", SHAPES, ids=_ids())
+def test_every_split_into_two_or_three_chunks(
+    family: str, shape: str, text: str, options: dict, reasoning: str, content: str
+) -> None:
+    """Exhaustive over cut positions: every single cut, and every pair of cuts close
+    enough together to split one tag into three pieces."""
+    expected = ParseResult(reasoning, content)
+    n = len(text)
+    for stream_reasoning in (True, False):
+        for i in range(n + 1):
+            for j in range(i, min(n, i + 14) + 1):
+                chunks = [text[:i], text[i:j], text[j:]]
+                parser = ReasoningParser(family, stream_reasoning=stream_reasoning, **options)
+                assert run_stream(parser, chunks)[1] == expected, chunks
+
+
 def test_every_family_has_shapes() -> None:
     assert {family for family, *_ in SHAPES} == set(reasoning_families())
 

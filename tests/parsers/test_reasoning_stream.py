@@ -40,7 +40,7 @@ def fragments(family_name: str) -> list[str]:
 
 
 @functools.cache
-def texts(family_name: str) -> st.SearchStrategy[str]:
+def pieces(family_name: str) -> st.SearchStrategy[list[str]]:
     frags = fragments(family_name)
     piece = st.one_of(
         st.sampled_from(frags),
@@ -48,15 +48,38 @@ def texts(family_name: str) -> st.SearchStrategy[str]:
         st.sampled_from(WHITESPACE),
         st.sampled_from(LETTERS),
     )
-    return st.lists(piece, max_size=14).map("".join)
+    return st.lists(piece, max_size=14)
+
+
+def texts(family_name: str) -> st.SearchStrategy[str]:
+    return pieces(family_name).map("".join)
+
+
+@st.composite
+def chunked_text(draw: st.DrawFn, family_name: str) -> tuple[str, list[str]]:
+    """A text and a cut of it into chunks. Cuts fall at piece boundaries (so a chunk often
+    ends exactly on a tag prefix) and inside pieces (so tags get split anywhere)."""
+    parts = draw(pieces(family_name))
+    chunks: list[str] = []
+    current = ""
+    for part in parts:
+        action = draw(st.integers(min_value=0, max_value=3))
+        if action == 0:  # keep going: the chunk spans this piece
+            current += part
+        elif action == 1:  # end the chunk after this piece
+            chunks.append(current + part)
+            current = ""
+        else:  # cut inside this piece
+            k = draw(st.integers(min_value=0, max_value=len(part)))
+            chunks.append(current + part[:k])
+            current = part[k:]
+    chunks.append(current)
+    return "".join(parts), chunks
 
 
 @st.composite
 def case(draw: st.DrawFn, family_name: str):
-    text = draw(texts(family_name))
-    cuts = sorted(draw(st.sets(st.integers(min_value=0, max_value=len(text)), max_size=12)))
-    bounds = [0, *cuts, len(text)]
-    chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    text, chunks = draw(chunked_text(family_name))
     options = {
         "enabled": draw(st.sampled_from([True, True, True, False])),
         "force_reasoning": draw(st.sampled_from([None, None, True, False])),
