@@ -107,8 +107,8 @@ def time_stream(family: str, text: str, sizes: bytes, *, stream_reasoning: bool)
     return time.process_time() - start
 
 
-def time_parse(family: str, text: str) -> float:
-    parser = ReasoningParser(family, force_reasoning=False)
+def time_parse(family: str, text: str, *, stream_reasoning: bool) -> float:
+    parser = ReasoningParser(family, force_reasoning=False, stream_reasoning=stream_reasoning)
     start = time.process_time()
     parser.parse(text)
     return time.process_time() - start
@@ -133,8 +133,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=9, help="best of N runs")
     args = ap.parse_args()
 
+    print(f"output: about {args.size:,} characters per family; chunks of 1-8 characters; process CPU time, best of {args.repeat}\n")
     header = (
-        f"{'family':<14} {'mode':<22} {'chunks':>9} {'time 1 MB':>10} {'M chars/s':>10} "
+        f"{'family':<14} {'mode':<28} {'chunks':>9} {'time 1 MB':>10} {'M chars/s':>10} "
         f"{'time 100 kB':>12} {'10x input':>10}"
     )
     print(header)
@@ -151,11 +152,16 @@ def main() -> None:
                 args.repeat,
             )
             rows.append((f"feed stream_reasoning={stream_reasoning}", len(big_sizes), t_big, t_small))
-        t_small, t_big = best_pair(lambda: time_parse(family, small), lambda: time_parse(family, big), args.repeat)
-        rows.append(("parse (whole text)", 1, t_big, t_small))
+        for stream_reasoning in (True, False):
+            t_small, t_big = best_pair(
+                lambda: time_parse(family, small, stream_reasoning=stream_reasoning),
+                lambda: time_parse(family, big, stream_reasoning=stream_reasoning),
+                args.repeat,
+            )
+            rows.append((f"parse stream_reasoning={stream_reasoning}", 1, t_big, t_small))
         for mode, n_chunks, t_big, t_small in rows:
             print(
-                f"{family:<14} {mode:<22} {n_chunks:>9,} {t_big * 1e3:>8.1f}ms {len(big) / t_big / 1e6:>10.2f} "
+                f"{family:<14} {mode:<28} {n_chunks:>9,} {t_big * 1e3:>8.1f}ms {len(big) / t_big / 1e6:>10.2f} "
                 f"{t_small * 1e3:>10.2f}ms {t_big / t_small:>9.1f}x"
             )
     print(
