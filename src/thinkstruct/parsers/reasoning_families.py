@@ -98,8 +98,8 @@ class ReasoningFamily:
         banned_while_thinking: special-token texts the grammar keeps out of a thought:
             the start tag (a nested thought would desynchronise the parser and the
             grammar's end detection) and protocol tokens that cannot occur inside one.
-            End-of-sequence tokens are never banned: a thought cut short is truncated
-            output, not an error, and banning EOS can make a model loop to max_tokens.
+            End-of-sequence tokens are not listed: they are the model's, not the
+            family's, and whether a thought may end the output is the grammar's policy.
             Multi-token plain-text tags cannot be banned as tokens and are not listed.
         format: how the output marks reasoning.
         chat_template: a built-in jinja2 chat template for models that ship none.

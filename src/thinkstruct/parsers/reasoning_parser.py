@@ -8,9 +8,9 @@ harmony channels); every parser offers the same three calls:
 
 For any output and any way of cutting it into chunks, the concatenated results of
 ``feed``/``finish`` equal ``parse`` of the whole output (the test suite checks this with
-hypothesis). Whitespace rule, identical in both paths: whitespace right after the start
-tag, right before the end tag and right after the end tag is dropped (so is a start tag
-the model repeats at the very beginning of a thought); everything else is kept as written.
+hypothesis). Each format states its whitespace rule, applied identically in both paths
+(tags: whitespace right after the start tag, right before the end tag and right after the
+end tag is dropped; harmony: bodies are kept exactly as written).
 """
 
 from __future__ import annotations
