@@ -107,6 +107,8 @@ class BackendTotals:
     schemas: int = 0
     compile_timeouts: int = 0
     compile_errors: int = 0
+    #: Schemas whose worker died while compiling or walking them.
+    crashes: int = 0
     compile_seconds: list[float] = field(default_factory=list)
 
     def add(self, walk: SchemaWalk, compile_seconds: float) -> None:
@@ -354,29 +356,44 @@ class BackendWorker:
         proc = self._ctx.Process(target=_worker_main, args=(child, self.backend), daemon=True)
         proc.start()
         child.close()
-        if not parent.poll(STARTUP_TIMEOUT_S):
+        try:
+            ready = parent.poll(STARTUP_TIMEOUT_S) and parent.recv()
+        except EOFError:  # it died while loading
+            ready = None
+        if not ready:
             proc.kill()
-            raise RuntimeError(f"the {self.backend} worker did not start in {STARTUP_TIMEOUT_S:.0f} s")
-        parent.recv()
+            proc.join()
+            raise RuntimeError(
+                f"the {self.backend} worker did not start within {STARTUP_TIMEOUT_S:.0f} s "
+                f"(exit status {proc.exitcode})"
+            )
         self._proc, self._conn = proc, parent
         return parent
 
     def run(
         self, schema: MaskbenchSchema, *, compile_timeout: float, walks: int, first_instance: int
     ) -> tuple[str, Any]:
-        """``("timeout", None)``, ``("invalid", message)`` or ``("walked", (walk, seconds))``."""
+        """``("timeout", None)``, ``("invalid", message)``, ``("crashed", exit status)`` or
+        ``("walked", (walk, seconds))``."""
         conn = self._conn or self._start()
-        conn.send(("walk", schema.schema, schema.instances, walks, first_instance))
-        if not conn.poll(compile_timeout):
+        try:
+            conn.send(("walk", schema.schema, schema.instances, walks, first_instance))
+            if not conn.poll(compile_timeout):
+                self.close(kill=True)
+                return "timeout", None
+            kind, value = conn.recv()
+            if kind == "invalid":
+                return "invalid", value
+            if not conn.poll(WALK_TIMEOUT_S):
+                self.close(kill=True)
+                raise RuntimeError(f"{self.backend}: walking {schema.name} took over {WALK_TIMEOUT_S:.0f} s")
+            _, walk = conn.recv()
+        except (EOFError, OSError):  # the worker died (a native crash, or killed from outside)
+            assert self._proc is not None
+            self._proc.join(10)
+            status = self._proc.exitcode
             self.close(kill=True)
-            return "timeout", None
-        kind, value = conn.recv()
-        if kind == "invalid":
-            return "invalid", value
-        if not conn.poll(WALK_TIMEOUT_S):
-            self.close(kill=True)
-            raise RuntimeError(f"{self.backend}: walking {schema.name} took over {WALK_TIMEOUT_S:.0f} s")
-        _, walk = conn.recv()
+            return "crashed", status
         return "walked", (walk, value)
 
     def close(self, *, kill: bool = False) -> None:
@@ -425,6 +442,9 @@ def measure_backend(
             if kind == "timeout":
                 totals.compile_timeouts += 1
                 note = f"compile > {compile_timeout:g} s, skipped"
+            elif kind == "crashed":
+                totals.crashes += 1
+                note = f"worker died (exit status {value}), skipped"
             elif kind == "invalid":
                 totals.compile_errors += 1
                 note = f"refused: {value}"
@@ -526,7 +546,7 @@ def format_report(results: Sequence[BackendTotals]) -> str:
         compile_p50 = sorted(t.compile_seconds)[len(t.compile_seconds) // 2] if t.compile_seconds else float("nan")
         notes.append(
             f"{t.backend}: compile p50 {compile_p50:.2f} s; skipped {t.compile_timeouts} schemas "
-            f"(compile timeout), {t.compile_errors} (refused by the backend); "
+            f"(compile timeout), {t.compile_errors} (refused by the backend), {t.crashes} (worker died); "
             f"{w.rejected} instances rejected; {w.disagreements} raw/ours disagreements; "
             f"{w.mask_mismatches} fills with differing masks"
         )
