@@ -38,7 +38,18 @@ class InvalidConstraint(ThinkstructError, ValueError):
         self.position = position
         self.backend = backend
         self.kind = kind
-        super().__init__(self._format())
+        super().__init__(reason)
+
+    def __str__(self) -> str:
+        return self._format()
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only fields would be lost by Exception's default pickling (compile
+        # workers send these across processes).
+        return (
+            _rebuild,
+            (type(self), self.reason, self.pointer, self.position, self.backend, self.kind),
+        )
 
     def _format(self) -> str:
         where = []
@@ -60,3 +71,14 @@ class CompileTimeout(InvalidConstraint):
 
 class UnsupportedConstraint(InvalidConstraint):
     """A backend cannot enforce this kind of constraint (or one of its keywords)."""
+
+
+def _rebuild(
+    cls: type[InvalidConstraint],
+    reason: str,
+    pointer: str | None,
+    position: int | None,
+    backend: str | None,
+    kind: str | None,
+) -> InvalidConstraint:
+    return cls(reason, pointer=pointer, position=position, backend=backend, kind=kind)

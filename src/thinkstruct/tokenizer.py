@@ -203,6 +203,19 @@ class Tokenizer:
         """The bytes a token stands for (``b""`` for special and padding tokens)."""
         return self.decoded_vocab()[token_id]
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled to start compile workers: the caches and the lock stay behind.
+        state = self.__dict__.copy()
+        for transient in ("_lock", "_cached", "_text_backend"):
+            state.pop(transient, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+        self._cached = {}
+        self._text_backend = None
+
     @property
     def chat_template(self) -> str | None:
         return getattr(self.hf, "chat_template", None)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Iterable, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Union
 
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
@@ -167,6 +167,10 @@ class GrammarBackend(abc.ABC):
 
     name: ClassVar[str]
     kinds: ClassVar[frozenset[ConstraintKind]]
+    #: Compiles run in native code that cannot be interrupted and may take minutes, so
+    #: the compile service runs them in a worker process it can kill (see
+    #: :meth:`export` and :meth:`load`).
+    isolated: ClassVar[bool] = False
 
     def __init__(self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat()) -> None:
         self.tokenizer = tokenizer
@@ -200,6 +204,14 @@ class GrammarBackend(abc.ABC):
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
         """Compile a checked constraint of a supported kind; raise InvalidConstraint if the
         library refuses it."""
+
+    def export(self, compiled: CompiledGrammar) -> Any:
+        """A picklable form of ``compiled`` for :meth:`load` in another process."""
+        raise NotImplementedError(f"{self.name} grammars are compiled in-process")
+
+    def load(self, constraint: Constraint, payload: Any, compile_seconds: float) -> CompiledGrammar:
+        """Rebuild a grammar exported by :meth:`export` against this backend's tokenizer."""
+        raise NotImplementedError(f"{self.name} grammars are compiled in-process")
 
     def options_key(self) -> tuple[object, ...]:
         """The options that change what ``compile`` produces (part of the cache key)."""

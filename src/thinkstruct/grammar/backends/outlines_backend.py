@@ -3,7 +3,7 @@ choice), compiled to a token-level DFA index over the whole vocabulary."""
 
 from __future__ import annotations
 
-import json
+import pickle
 import re
 import time
 from dataclasses import dataclass, field
@@ -41,6 +41,7 @@ class OutlinesBackend(GrammarBackend):
             ConstraintKind.CHOICE,
         }
     )
+    isolated = True
 
     def __init__(self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat()) -> None:
         super().__init__(tokenizer, json_format=json_format)
@@ -57,12 +58,24 @@ class OutlinesBackend(GrammarBackend):
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
             raise describe_library_error(e, constraint, self.name) from None
+        return self._wrap(constraint, index, regex, time.perf_counter() - start)
+
+    def export(self, compiled: CompiledGrammar) -> tuple[Any, str]:
+        assert isinstance(compiled, OutlinesCompiled)
+        return compiled.index, compiled.regex  # the index pickles itself
+
+    def load(self, constraint: Constraint, payload: Any, compile_seconds: float) -> OutlinesCompiled:
+        index, regex = payload
+        return self._wrap(constraint, index, regex, compile_seconds)
+
+    def _wrap(self, constraint: Constraint, index: Any, regex: str, seconds: float) -> OutlinesCompiled:
         eos = self.tokenizer.eos_token_ids
         return OutlinesCompiled(
+            size_bytes=len(pickle.dumps(index)) + len(regex),
             constraint=constraint,
             backend=self.name,
             tokenizer=self.tokenizer,
-            compile_seconds=time.perf_counter() - start,
+            compile_seconds=seconds,
             index=index,
             regex=regex,
             eos_ids=frozenset(eos),
@@ -117,7 +130,12 @@ class OutlinesCompiled(CompiledGrammar):
     extra_eos_ids: tuple[int, ...] = ()
     #: Per-state cache for jump-forward: state -> (forced byte's token, next state) or None.
     forced: dict[int, tuple[int, int] | None] = field(default_factory=dict, repr=False)
+    #: Serialized size of the index, as an estimate of its memory.
+    size_bytes: int = 0
 
+    @property
+    def memory_bytes(self) -> int:
+        return self.size_bytes
     def _new_matcher(self) -> OutlinesMatcher:
         return OutlinesMatcher(self)
 

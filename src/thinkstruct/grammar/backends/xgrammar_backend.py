@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 class XGrammarBackend(GrammarBackend):
     name = "xgrammar"
     kinds = frozenset(ConstraintKind)
+    isolated = True
 
     def __init__(
         self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat(), max_threads: int = 2
@@ -45,11 +46,22 @@ class XGrammarBackend(GrammarBackend):
             raise
         except Exception as e:  # xgrammar raises RuntimeError/ValueError/its own types
             raise describe_library_error(e, constraint, self.name) from None
+        return self._wrap(constraint, ctx, time.perf_counter() - start)
+
+    def export(self, compiled: CompiledGrammar) -> str:
+        assert isinstance(compiled, XGrammarCompiled)
+        return compiled.ctx.serialize_json()
+
+    def load(self, constraint: Constraint, payload: Any, compile_seconds: float) -> XGrammarCompiled:
+        ctx = xgr.CompiledGrammar.deserialize_json(payload, self.tokenizer.xgrammar_info())
+        return self._wrap(constraint, ctx, compile_seconds)
+
+    def _wrap(self, constraint: Constraint, ctx: xgr.CompiledGrammar, seconds: float) -> XGrammarCompiled:
         return XGrammarCompiled(
             constraint=constraint,
             backend=self.name,
             tokenizer=self.tokenizer,
-            compile_seconds=time.perf_counter() - start,
+            compile_seconds=seconds,
             ctx=ctx,
             eos_ids=frozenset(self.tokenizer.eos_token_ids),
         )
@@ -81,10 +93,13 @@ class XGrammarBackend(GrammarBackend):
         raise AssertionError(f"unhandled kind {kind}")
 
     def _json_options(self) -> dict[str, Any]:
+        # strict_mode=False keeps JSON Schema's defaults: unlisted properties and items
+        # are allowed unless the schema says otherwise (xgrammar's strict mode forbids
+        # them, and then refuses valid schemas such as {"type": "array", "minItems": 2}).
         ws = self.json_format.max_whitespace
         if ws == 0:
-            return {"any_whitespace": False, "separators": (",", ":")}
-        return {"any_whitespace": True, "max_whitespace_cnt": ws}
+            return {"any_whitespace": False, "separators": (",", ":"), "strict_mode": False}
+        return {"any_whitespace": True, "max_whitespace_cnt": ws, "strict_mode": False}
 
 
 def _ebnf_literal(text: str) -> str:

@@ -1,0 +1,202 @@
+"""The compile service: cache, shared cold compiles, timeouts, backend choice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import pytest
+
+from thinkstruct import CompileTimeout, Constraint, InvalidConstraint, Tokenizer
+from thinkstruct.grammar.api import first_rejected
+from thinkstruct.grammar.compiler import GrammarCompiler
+
+# outlines-core needs over a minute for this (a free-form value under a 129k vocabulary).
+PATHOLOGICAL = {"type": "object", "properties": {"x": {}, "y": {"type": "array"}}, "required": ["x", "y"]}
+
+
+def _schema(n: int) -> Constraint:
+    return Constraint.json_schema(
+        {"type": "object", "properties": {f"k{n}": {"type": "integer"}}, "required": [f"k{n}"]}
+    )
+
+
+@pytest.fixture
+def compiler(tokenizer: Tokenizer):
+    with GrammarCompiler(tokenizer, worker_processes=0) as c:
+        yield c
+
+
+def test_sixteen_threads_one_cold_key_one_compile(compiler: GrammarCompiler) -> None:
+    constraint = _schema(1)
+    barrier = threading.Barrier(16)
+    results: list[object] = []
+
+    def ask() -> None:
+        barrier.wait()
+        results.append(compiler.compile(constraint))
+
+    threads = [threading.Thread(target=ask) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 16 and all(r is results[0] for r in results)
+    assert compiler.stats.compiles == 1
+    assert compiler.stats.misses == 1
+    assert compiler.stats.hits == 15
+
+
+def test_async_callers_share_one_compile(compiler: GrammarCompiler) -> None:
+    constraint = _schema(2)
+
+    async def main() -> list[object]:
+        return await asyncio.gather(*(compiler.compile_async(constraint) for _ in range(8)))
+
+    results = asyncio.run(main())
+    assert all(r is results[0] for r in results)
+    assert compiler.stats.compiles == 1
+
+
+def test_lru_by_entries_and_bytes(tokenizer: Tokenizer) -> None:
+    with GrammarCompiler(tokenizer, cache_size=2, worker_processes=0) as c:
+        first = c.compile(_schema(1))
+        c.compile(_schema(2))
+        assert c.compile(_schema(1)) is first  # a hit makes it recent
+        c.compile(_schema(3))  # evicts 2, the least recently used
+        assert c.stats.entries == 2 and c.stats.evictions == 1
+        assert c.compile(_schema(1)) is first
+        compiles = c.stats.compiles
+        c.compile(_schema(2))
+        assert c.stats.compiles == compiles + 1
+    with GrammarCompiler(tokenizer, cache_bytes=1, worker_processes=0) as c:
+        c.compile(_schema(1))
+        c.compile(_schema(2))
+        assert c.stats.entries == 1  # never below one entry, never above the byte bound otherwise
+
+
+def test_invalid_constraint_is_reported_and_remembered_briefly(tokenizer: Tokenizer) -> None:
+    bad = Constraint.json_schema({"type": "array", "items": {"$ref": "#/nowhere"}})
+    with GrammarCompiler(tokenizer, worker_processes=0, failure_ttl_s=0.3) as c:
+        with pytest.raises(InvalidConstraint, match="/items/\\$ref"):
+            c.compile(bad)
+        with pytest.raises(InvalidConstraint):
+            c.compile(bad)
+        assert c.stats.invalid == 1  # the second answer came from memory
+        time.sleep(0.4)
+        with pytest.raises(InvalidConstraint):
+            c.compile(bad)
+        assert c.stats.invalid == 2  # not cached forever
+
+
+def test_timeout_stops_the_work_and_the_compiler_carries_on(tokenizer: Tokenizer) -> None:
+    with GrammarCompiler(tokenizer, backend="outlines", timeout_s=8.0, failure_ttl_s=60) as c:
+        c.warm_up()
+        c.compile(Constraint.regex("warm"))  # the service's own idle thread exists now
+        [worker] = c.worker_pids()
+        threads_before = threading.active_count()
+        start = time.monotonic()
+        with pytest.raises(CompileTimeout) as info:
+            c.compile(Constraint.json_schema(PATHOLOGICAL))
+        assert time.monotonic() - start < 40
+        assert "too long" in str(info.value) and info.value.backend == "outlines"
+        # The worker running the compile was killed: no core stays pinned.
+        with pytest.raises(ProcessLookupError):
+            os.kill(worker, 0)
+        assert c.worker_pids() == []
+        cpu = time.process_time()
+        time.sleep(1.0)
+        assert time.process_time() - cpu < 0.5  # and this process is idle too
+        assert threading.active_count() <= threads_before
+        # A later good compile works (in a fresh worker) ...
+        good = c.compile(Constraint.regex("[a-z]+@[a-z]+"))
+        assert good.backend == "outlines" and first_rejected(good, "ab@cd") is None
+        # ... and the timed-out key is answered from memory without compiling again.
+        with pytest.raises(CompileTimeout):
+            c.compile(Constraint.json_schema(PATHOLOGICAL))
+        assert c.stats.timeouts == 1
+
+
+def test_xgrammar_compiles_in_a_worker_and_matches_in_process(tokenizer: Tokenizer) -> None:
+    with GrammarCompiler(tokenizer, backend="xgrammar") as c:
+        compiled = c.compile(_schema(7))
+        assert c.worker_pids()  # compiled out of process ...
+        assert compiled.backend == "xgrammar"
+        assert first_rejected(compiled, '{"k7":3}') is None  # ... and used here
+        assert first_rejected(compiled, '{"k7":"x"}') is not None
+
+
+# ---- backend choice -------------------------------------------------------------------
+
+
+def test_auto_prefers_llguidance_and_names_the_backend(compiler: GrammarCompiler) -> None:
+    assert compiler.compile(_schema(3)).backend == "llguidance"
+    assert compiler.compile(Constraint.regex("a+")).backend == "llguidance"
+
+
+def test_auto_uses_xgrammar_where_llguidance_cannot(compiler: GrammarCompiler) -> None:
+    tag = {"type": "structural_tag", "format": {"type": "const_string", "value": "ok"}}
+    assert compiler.compile(Constraint.structural_tag(tag)).backend == "xgrammar"
+
+
+UNENFORCEABLE = {
+    "type": "object",
+    "properties": {
+        "ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+        "kind": {"type": "string", "not": {"const": "x"}},
+    },
+}
+
+
+def test_strict_refuses_listing_every_unenforceable_keyword(tokenizer: Tokenizer) -> None:
+    with GrammarCompiler(tokenizer, strict=True, worker_processes=0) as c:
+        with pytest.raises(InvalidConstraint) as info:
+            c.compile(Constraint.json_schema(UNENFORCEABLE))
+    message = str(info.value)
+    assert "uniqueItems at /properties/ids/uniqueItems" in message
+    assert "not at /properties/kind/not" in message
+
+
+def test_lenient_falls_back_and_says_what_it_ignores(compiler: GrammarCompiler) -> None:
+    compiled = compiler.compile(Constraint.json_schema(UNENFORCEABLE))
+    assert set(compiled.ignored_keywords) == {"/properties/ids/uniqueItems", "/properties/kind/not"}
+    assert compiler.stats.fallbacks == 0  # planned, not a failed attempt
+    assert first_rejected(compiled, '{"ids":[1,2],"kind":"y"}') is None
+
+
+def test_strict_compiles_disjoint_one_of_exactly(tokenizer: Tokenizer) -> None:
+    schema = {
+        "oneOf": [
+            {"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "number"}}, "required": ["kind", "r"]},
+            {"type": "object", "properties": {"kind": {"const": "square"}, "side": {"type": "number"}}, "required": ["kind", "side"]},
+        ]
+    }
+    with GrammarCompiler(tokenizer, strict=True, worker_processes=0) as c:
+        compiled = c.compile(Constraint.json_schema(schema))
+    assert compiled.ignored_keywords == ()
+    assert first_rejected(compiled, '{"kind":"circle","r":1}') is None
+    assert first_rejected(compiled, '{"kind":"circle","side":1}') is not None
+
+
+def test_strict_refuses_overlapping_one_of(tokenizer: Tokenizer) -> None:
+    schema = {"oneOf": [{"type": "integer"}, {"minimum": 2}]}
+    with GrammarCompiler(tokenizer, strict=True, worker_processes=0) as c:
+        with pytest.raises(InvalidConstraint, match="oneOf at /oneOf"):
+            c.compile(Constraint.json_schema(schema))
+
+
+def test_unknown_format_is_an_annotation(compiler: GrammarCompiler) -> None:
+    compiled = compiler.compile(Constraint.json_schema({"type": "string", "format": "uri-reference"}))
+    assert compiled.backend == "llguidance" and compiled.ignored_keywords == ()
+    assert first_rejected(compiled, '"../x"') is None
+
+
+def test_fallback_after_a_refusal_is_counted(compiler: GrammarCompiler) -> None:
+    # llguidance's GBNF conversion refuses this grammar's syntax; xgrammar takes it.
+    grammar = 'root ::= [a-z]+ "=" [0-9]+'
+    compiled = compiler.compile(Constraint.ebnf(grammar))
+    assert first_rejected(compiled, "abc=12") is None
+    assert compiled.backend in ("llguidance", "xgrammar")
+    assert compiler.stats.fallbacks == (1 if compiled.backend == "xgrammar" else 0)
