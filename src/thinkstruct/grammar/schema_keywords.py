@@ -2,16 +2,25 @@
 
 :func:`assertions` lists every assertion keyword a schema uses, with its JSON pointer,
 so the backend choice can tell whether a backend would enforce all of it. :func:`normalize`
-rewrites a schema into an equivalent one that more backends can compile exactly:
+rewrites a schema into an equivalent one that more backends can compile exactly. Every
+rewrite keeps the set of valid instances unchanged:
 
 - ``format`` values no backend knows are dropped. In JSON Schema 2020-12 ``format`` is an
   annotation unless a format-assertion vocabulary is declared, so this changes nothing a
   validator would check.
-- ``oneOf`` whose branches provably cannot both match (disjoint types, or different
-  ``const``/``enum`` values of one required property) becomes ``anyOf``, which every
-  backend enforces; overlapping ``oneOf`` stays and is reported as such.
-- no-op assertions (``uniqueItems: false``, ``minItems: 0``, ``minLength: 0``,
-  ``minProperties: 0``) are dropped.
+- A subschema whose values form a finite set (``enum``/``const``, also inside ``allOf``)
+  becomes the ``enum`` of the members that pass the whole subschema, checked by the
+  reference validator (``jsonschema``) — whatever else it says (``not``, ``oneOf``,
+  ``if``...) is then enforced exactly.
+- ``dependentRequired``/``dependentSchemas``/``dependencies`` become ``anyOf`` of "the
+  trigger property is absent" (``properties: {p: false}``) and "it is present with what
+  it requires".
+- ``not`` of ``required``, of a ``type`` list, of ``true``/``false`` becomes the
+  equivalent positive form.
+- ``oneOf`` whose branches provably cannot both match (disjoint types or literal values,
+  different ``const``/``enum`` values of one required property, or a property one branch
+  requires and the other forbids) becomes ``anyOf``.
+- no-op assertions (``uniqueItems: false``, ``minItems: 0``...) are dropped.
 """
 
 from __future__ import annotations
@@ -63,21 +72,175 @@ def normalize(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = copy.deepcopy(schema)
+    _narrow_finite(out)
     for node, _ in _subschemas(out):
         fmt = node.get("format")
         if fmt is not None and fmt not in KNOWN_FORMATS:
             del node["format"]
         for keyword in [k for k, v in node.items() if _is_noop(k, v)]:
             del node[keyword]
+        _rewrite_dependencies(node)
+        _rewrite_not(node)
         branches = node.get("oneOf")
         if isinstance(branches, list) and len(branches) > 1 and _pairwise_disjoint(branches, out):
-            if "anyOf" in node:
-                node.setdefault("allOf", []).append({"anyOf": node.pop("oneOf")})
-            else:
-                node["anyOf"] = node.pop("oneOf")
+            _add_constraint(node, {"anyOf": node.pop("oneOf")})
         elif isinstance(branches, list) and len(branches) == 1:
-            node.setdefault("allOf", []).append(node.pop("oneOf")[0])
+            _add_constraint(node, node.pop("oneOf")[0])
     return out
+
+
+def _add_constraint(node: dict[str, Any], extra: Any) -> None:
+    """Require ``extra`` of ``node`` too (as one more ``allOf`` member, or in place)."""
+    if isinstance(extra, dict) and len(extra) == 1 and "anyOf" in extra and "anyOf" not in node:
+        node["anyOf"] = extra["anyOf"]
+    else:
+        node.setdefault("allOf", []).append(extra)
+
+
+# ---- dependencies ---------------------------------------------------------------------
+
+#: Most alternatives the dependency rewrite may multiply into (2 per dependency).
+_MAX_DEPENDENCY_PRODUCT = 64
+
+
+def _rewrite_dependencies(node: dict[str, Any]) -> None:
+    rules: list[tuple[str, Any]] = []
+    for keyword in ("dependentRequired", "dependentSchemas", "dependencies"):
+        value = node.get(keyword)
+        if not isinstance(value, dict):
+            continue
+        for prop, need in value.items():
+            if isinstance(need, list) and all(isinstance(x, str) for x in need):
+                rules.append((prop, {"required": [prop, *need]}))
+            elif isinstance(need, (dict, bool)):
+                rules.append((prop, {"allOf": [{"required": [prop]}, need]}))
+            else:
+                return  # malformed: leave it to the backends to refuse
+    if not rules or 2 ** len(rules) > _MAX_DEPENDENCY_PRODUCT:
+        return
+    for keyword in ("dependentRequired", "dependentSchemas", "dependencies"):
+        node.pop(keyword, None)
+    for prop, present in rules:
+        _add_constraint(node, {"anyOf": [{"properties": {prop: False}}, present]})
+
+
+# ---- not ------------------------------------------------------------------------------
+
+
+def _rewrite_not(node: dict[str, Any]) -> None:
+    if "not" not in node:
+        return
+    negated = node["not"]
+    if negated is False or negated == {"not": True}:
+        del node["not"]
+    elif negated is True or negated == {}:
+        node.pop("not")
+        _add_constraint(node, False)
+    elif isinstance(negated, dict) and set(negated) == {"required"} and _strings(negated["required"]):
+        del node["not"]
+        absent = [{"properties": {p: False}} for p in negated["required"]]
+        _add_constraint(node, absent[0] if len(absent) == 1 else {"anyOf": absent})
+    elif isinstance(negated, dict) and set(negated) == {"type"}:
+        types = negated["type"] if isinstance(negated["type"], list) else [negated["type"]]
+        if not _strings(types) or ("integer" in types and "number" not in types):
+            return  # "not integer" leaves non-integral numbers: no positive form
+        excluded = set(types) | ({"integer"} if "number" in types else set())
+        del node["not"]
+        _add_constraint(node, {"type": sorted(_ALL_TYPES - excluded)} if _ALL_TYPES - excluded else False)
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(x, str) for x in value)
+
+
+# ---- finite value sets ----------------------------------------------------------------
+
+
+def _narrow_finite(root: dict[str, Any]) -> None:
+    """Replace each outermost subschema with a finite value set by its valid members."""
+    try:
+        import jsonschema
+    except ImportError:  # pragma: no cover - jsonschema is a dependency
+        return
+    try:
+        validator_cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
+        root_validator = validator_cls(copy.deepcopy(root))
+    except Exception:
+        return
+    refs = _ref_targets(root)
+    stack: list[tuple[Any, str]] = [(root, "")]
+    while stack:
+        node, pointer = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        values = _finite_values(node)
+        needs_check = any(
+            k not in _NON_ASSERTIONS and k not in ("enum", "const") for k in node
+        )
+        if values is not None and needs_check and not any(r.startswith(pointer + "/") and
+                                                          not _in_definitions(r[len(pointer):]) for r in refs):
+            try:
+                sub = root_validator.evolve(schema=node)
+                valid = [v for v in values if sub.is_valid(v)]
+            except Exception:
+                valid = None
+            if valid is not None:
+                keep = {k: v for k, v in node.items() if k in ("$defs", "definitions", "$id", "$schema", "$anchor")}
+                node.clear()
+                node.update(keep)
+                node["enum"] = valid
+                continue
+        for child, child_pointer in _children(node, pointer):
+            stack.append((child, child_pointer))
+
+
+def _finite_values(node: dict[str, Any]) -> list[Any] | None:
+    if "const" in node:
+        return [node["const"]]
+    if isinstance(node.get("enum"), list):
+        return list(node["enum"])
+    for branch in node.get("allOf") or ():
+        if isinstance(branch, dict) and not (set(branch) - {"enum", "const"} - _NON_ASSERTIONS):
+            values = _finite_values(branch)
+            if values is not None:
+                return values
+    return None
+
+
+def _in_definitions(relative: str) -> bool:
+    return relative.startswith("/$defs/") or relative.startswith("/definitions/")
+
+
+def _ref_targets(root: Any) -> list[str]:
+    targets = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                targets.append(ref[1:])
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return targets
+
+
+def _children(node: dict[str, Any], pointer: str) -> Iterator[tuple[Any, str]]:
+    for keyword in _SUBSCHEMA:
+        value = node.get(keyword)
+        if isinstance(value, dict):
+            yield value, f"{pointer}/{keyword}"
+    for keyword in _SUBSCHEMA_MAPS:
+        value = node.get(keyword)
+        if isinstance(value, dict):
+            for name, sub in value.items():
+                yield sub, f"{pointer}/{keyword}/{escape_pointer(name)}"
+    for keyword in _SUBSCHEMA_LISTS:
+        value = node.get(keyword)
+        if isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield sub, f"{pointer}/{keyword}/{i}"
 
 
 def _is_noop(keyword: str, value: Any) -> bool:
@@ -95,20 +258,7 @@ def _subschemas(schema: Any) -> Iterator[tuple[dict[str, Any], str]]:
         if not isinstance(node, dict):
             continue
         yield node, pointer
-        for keyword in _SUBSCHEMA:
-            value = node.get(keyword)
-            if isinstance(value, dict):
-                stack.append((value, f"{pointer}/{keyword}"))
-        for keyword in _SUBSCHEMA_MAPS:
-            value = node.get(keyword)
-            if isinstance(value, dict):
-                for name, sub in value.items():
-                    stack.append((sub, f"{pointer}/{keyword}/{escape_pointer(name)}"))
-        for keyword in _SUBSCHEMA_LISTS:
-            value = node.get(keyword)
-            if isinstance(value, list):
-                for i, sub in enumerate(value):
-                    stack.append((sub, f"{pointer}/{keyword}/{i}"))
+        stack.extend(_children(node, pointer))
         deps = node.get("dependencies")
         if isinstance(deps, dict):
             for name, sub in deps.items():
@@ -125,11 +275,38 @@ def _pairwise_disjoint(branches: list[Any], root: Any) -> bool:
     resolved = [_resolve(b, root) for b in branches]
     if any(not isinstance(b, dict) for b in resolved):
         return False
-    types = [_types(b) for b in resolved]
-    if all(t is not None for t in types):
-        if all(not (types[i] & types[j]) for i in range(len(types)) for j in range(i + 1, len(types))):
-            return True
-    return _discriminated(resolved, root)
+    if _discriminated(resolved, root):
+        return True
+    return all(
+        _disjoint(resolved[i], resolved[j], root)
+        for i in range(len(resolved))
+        for j in range(i + 1, len(resolved))
+    )
+
+
+def _disjoint(a: dict[str, Any], b: dict[str, Any], root: Any) -> bool:
+    """True only if no instance can match both ``a`` and ``b``."""
+    ta, tb = _types(a), _types(b)
+    if ta is not None and tb is not None and not (ta & tb):
+        return True
+    la, lb = _literal_values(a), _literal_values(b)
+    if la is not None and lb is not None and not (la & lb):
+        return True
+    if (ta is not None and ta <= {"object"}) or (tb is not None and tb <= {"object"}):
+        return _forbids_required(a, b) or _forbids_required(b, a)
+    return False
+
+
+def _forbids_required(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """``a`` requires a property ``b`` cannot have (both must be objects for this)."""
+    if _types(a) != frozenset({"object"}) and _types(b) != frozenset({"object"}):
+        return False
+    required = a.get("required")
+    if not _strings(required):
+        return False
+    props = b.get("properties") if isinstance(b.get("properties"), dict) else {}
+    closed = b.get("additionalProperties") is False and not b.get("patternProperties")
+    return any(props.get(p) is False or (closed and p not in props) for p in required)
 
 
 def _resolve(schema: Any, root: Any, depth: int = 0) -> Any:
