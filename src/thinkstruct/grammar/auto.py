@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Iterator
 
 from thinkstruct.errors import UnsupportedConstraint
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
@@ -79,46 +80,63 @@ class Candidate:
     ignored: tuple[str, ...] = ()
 
 
-def plan(constraint: Constraint, *, backend: str, strict: bool) -> list[Candidate]:
-    """The backends to try for ``constraint``, in order.
+def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Candidate]:
+    """The backends to try for ``constraint``, in order, worked out lazily: the common
+    case (llguidance enforces the schema as it is) costs a scan of the schema text.
 
     Raises:
-        UnsupportedConstraint: ``strict`` and some keyword no backend enforces.
+        UnsupportedConstraint: ``strict`` and some keyword no backend enforces (raised
+            when the first candidate is asked for).
     """
     if backend != "auto":
-        return [Candidate(backend, constraint)]
+        yield Candidate(backend, constraint)
+        return
     if constraint.kind is not ConstraintKind.JSON_SCHEMA:
-        return [Candidate(name, constraint) for name in KIND_ORDER[constraint.kind]]
-    schema = normalize(constraint.document)
-    rewritten = Constraint(ConstraintKind.JSON_SCHEMA, json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
-    used = assertions(schema)
-    exact = [
-        Candidate(name, rewritten)
-        for name in JSON_ORDER
-        if not any(keyword in INEXACT[name] for keyword, _ in used)
-    ]
-    unenforceable = [
-        (keyword, pointer)
-        for keyword, pointer in used
-        if all(keyword in INEXACT[name] for name in JSON_ORDER)
-    ]
-    if strict:
-        if unenforceable:
-            listed = ", ".join(f"{k} at {p}" for k, p in unenforceable)
-            raise UnsupportedConstraint(
-                f"no backend enforces these keywords exactly: {listed}",
-                pointer=unenforceable[0][1],
-                kind="json_schema",
-            )
-        return exact
-    fallbacks = [
-        Candidate(
-            name,
-            rewritten,
-            lenient=name == "llguidance",
-            ignored=tuple(p for k, p in used if k in INEXACT[name]),
+        for name in KIND_ORDER[constraint.kind]:
+            yield Candidate(name, constraint)
+        return
+    if not _mentions(constraint.value, _REWRITE_TRIGGERS | INEXACT["llguidance"]):
+        yield Candidate("llguidance", constraint)  # nothing to rewrite, nothing inexact
+        used = assertions(constraint.document)
+        rewritten = constraint
+    else:
+        schema = normalize(constraint.document)
+        rewritten = Constraint(
+            ConstraintKind.JSON_SCHEMA, json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
         )
-        for name in ("llguidance", "xgrammar")
-        if any(keyword in INEXACT[name] for keyword, _ in used)
-    ]
-    return exact + fallbacks
+        used = assertions(schema)
+        if strict:
+            unenforceable = [
+                (keyword, pointer)
+                for keyword, pointer in used
+                if all(keyword in INEXACT[name] for name in JSON_ORDER)
+            ]
+            if unenforceable:
+                listed = ", ".join(f"{k} at {p}" for k, p in unenforceable)
+                raise UnsupportedConstraint(
+                    f"no backend enforces these keywords exactly: {listed}",
+                    pointer=unenforceable[0][1],
+                    kind="json_schema",
+                )
+        if not any(keyword in INEXACT["llguidance"] for keyword, _ in used):
+            yield Candidate("llguidance", rewritten)
+    for name in JSON_ORDER[1:]:
+        if not any(keyword in INEXACT[name] for keyword, _ in used):
+            yield Candidate(name, rewritten)
+    if strict:
+        return
+    for name in ("llguidance", "xgrammar"):
+        ignored = tuple(p for k, p in used if k in INEXACT[name])
+        if ignored:
+            yield Candidate(name, rewritten, lenient=name == "llguidance", ignored=ignored)
+
+
+# Besides llguidance's inexact keywords, what normalize() must see to help llguidance
+# (unknown formats, which llguidance refuses).
+_REWRITE_TRIGGERS = frozenset({"format"})
+
+
+def _mentions(text: str, keywords: frozenset[str]) -> bool:
+    """Whether the schema text may use any of ``keywords`` (as a key; false positives
+    only cost the slower path)."""
+    return any(f'"{k}":' in text for k in keywords)

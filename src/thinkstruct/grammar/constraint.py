@@ -10,6 +10,7 @@ constraint at all with :class:`~thinkstruct.InvalidConstraint`.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -128,13 +129,16 @@ class Constraint:
 
     @property
     def document(self) -> Any:
-        """The parsed JSON value (schema, structural tag, or list of choices)."""
+        """The parsed JSON value (schema, structural tag, or list of choices).
+
+        Shared between calls: treat it as read-only (copy before changing it).
+        """
         if self.kind in (
             ConstraintKind.JSON_SCHEMA,
             ConstraintKind.STRUCTURAL_TAG,
             ConstraintKind.CHOICE,
         ):
-            return json.loads(self.value)
+            return _parsed(self.value)
         if self.kind is ConstraintKind.JSON_OBJECT:
             return {"type": "object"}
         raise TypeError(f"a {self.kind.value} constraint has no JSON document")
@@ -142,6 +146,12 @@ class Constraint:
     def __repr__(self) -> str:
         shown = self.value if len(self.value) <= 60 else self.value[:57] + "..."
         return f"Constraint({self.kind.value}, {shown!r})"
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(value: str) -> Any:
+    # Validation, planning and compiling each read the document of one constraint.
+    return json.loads(value)
 
 
 def _require_text(value: object, kind: ConstraintKind) -> None:

@@ -173,14 +173,16 @@ def _narrow_finite(root: dict[str, Any]) -> None:
         node, pointer = stack.pop()
         if not isinstance(node, dict):
             continue
-        values = _finite_values(node)
-        needs_check = any(
-            k not in _NON_ASSERTIONS and k not in ("enum", "const") for k in node
-        )
-        if values is not None and needs_check and not any(r.startswith(pointer + "/") and
-                                                          not _in_definitions(r[len(pointer):]) for r in refs):
+        found = _finite_values(node)
+        if (
+            found is not None
+            and len(found[0]) <= _MAX_NARROWED_VALUES
+            and _has_hard_keyword(node)
+            and not any(r.startswith(pointer + "/") and not _in_definitions(r[len(pointer):]) for r in refs)
+        ):
+            values, rest = found
             try:
-                sub = root_validator.evolve(schema=node)
+                sub = root_validator.evolve(schema=rest)
                 valid = [v for v in values if sub.is_valid(v)]
             except Exception:
                 valid = None
@@ -194,16 +196,41 @@ def _narrow_finite(root: dict[str, Any]) -> None:
             stack.append((child, child_pointer))
 
 
-def _finite_values(node: dict[str, Any]) -> list[Any] | None:
+#: Largest value set narrowed (each member is validated against the subschema).
+_MAX_NARROWED_VALUES = 256
+
+#: Keywords some backend cannot enforce directly; narrowing only pays off under them.
+_HARD_KEYWORDS = frozenset(
+    {
+        "not", "oneOf", "if", "then", "else", "uniqueItems", "contains", "minContains",
+        "maxContains", "dependencies", "dependentRequired", "dependentSchemas",
+        "propertyNames", "unevaluatedItems", "unevaluatedProperties", "allOf", "multipleOf",
+        "patternProperties", "minProperties", "maxProperties",
+    }
+)
+
+
+def _has_hard_keyword(node: dict[str, Any]) -> bool:
+    return any(_HARD_KEYWORDS.intersection(sub) for sub, _ in _subschemas(node))
+
+
+def _finite_values(node: dict[str, Any]) -> tuple[list[Any], dict[str, Any]] | None:
+    """The finite value set a subschema draws from, and the subschema without the
+    keyword that gave it (every value satisfies that keyword by construction)."""
     if "const" in node:
-        return [node["const"]]
+        return [node["const"]], {k: v for k, v in node.items() if k != "const"}
     if isinstance(node.get("enum"), list):
-        return list(node["enum"])
-    for branch in node.get("allOf") or ():
+        return list(node["enum"]), {k: v for k, v in node.items() if k != "enum"}
+    branches = node.get("allOf")
+    for i, branch in enumerate(branches or ()):
         if isinstance(branch, dict) and not (set(branch) - {"enum", "const"} - _NON_ASSERTIONS):
-            values = _finite_values(branch)
-            if values is not None:
-                return values
+            found = _finite_values(branch)
+            if found is not None:
+                rest = dict(node)
+                rest["allOf"] = [b for j, b in enumerate(branches) if j != i]
+                if not rest["allOf"]:
+                    del rest["allOf"]
+                return found[0], rest
     return None
 
 

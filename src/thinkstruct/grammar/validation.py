@@ -39,9 +39,20 @@ _BOUND_PAIRS = (
     ("minimum", "exclusiveMaximum", True),
     ("exclusiveMinimum", "maximum", True),
 )
-_COUNTS = (
-    "minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties",
-    "minContains", "maxContains",
+_COUNTS_SET = frozenset(
+    {
+        "minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties",
+        "minContains", "maxContains",
+    }
+)
+_NUMBERS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+# A node using none of these has nothing _check_node would look at.
+_CHECKED_KEYWORDS = (
+    _COUNTS_SET
+    | _NUMBERS
+    | {"type", "pattern", "patternProperties", "required", "enum", "$ref", "$dynamicRef"}
+    | set(_SCHEMA_MAPS)
+    | set(_SCHEMA_LISTS)
 )
 
 
@@ -59,8 +70,9 @@ def check_constraint(constraint: Constraint) -> None:
 
 def check_json_schema(schema: Any) -> None:
     """Check a parsed JSON Schema document (see the module docstring)."""
-    ids, anchors = _collect_ids(schema)
-    for node, pointer, base in _walk(schema):
+    nodes = list(_walk(schema))
+    ids, anchors = _collect_ids(nodes)
+    for node, pointer, base in nodes:
         if isinstance(node, bool):
             continue
         if not isinstance(node, dict):
@@ -69,7 +81,8 @@ def check_json_schema(schema: Any) -> None:
                 pointer=pointer,
                 kind="json_schema",
             )
-        _check_node(node, pointer, base, schema, ids, anchors)
+        if node.keys() & _CHECKED_KEYWORDS:
+            _check_node(node, pointer, base, schema, ids, anchors)
 
 
 def _check_node(
@@ -86,23 +99,24 @@ def _check_node(
         for t in listed:
             if not isinstance(t, str) or t not in JSON_TYPES:
                 fail("type", f"unknown type {t!r}; JSON Schema types are {', '.join(sorted(JSON_TYPES))}")
-    for keyword in _COUNTS:
-        if keyword in node:
-            v = node[keyword]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
-                fail(keyword, f"{keyword} must be a non-negative integer, got {v!r}")
-    for keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
-        if keyword in node:
-            v = node[keyword]
-            # draft 4's boolean exclusiveMinimum/Maximum modifies minimum/maximum
-            if keyword.startswith("exclusive") and isinstance(v, bool):
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                fail(keyword, f"{keyword} must be a number, got {v!r}")
+    keys = node.keys()
+    for keyword in sorted(keys & _COUNTS_SET):  # sorted: the same first error every run
+        v = node[keyword]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+            fail(keyword, f"{keyword} must be a non-negative integer, got {v!r}")
+    for keyword in sorted(keys & _NUMBERS):
+        v = node[keyword]
+        # draft 4's boolean exclusiveMinimum/Maximum modifies minimum/maximum
+        if keyword.startswith("exclusive") and isinstance(v, bool):
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            fail(keyword, f"{keyword} must be a number, got {v!r}")
     if "multipleOf" in node and node["multipleOf"] <= 0:
         fail("multipleOf", f"multipleOf must be greater than 0, got {node['multipleOf']!r}")
     for low, high, strict in _BOUND_PAIRS:
-        lo, hi = node.get(low), node.get(high)
+        if low not in keys or high not in keys:
+            continue
+        lo, hi = node[low], node[high]
         if _is_number(lo) and _is_number(hi) and (lo >= hi if strict else lo > hi):
             fail(low, f"unsatisfiable: {low} {lo} {'≥' if strict else '>'} {high} {hi}")
     if "pattern" in node:
@@ -188,10 +202,10 @@ def _walk(schema: Any) -> Iterator[tuple[Any, str, str]]:
                     stack.append((sub, f"{pointer}/dependencies/{escape_pointer(name)}", base))
 
 
-def _collect_ids(schema: Any) -> tuple[set[str], set[str]]:
+def _collect_ids(nodes: list[tuple[Any, str, str]]) -> tuple[set[str], set[str]]:
     ids: set[str] = set()
     anchors: set[str] = set()
-    for node, _, base in _walk(schema):
+    for node, _, base in nodes:
         if isinstance(node, dict):
             if isinstance(node.get("$id"), str):
                 full = urljoin(base, node["$id"])
