@@ -7,26 +7,71 @@ to a JSON Schema, a regex, an EBNF grammar or a structural tag.
 from thinkstruct.errors import CompileTimeout, InvalidConstraint, ThinkstructError, UnsupportedConstraint
 from thinkstruct.grammar.api import accepts, compile
 from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend, InvalidGrammar
+from thinkstruct.grammar.compiler import CompilerStats, GrammarCompiler
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import JsonFormat
+from thinkstruct.grammar.reasoning import ReasoningGrammar
+from thinkstruct.parsers import (
+    ChatPrompt,
+    ChatTemplate,
+    ChatTemplateError,
+    CompletionTemplate,
+    FimPosition,
+    InvalidChatRequest,
+    ParseResult,
+    ReasoningFamily,
+    ReasoningParser,
+    UnknownName,
+    completion_templates,
+    fim_prompt,
+    get_reasoning_family,
+    load_completion_templates,
+    reasoning_enabled,
+    reasoning_families,
+    register_completion_template,
+    register_reasoning_family,
+    render_chat,
+)
 from thinkstruct.tokenizer import Tokenizer
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ChatPrompt",
+    "ChatTemplate",
+    "ChatTemplateError",
     "CompileTimeout",
     "CompiledGrammar",
+    "CompilerStats",
+    "CompletionTemplate",
     "Constraint",
     "ConstraintKind",
+    "FimPosition",
     "Grammar",
     "GrammarBackend",
+    "GrammarCompiler",
+    "InvalidChatRequest",
     "InvalidConstraint",
     "InvalidGrammar",
     "JsonFormat",
+    "ParseResult",
+    "ReasoningFamily",
+    "ReasoningGrammar",
+    "ReasoningParser",
     "ThinkstructError",
     "Tokenizer",
+    "UnknownName",
     "UnsupportedConstraint",
     "__version__",
     "accepts",
     "compile",
+    "completion_templates",
+    "fim_prompt",
+    "get_reasoning_family",
+    "load_completion_templates",
+    "reasoning_enabled",
+    "reasoning_families",
+    "register_completion_template",
+    "register_reasoning_family",
+    "render_chat",
 ]

@@ -106,18 +106,7 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
         )
         used = assertions(schema)
         if strict:
-            unenforceable = [
-                (keyword, pointer)
-                for keyword, pointer in used
-                if all(keyword in INEXACT[name] for name in JSON_ORDER)
-            ]
-            if unenforceable:
-                listed = ", ".join(f"{k} at {p}" for k, p in unenforceable)
-                raise UnsupportedConstraint(
-                    f"no backend enforces these keywords exactly: {listed}",
-                    pointer=unenforceable[0][1],
-                    kind="json_schema",
-                )
+            _refuse_unenforceable(used)
         if not any(keyword in INEXACT["llguidance"] for keyword, _ in used):
             yield Candidate("llguidance", rewritten)
     for name in JSON_ORDER[1:]:
@@ -129,6 +118,21 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
         ignored = tuple(p for k, p in used if k in INEXACT[name])
         if ignored:
             yield Candidate(name, rewritten, lenient=name == "llguidance", ignored=ignored)
+
+
+def _refuse_unenforceable(used: list[tuple[str, str]]) -> None:
+    unenforceable = [
+        (keyword, pointer)
+        for keyword, pointer in used
+        if all(keyword in INEXACT[name] for name in JSON_ORDER)
+    ]
+    if unenforceable:
+        listed = ", ".join(f"{k} at {p}" for k, p in unenforceable)
+        raise UnsupportedConstraint(
+            f"no backend enforces these keywords exactly: {listed}",
+            pointer=unenforceable[0][1],
+            kind="json_schema",
+        )
 
 
 # Besides llguidance's inexact keywords, what normalize() must see to help llguidance

@@ -158,6 +158,20 @@ class InvalidGrammar:
 CompileResult = Union[CompiledGrammar, InvalidGrammar]
 
 
+def schema_text(constraint: Constraint) -> str:
+    """The JSON schema a JSON constraint hands a backend (boolean schemas spelled out,
+    since not every backend takes them)."""
+    if constraint.kind is ConstraintKind.JSON_OBJECT:
+        return '{"type":"object"}'
+    if constraint.value == "true":
+        return "{}"
+    if constraint.value == "false":
+        raise InvalidConstraint(
+            "the schema false matches no value, so no answer is possible", pointer="", kind="json_schema"
+        )
+    return constraint.value
+
+
 class GrammarBackend(abc.ABC):
     """Compiles constraints for one tokenizer with one library.
 

@@ -25,7 +25,7 @@ rewrite keeps the set of valid instances unchanged:
 
 from __future__ import annotations
 
-import copy
+import json
 from typing import Any, Iterator
 
 from thinkstruct.grammar.constraint import escape_pointer
@@ -71,7 +71,7 @@ def normalize(schema: Any) -> Any:
     """An equivalent schema that more backends compile exactly (see the module doc)."""
     if not isinstance(schema, dict):
         return schema
-    out = copy.deepcopy(schema)
+    out = json.loads(json.dumps(schema))  # a private copy, much faster than deepcopy
     _narrow_finite(out)
     for node, _ in _subschemas(out):
         fmt = node.get("format")
@@ -158,30 +158,25 @@ def _strings(value: Any) -> bool:
 
 def _narrow_finite(root: dict[str, Any]) -> None:
     """Replace each outermost subschema with a finite value set by its valid members."""
-    try:
-        import jsonschema
-    except ImportError:  # pragma: no cover - jsonschema is a dependency
-        return
-    try:
-        validator_cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
-        root_validator = validator_cls(copy.deepcopy(root))
-    except Exception:
-        return
-    refs = _ref_targets(root)
+    root_validator: Any = None
+    refs: list[str] | None = None
+    pristine = json.dumps(root)  # the document as it was, for the validator's $refs
     stack: list[tuple[Any, str]] = [(root, "")]
     while stack:
         node, pointer = stack.pop()
         if not isinstance(node, dict):
             continue
         found = _finite_values(node)
-        if (
-            found is not None
-            and len(found[0]) <= _MAX_NARROWED_VALUES
-            and _has_hard_keyword(node)
-            and not any(r.startswith(pointer + "/") and not _in_definitions(r[len(pointer):]) for r in refs)
-        ):
+        if found is not None and len(found[0]) <= _MAX_NARROWED_VALUES and _has_hard_keyword(node):
+            if refs is None:
+                refs = _ref_targets(root)
+            if any(r.startswith(pointer + "/") and not _in_definitions(r[len(pointer):]) for r in refs):
+                found = None  # a $ref points inside: replacing the node would break it
+        if found is not None and len(found[0]) <= _MAX_NARROWED_VALUES and _has_hard_keyword(node):
             values, rest = found
             try:
+                if root_validator is None:
+                    root_validator = _validator(json.loads(pristine))
                 sub = root_validator.evolve(schema=rest)
                 valid = [v for v in values if sub.is_valid(v)]
             except Exception:
@@ -212,6 +207,13 @@ _HARD_KEYWORDS = frozenset(
 
 def _has_hard_keyword(node: dict[str, Any]) -> bool:
     return any(_HARD_KEYWORDS.intersection(sub) for sub, _ in _subschemas(node))
+
+
+def _validator(root: Any) -> Any:
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
+    return cls(root)
 
 
 def _finite_values(node: dict[str, Any]) -> tuple[list[Any], dict[str, Any]] | None:
@@ -411,8 +413,6 @@ def _discriminated(branches: list[dict[str, Any]], root: Any) -> bool:
 
 
 def _literal_values(schema: Any) -> set[str] | None:
-    import json
-
     if not isinstance(schema, dict):
         return None
     if "const" in schema:

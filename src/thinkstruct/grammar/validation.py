@@ -39,6 +39,21 @@ _BOUND_PAIRS = (
     ("minimum", "exclusiveMaximum", True),
     ("exclusiveMinimum", "maximum", True),
 )
+# The types each bound keyword applies to.
+_BOUND_TYPES = {
+    "minItems": {"array"}, "minContains": {"array"}, "minLength": {"string"},
+    "minProperties": {"object"}, "minimum": {"number", "integer"},
+    "exclusiveMinimum": {"number", "integer"},
+}
+
+
+def _confined_to(node: dict[str, Any], types: set[str]) -> bool:
+    """Whether ``node``'s ``type`` admits only values of ``types``."""
+    t = node.get("type")
+    listed = t if isinstance(t, list) else [t]
+    return bool(listed) and all(x in types for x in listed)
+
+
 _COUNTS_SET = frozenset(
     {
         "minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties",
@@ -86,7 +101,7 @@ def check_json_schema(schema: Any) -> None:
 
 
 def _check_node(
-    node: dict[str, Any], pointer: str, base: str, root: Any, ids: set[str], anchors: set[str]
+    node: dict[str, Any], pointer: str, base: str, root: Any, ids: dict[str, Any], anchors: set[str]
 ) -> None:
     def fail(keyword: str, reason: str) -> None:
         raise InvalidConstraint(reason, pointer=f"{pointer}/{escape_pointer(keyword)}", kind="json_schema")
@@ -114,8 +129,8 @@ def _check_node(
     if "multipleOf" in node and node["multipleOf"] <= 0:
         fail("multipleOf", f"multipleOf must be greater than 0, got {node['multipleOf']!r}")
     for low, high, strict in _BOUND_PAIRS:
-        if low not in keys or high not in keys:
-            continue
+        if low not in keys or high not in keys or not _confined_to(node, _BOUND_TYPES[low]):
+            continue  # other types of value satisfy the schema whatever the bounds
         lo, hi = node[low], node[high]
         if _is_number(lo) and _is_number(hi) and (lo >= hi if strict else lo > hi):
             fail(low, f"unsatisfiable: {low} {lo} {'≥' if strict else '>'} {high} {hi}")
@@ -171,11 +186,11 @@ def _walk(schema: Any) -> Iterator[tuple[Any, str, str]]:
     stack: list[tuple[Any, str, str]] = [(schema, "", "")]
     while stack:
         node, pointer, base = stack.pop()
+        if isinstance(node, dict) and isinstance(node.get("$id"), str):
+            base = urljoin(base, node["$id"])  # a resource's own $id is its refs' base
         yield node, pointer, base
         if not isinstance(node, dict):
             continue
-        if isinstance(node.get("$id"), str):
-            base = urljoin(base, node["$id"])
         for keyword in _SCHEMA_VALUED:
             if keyword in node:
                 stack.append((node[keyword], f"{pointer}/{keyword}", base))
@@ -202,34 +217,37 @@ def _walk(schema: Any) -> Iterator[tuple[Any, str, str]]:
                     stack.append((sub, f"{pointer}/dependencies/{escape_pointer(name)}", base))
 
 
-def _collect_ids(nodes: list[tuple[Any, str, str]]) -> tuple[set[str], set[str]]:
-    ids: set[str] = set()
+def _collect_ids(nodes: list[tuple[Any, str, str]]) -> tuple[dict[str, Any], set[str]]:
+    """Every resource by its absolute ``$id`` (without fragment), and every anchor name."""
+    resources: dict[str, Any] = {}
     anchors: set[str] = set()
     for node, _, base in nodes:
         if isinstance(node, dict):
             if isinstance(node.get("$id"), str):
-                full = urljoin(base, node["$id"])
-                ids.add(urldefrag(full)[0])
-                frag = urldefrag(full)[1]
+                target, frag = urldefrag(base)
+                if target:
+                    resources.setdefault(target, node)
                 if frag and not frag.startswith("/"):
-                    anchors.add(frag)
+                    anchors.add(frag)  # draft 7's "$id": "#name"
             for key in ("$anchor", "$dynamicAnchor"):
                 if isinstance(node.get(key), str):
                     anchors.add(node[key])
-    return ids, anchors
+    return resources, anchors
 
 
-def _ref_resolves(ref: str, base: str, root: Any, ids: set[str], anchors: set[str]) -> bool:
+def _ref_resolves(ref: str, base: str, root: Any, resources: dict[str, Any], anchors: set[str]) -> bool:
     target, fragment = urldefrag(urljoin(base, ref) if base else ref)
-    if target and target not in ids and urldefrag(ref)[0]:
-        return False
+    if target:
+        resource = resources.get(target)
+        if resource is None:
+            return False  # not a resource of this document: it would have to be fetched
+    else:
+        resource = root
     if not fragment:
         return True
-    if not fragment.startswith("/"):
-        return fragment in anchors
-    if target and target in ids and target != urldefrag(base)[0]:
-        return True  # a pointer into another embedded resource: left to the backend
-    return _pointer_exists(root, fragment)
+    if fragment.startswith("/"):
+        return _pointer_exists(resource, fragment)
+    return fragment in anchors
 
 
 def _pointer_exists(doc: Any, pointer: str) -> bool:
@@ -292,9 +310,26 @@ def _check_structural_tag(tag: dict[str, Any]) -> None:
 _CARET = re.compile(r"^( *)\^+\s*$")
 
 
+# Constructs Python's re accepts and the backends' regex engines do not (look-around,
+# back-references, conditionals, possessive quantifiers): such patterns go to the
+# backends' own parser.
+_PYTHON_ONLY = re.compile(r"\(\?|\\[1-9]|[*+?}]\+")
+
+
 @functools.lru_cache(maxsize=4096)
 def regex_problem(pattern: str) -> tuple[int | None, str] | None:
-    """``(position, message)`` if ``pattern`` is not a regex the backends can parse."""
+    """``(position, message)`` if ``pattern`` is not a regex the backends can parse.
+
+    Python's parser answers most patterns in tens of microseconds; the rest (those it
+    refuses, and constructs only Python accepts) go to llguidance's Rust regex parser,
+    which takes about a millisecond and also knows ``\\p{L}``-style classes.
+    """
+    if not _PYTHON_ONLY.search(pattern):
+        try:
+            re.compile(pattern)
+            return None
+        except (re.error, RecursionError, OverflowError):
+            pass
     import llguidance
 
     message = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_regex(pattern))

@@ -13,7 +13,7 @@ import llguidance
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
 from thinkstruct.grammar.bitmask import allow_only
 from thinkstruct.grammar.row_pointer import row_address
-from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend
+from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend, schema_text
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import JsonFormat
 from thinkstruct.grammar.library_errors import describe_library_error, describe_message
@@ -65,7 +65,7 @@ class LLGuidanceBackend(GrammarBackend):
     def _grammar_text(self, constraint: Constraint) -> str:
         kind = constraint.kind
         if kind is ConstraintKind.JSON_SCHEMA or kind is ConstraintKind.JSON_OBJECT:
-            schema = constraint.value if kind is ConstraintKind.JSON_SCHEMA else '{"type":"object"}'
+            schema = schema_text(constraint)
             # Overrides, not defaults: a schema's own "x-guidance" must not re-enable
             # unbounded whitespace.
             return llguidance.LLMatcher.grammar_from_json_schema(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import outlines_core
 
 from thinkstruct.errors import InvalidConstraint
-from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend
+from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend, schema_text
 from thinkstruct.grammar.bitmask import allow_only, set_allowed
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import JsonFormat
@@ -90,7 +90,7 @@ class OutlinesBackend(GrammarBackend):
             return constraint.value
         if kind is ConstraintKind.CHOICE:
             return "(" + "|".join(_escape(o) for o in constraint.document) + ")"
-        schema = constraint.value if kind is ConstraintKind.JSON_SCHEMA else '{"type":"object"}'
+        schema = schema_text(constraint)
         ws = self.json_format.whitespace_regex
         regex = outlines_core.json_schema.build_regex_from_schema(
             schema, ws or "", max_recursion_depth=MAX_RECURSION_DEPTH

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import xgrammar as xgr
 
 from thinkstruct.errors import InvalidConstraint
-from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend
+from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend, schema_text
 from thinkstruct.grammar.bitmask import allow_only
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import JsonFormat
@@ -69,7 +69,7 @@ class XGrammarBackend(GrammarBackend):
     def _compile_ctx(self, constraint: Constraint) -> xgr.CompiledGrammar:
         kind = constraint.kind
         if kind is ConstraintKind.JSON_SCHEMA or kind is ConstraintKind.JSON_OBJECT:
-            schema = constraint.value if kind is ConstraintKind.JSON_SCHEMA else '{"type":"object"}'
+            schema = schema_text(constraint)
             return self._compiler.compile_json_schema(schema, **self._json_options())
         if kind is ConstraintKind.REGEX:
             return self._compiler.compile_regex(constraint.value)
