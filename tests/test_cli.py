@@ -1,0 +1,72 @@
+"""thinkstruct check: the schema lint tool, run as users run it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from thinkstruct.cli import main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_every_backend_compiles_the_example_and_accepts_the_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["check", str(EXAMPLES / "person.schema.json"), str(EXAMPLES / "person.json")])
+    out = capsys.readouterr().out
+    assert code == 0
+    for backend in ("xgrammar", "llguidance", "outlines"):
+        assert f"{backend}: compiles in " in out
+    assert out.count("person.json: accepted") == 3
+
+
+def test_rejection_names_the_character(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    answer = tmp_path / "answer.json"
+    prefix = '{"name": "Ada", "age": '
+    answer.write_text(prefix + '"36"}')
+    code = main(["check", str(EXAMPLES / "person.schema.json"), str(answer), "--backend", "llguidance"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert f"rejected at character {len(prefix)}" in out  # the quote, not the space
+    assert "⟨here⟩" in out
+
+
+def test_unfinished_answer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    answer = tmp_path / "answer.json"
+    answer.write_text('{"name": "Ada"')
+    assert main(["check", str(EXAMPLES / "person.schema.json"), str(answer), "--backend", "xgrammar"]) == 1
+    assert "ends before it is complete" in capsys.readouterr().out
+
+
+def test_invalid_schema_is_reported_with_its_pointer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    schema = tmp_path / "bad.schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "strnig"}}}))
+    assert main(["check", str(schema), "--backend", "llguidance"]) == 1
+    out = capsys.readouterr().out
+    assert "/properties/a/type" in out and "unknown type" in out
+
+
+def test_backend_that_cannot_compile_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    schema = tmp_path / "unique.schema.json"
+    schema.write_text(json.dumps({"type": "array", "uniqueItems": True}))
+    assert main(["check", str(schema), "--backend", "llguidance"]) == 1
+    assert "llguidance: does not compile" in capsys.readouterr().out
+
+
+def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", str(EXAMPLES / "person.schema.json"), "--backend", "nope"]) == 2
+    assert main(["check", str(tmp_path / "missing.json")]) == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_console_script_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "thinkstruct.cli", "check", str(EXAMPLES / "person.schema.json"),
+         str(EXAMPLES / "person_bad.json"), "--backend", "llguidance"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 1
+    assert "rejected at character" in result.stdout
