@@ -27,34 +27,25 @@ from thinkstruct.grammar.schema_keywords import assertions, normalize, subschema
 #: Assertion keywords each backend does not enforce (it refuses them or silently lets
 #: invalid instances through). Measured by tests/grammar/test_conformance.py and the
 #: probes in docs/keyword_support.md.
+_NO_BACKEND = frozenset(
+    {
+        "not", "uniqueItems", "contains", "minContains", "maxContains", "if", "then", "else",
+        "dependentRequired", "dependentSchemas", "dependencies", "propertyNames",
+        "unevaluatedProperties", "unevaluatedItems", "oneOf", "$dynamicRef", "$recursiveRef",
+    }
+)
+_XGRAMMAR_ALSO = frozenset(
+    {
+        "allOf", "multipleOf", "format", "minProperties", "maxProperties",
+        "patternProperties", "additionalItems",
+    }
+)
 INEXACT: dict[str, frozenset[str]] = {
-    "llguidance": frozenset(
-        {
-            "not", "uniqueItems", "contains", "minContains", "maxContains", "if", "then",
-            "else", "dependentRequired", "dependentSchemas", "dependencies",
-            "propertyNames", "unevaluatedProperties", "unevaluatedItems", "oneOf",
-            "$dynamicRef", "$recursiveRef",
-        }
-    ),
-    "xgrammar": frozenset(
-        {
-            "not", "uniqueItems", "contains", "minContains", "maxContains", "if", "then",
-            "else", "dependentRequired", "dependentSchemas", "dependencies",
-            "propertyNames", "unevaluatedProperties", "unevaluatedItems", "oneOf",
-            "allOf", "$dynamicRef", "$recursiveRef", "multipleOf", "format",
-            "minProperties", "maxProperties", "patternProperties", "additionalItems",
-        }
-    ),
-    "outlines": frozenset(
-        {
-            "not", "uniqueItems", "contains", "minContains", "maxContains", "if", "then",
-            "else", "dependentRequired", "dependentSchemas", "dependencies",
-            "propertyNames", "unevaluatedProperties", "unevaluatedItems", "oneOf",
-            "allOf", "$dynamicRef", "$recursiveRef", "multipleOf", "format",
-            "minProperties", "maxProperties", "patternProperties", "additionalProperties",
-            "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-        }
-    ),
+    "llguidance": _NO_BACKEND,
+    "xgrammar": _NO_BACKEND | _XGRAMMAR_ALSO,
+    "outlines": _NO_BACKEND
+    | _XGRAMMAR_ALSO
+    | {"additionalProperties", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
 }
 
 #: Exact backends to try for JSON schemas, fastest time-to-first-mask first.

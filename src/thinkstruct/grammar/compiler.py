@@ -165,10 +165,8 @@ class GrammarCompiler:
         """A future of the compiled grammar; concurrent callers of one key share it."""
         key = _Key(self._options, constraint)
         with self._lock:
-            compiled = self._cache.get(key)
+            compiled = self._cached(key)
             if compiled is not None:
-                self._cache.move_to_end(key)
-                self.stats.hits += 1
                 return _done(compiled)
             failure = self._failures.get(key)
             if failure is not None:
@@ -216,12 +214,15 @@ class GrammarCompiler:
     # ---- internals -------------------------------------------------------------------
 
     def _lookup(self, constraint: Constraint) -> CompiledGrammar | None:
-        key = _Key(self._options, constraint)
         with self._lock:
-            compiled = self._cache.get(key)
-            if compiled is not None:
-                self._cache.move_to_end(key)
-                self.stats.hits += 1
+            return self._cached(_Key(self._options, constraint))
+
+    def _cached(self, key: _Key) -> CompiledGrammar | None:
+        # The caller holds the lock.
+        compiled = self._cache.get(key)
+        if compiled is not None:
+            self._cache.move_to_end(key)
+            self.stats.hits += 1
         return compiled
 
     def _waited_too_long(self, constraint: Constraint) -> CompileTimeout:

@@ -135,27 +135,16 @@ def _check_node(
         if _is_number(lo) and _is_number(hi) and (lo >= hi if strict else lo > hi):
             fail(low, f"unsatisfiable: {low} {lo} {'≥' if strict else '>'} {high} {hi}")
     if "pattern" in node:
-        pattern = node["pattern"]
-        if not isinstance(pattern, str):
+        if not isinstance(node["pattern"], str):
             fail("pattern", "pattern must be a string")
-        problem = regex_problem(pattern)
-        if problem:
-            raise InvalidConstraint(
-                f"invalid regex: {problem[1]}",
-                pointer=f"{pointer}/pattern",
-                position=problem[0],
-                kind="json_schema",
-            )
+        _check_regex(node["pattern"], f"{pointer}/pattern", "invalid regex")
     if "patternProperties" in node and isinstance(node["patternProperties"], dict):
         for key in node["patternProperties"]:
-            problem = regex_problem(key)
-            if problem:
-                raise InvalidConstraint(
-                    f"invalid regex in a patternProperties key: {problem[1]}",
-                    pointer=f"{pointer}/patternProperties/{escape_pointer(key)}",
-                    position=problem[0],
-                    kind="json_schema",
-                )
+            _check_regex(
+                key,
+                f"{pointer}/patternProperties/{escape_pointer(key)}",
+                "invalid regex in a patternProperties key",
+            )
     if "required" in node:
         req = node["required"]
         if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
@@ -179,6 +168,14 @@ def _check_node(
                     f"cannot resolve {keyword} {ref!r}: it points to nothing in this schema "
                     "(remote references are not fetched)",
                 )
+
+
+def _check_regex(pattern: str, pointer: str, what: str) -> None:
+    problem = regex_problem(pattern)
+    if problem:
+        raise InvalidConstraint(
+            f"{what}: {problem[1]}", pointer=pointer, position=problem[0], kind="json_schema"
+        )
 
 
 def _walk(schema: Any) -> Iterator[tuple[Any, str, str]]:
