@@ -20,12 +20,12 @@ from __future__ import annotations
 import enum
 import json
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thinkstruct.parsers.errors import DuplicateName, InvalidTemplateSpec, UnknownName
+from thinkstruct.parsers.errors import InvalidTemplateSpec
+from thinkstruct.parsers.registry import Registry
 
 
 class FimPosition(enum.Enum):
@@ -92,28 +92,17 @@ class CompletionTemplate:
         }
 
 
-_lock = threading.Lock()
-_templates: dict[str, CompletionTemplate] = {}
+_templates: Registry[CompletionTemplate] = Registry("completion template", CompletionTemplate)
 
 
 def register_completion_template(template: CompletionTemplate, *, override: bool = False) -> None:
     """Add ``template`` to the registry; an existing name needs ``override=True``."""
-    if not isinstance(template, CompletionTemplate):
-        raise TypeError(f"expected a CompletionTemplate, got {type(template).__name__}")
-    with _lock:
-        if template.name in _templates and not override:
-            raise DuplicateName(
-                f"completion template {template.name!r} is already registered; pass override=True to replace it"
-            )
-        _templates[template.name] = template
+    _templates.register(template, override=override)
 
 
 def unregister_completion_template(name: str) -> None:
     """Remove a template from the registry."""
-    with _lock:
-        if name not in _templates:
-            raise UnknownName("completion template", name, _templates)
-        del _templates[name]
+    _templates.unregister(name)
 
 
 def get_completion_template(template: str | CompletionTemplate) -> CompletionTemplate:
@@ -122,18 +111,12 @@ def get_completion_template(template: str | CompletionTemplate) -> CompletionTem
     Raises:
         UnknownName: no such template; the message lists the known ones.
     """
-    if isinstance(template, CompletionTemplate):
-        return template
-    found = _templates.get(template) if isinstance(template, str) else None
-    if found is None:
-        raise UnknownName("completion template", template, _templates)
-    return found
+    return _templates.get(template)
 
 
 def completion_templates() -> dict[str, CompletionTemplate]:
     """A snapshot of the registry, by name."""
-    with _lock:
-        return dict(_templates)
+    return _templates.snapshot()
 
 
 def fim_prompt(template: str | CompletionTemplate, prefix: str, suffix: str | None = None) -> str:

@@ -14,12 +14,12 @@ that same value (:class:`~thinkstruct.parsers.ChatPrompt` carries it).
 from __future__ import annotations
 
 import enum
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from thinkstruct.parsers import builtin_chat_templates as builtin
-from thinkstruct.parsers.errors import DuplicateName, InvalidChatRequest, InvalidTemplateSpec, UnknownName
+from thinkstruct.parsers.errors import InvalidChatRequest, InvalidTemplateSpec
+from thinkstruct.parsers.registry import Registry
 
 
 class ReasoningFormat(enum.Enum):
@@ -152,28 +152,17 @@ class ReasoningFamily:
         return self.switch.is_on(value)
 
 
-_lock = threading.Lock()
-_families: dict[str, ReasoningFamily] = {}
+_families: Registry[ReasoningFamily] = Registry("reasoning family", ReasoningFamily)
 
 
 def register_reasoning_family(family: ReasoningFamily, *, override: bool = False) -> None:
     """Add ``family`` to the registry; an existing name needs ``override=True``."""
-    if not isinstance(family, ReasoningFamily):
-        raise TypeError(f"expected a ReasoningFamily, got {type(family).__name__}")
-    with _lock:
-        if family.name in _families and not override:
-            raise DuplicateName(
-                f"reasoning family {family.name!r} is already registered; pass override=True to replace it"
-            )
-        _families[family.name] = family
+    _families.register(family, override=override)
 
 
 def unregister_reasoning_family(name: str) -> None:
     """Remove a family from the registry (for tests and plug-ins that registered one)."""
-    with _lock:
-        if name not in _families:
-            raise UnknownName("reasoning family", name, _families)
-        del _families[name]
+    _families.unregister(name)
 
 
 def get_reasoning_family(family: str | ReasoningFamily) -> ReasoningFamily:
@@ -182,18 +171,12 @@ def get_reasoning_family(family: str | ReasoningFamily) -> ReasoningFamily:
     Raises:
         UnknownName: no such family; the message lists the known ones.
     """
-    if isinstance(family, ReasoningFamily):
-        return family
-    found = _families.get(family) if isinstance(family, str) else None
-    if found is None:
-        raise UnknownName("reasoning family", family, _families)
-    return found
+    return _families.get(family)
 
 
 def reasoning_families() -> dict[str, ReasoningFamily]:
     """A snapshot of the registry, by name."""
-    with _lock:
-        return dict(_families)
+    return _families.snapshot()
 
 
 def reasoning_enabled(

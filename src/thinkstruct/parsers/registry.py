@@ -1,0 +1,76 @@
+"""A small, thread-safe registry of named entries (reasoning families, completion templates).
+
+Entries are keyed by their ``name`` attribute. A registration under a taken name needs
+``override=True``; an unknown name raises :class:`~thinkstruct.parsers.errors.UnknownName`
+listing the known ones. The registry's *kind* (``"reasoning family"``) labels its errors.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Generic, Protocol, TypeVar
+
+from thinkstruct.parsers.errors import DuplicateName, UnknownName
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+T = TypeVar("T", bound=_Named)
+
+
+class Registry(Generic[T]):
+    """Entries of type ``item_type`` by name; ``kind`` names them in error messages."""
+
+    def __init__(self, kind: str, item_type: type[T]) -> None:
+        self.kind = kind
+        self.item_type = item_type
+        self._lock = threading.Lock()
+        self._items: dict[str, T] = {}
+
+    def register(self, item: T, *, override: bool = False) -> None:
+        """Add ``item``; an existing name needs ``override=True``.
+
+        Raises:
+            TypeError: ``item`` is not an ``item_type``.
+            DuplicateName: the name is taken and ``override`` is false.
+        """
+        if not isinstance(item, self.item_type):
+            raise TypeError(f"expected a {self.item_type.__name__}, got {type(item).__name__}")
+        with self._lock:
+            if item.name in self._items and not override:
+                raise DuplicateName(
+                    f"{self.kind} {item.name!r} is already registered; pass override=True to replace it"
+                )
+            self._items[item.name] = item
+
+    def unregister(self, name: str) -> None:
+        """Remove the entry named ``name``.
+
+        Raises:
+            UnknownName: no such entry.
+        """
+        with self._lock:
+            if name not in self._items:
+                raise UnknownName(self.kind, name, self._items)
+            del self._items[name]
+
+    def get(self, name_or_item: str | T) -> T:
+        """The entry named ``name_or_item`` (an ``item_type`` is returned as is).
+
+        Raises:
+            UnknownName: no such entry; the message lists the known ones.
+        """
+        if isinstance(name_or_item, self.item_type):
+            return name_or_item
+        found = self._items.get(name_or_item) if isinstance(name_or_item, str) else None
+        if found is None:
+            raise UnknownName(self.kind, name_or_item, self._items)
+        return found
+
+    def snapshot(self) -> dict[str, T]:
+        """A copy of the entries, by name."""
+        with self._lock:
+            return dict(self._items)
