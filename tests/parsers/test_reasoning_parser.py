@@ -261,6 +261,17 @@ def test_feed_after_finish_is_an_error_until_reset() -> None:
         assert run_stream(parser, ["abc"])[1] == parser.parse("abc")
 
 
+def test_both_formats_word_the_stream_misuse_errors_alike() -> None:
+    for family in ("qwen3", "gpt-oss"):
+        parser = ReasoningParser(family)
+        parser.feed("<")  # held back: the general path, not a fast one
+        parser.finish()
+        with pytest.raises(RuntimeError, match=r"^feed\(\) after finish\(\); call reset\(\) to parse another output$"):
+            parser.feed("<")
+        with pytest.raises(RuntimeError, match=r"^finish\(\) called twice; call reset\(\) to parse another output$"):
+            parser.finish()
+
+
 def test_unknown_family_lists_the_known_ones() -> None:
     with pytest.raises(UnknownName) as err:
         ReasoningParser("qwen4")

@@ -26,7 +26,15 @@ import copy
 import re
 
 from thinkstruct.parsers.reasoning_families import ReasoningFormat
-from thinkstruct.parsers.reasoning_parser import EMPTY_RESULT, HeldReasoning, ParseResult, ReasoningParser, _new_result
+from thinkstruct.parsers.reasoning_parser import (
+    EMPTY_RESULT,
+    FEED_AFTER_FINISH,
+    FINISH_TWICE,
+    HeldReasoning,
+    ParseResult,
+    ReasoningParser,
+    _new_result,
+)
 
 START = "<|start|>"
 CHANNEL = "<|channel|>"
@@ -76,7 +84,6 @@ class HarmonyReasoningParser(ReasoningParser):
         "_header",
         "_reason_any",
         "_fresh",
-        "_pending",
         "_held",
     )
 
@@ -85,7 +92,7 @@ class HarmonyReasoningParser(ReasoningParser):
         self._initial = (_IDLE if self.enabled else _VERBATIM, _ANSWER, (), False, False)
         self.reset()
         if self.continue_final_message and self.previous_content:
-            self._scan(self.previous_content, [], [])
+            self._consume(self.previous_content, [], [])
             # A token cut in half at the end of the previous text is not completed by the
             # continuation's first characters: the model starts a fresh token there.
             self._initial = (self._mode, self._kind, tuple(self._header), self._reason_any, self._fresh)
@@ -139,18 +146,12 @@ class HarmonyReasoningParser(ReasoningParser):
         elif mode == _VERBATIM:
             return _new_result(ParseResult, ("", chunk))
         if mode == _DONE:
-            raise RuntimeError("feed() after finish(); call reset() to parse another output")
-        if self._pending:
-            chunk = self._pending + chunk
-            self._pending = ""
-        reasoning: list[str] = []
-        content: list[str] = []
-        self._scan(chunk, reasoning, content)
-        return _new_result(ParseResult, ("".join(reasoning), "".join(content)))
+            raise RuntimeError(FEED_AFTER_FINISH)
+        return self._feed_pending(chunk)
 
     def finish(self) -> ParseResult:
         if self._mode == _DONE:
-            raise RuntimeError("finish() called twice; call reset() to parse another output")
+            raise RuntimeError(FINISH_TWICE)
         reasoning: list[str] = []
         content: list[str] = []
         if self._pending:
@@ -160,7 +161,7 @@ class HarmonyReasoningParser(ReasoningParser):
         self._mode = _DONE
         return ParseResult("".join(reasoning), "".join(content))
 
-    def _scan(self, text: str, reasoning: list[str], content: list[str]) -> None:
+    def _consume(self, text: str, reasoning: list[str], content: list[str]) -> None:
         """Cut ``text`` into runs and tokens and hand them to the handlers; hold back a
         suffix that could still become a token."""
         n = len(text)

@@ -32,6 +32,9 @@ class ParseResult(NamedTuple):
 _new_result = tuple.__new__
 EMPTY_RESULT = ParseResult("", "")
 
+FEED_AFTER_FINISH = "feed() after finish(); call reset() to parse another output"
+FINISH_TWICE = "finish() called twice; call reset() to parse another output"
+
 
 class HeldReasoning:
     """Reasoning held back while ``stream_reasoning`` is off.
@@ -98,6 +101,7 @@ class ReasoningParser:
         "stream_reasoning",
         "continue_final_message",
         "previous_content",
+        "_pending",
     )
 
     _implementations: ClassVar[dict[ReasoningFormat, type[ReasoningParser]]] = {}
@@ -170,6 +174,25 @@ class ReasoningParser:
 
     def _setup(self) -> None:
         raise NotImplementedError
+
+    # ---- the general stream path, shared by the formats -------------------------------
+    # A format keeps in ``_pending`` the text that could still begin a tag or token, and
+    # implements ``_consume``: run its machine over a text, appending settled output and
+    # holding back (in ``_pending``) a suffix the next chunk must decide.
+
+    def _consume(self, text: str, reasoning: list[str], content: list[str]) -> None:
+        raise NotImplementedError
+
+    def _feed_pending(self, chunk: str) -> ParseResult:
+        """``feed`` off the format's fast path: the held-back text and ``chunk`` through
+        :meth:`_consume`."""
+        if self._pending:
+            chunk = self._pending + chunk
+            self._pending = ""
+        reasoning: list[str] = []
+        content: list[str] = []
+        self._consume(chunk, reasoning, content)
+        return _new_result(ParseResult, ("".join(reasoning), "".join(content)))
 
     def __repr__(self) -> str:
         return (

@@ -20,7 +20,15 @@ The batch side (:meth:`TagReasoningParser.parse`) is written independently with
 from __future__ import annotations
 
 from thinkstruct.parsers.reasoning_families import ReasoningFormat
-from thinkstruct.parsers.reasoning_parser import EMPTY_RESULT, HeldReasoning, ParseResult, ReasoningParser, _new_result
+from thinkstruct.parsers.reasoning_parser import (
+    EMPTY_RESULT,
+    FEED_AFTER_FINISH,
+    FINISH_TWICE,
+    HeldReasoning,
+    ParseResult,
+    ReasoningParser,
+    _new_result,
+)
 
 # Parser states. ``_PRE``: not forced, nothing but whitespace seen; a start tag here opens
 # the thought. ``_OPENING``: inside a thought that has no text yet (whitespace and echoed
@@ -41,7 +49,6 @@ class TagReasoningParser(ReasoningParser):
         "_hold_max",
         "_initial",
         "_state",
-        "_pending",
         "_ws",
         "_held",
     )
@@ -74,7 +81,7 @@ class TagReasoningParser(ReasoningParser):
         if self.continue_final_message and self.previous_content:
             # The state the previous text leaves the machine in is where this output starts;
             # what that text itself would have produced is not part of this output.
-            self._run(self.previous_content, [], [])
+            self._consume(self.previous_content, [], [])
             initial = self._state
         self._initial = initial
         self.reset()
@@ -145,23 +152,14 @@ class TagReasoningParser(ReasoningParser):
                     body = "".join(self._ws) + body
                 self._ws = [tail]
                 return _new_result(ParseResult, (body, ""))
-        return self._feed_general(chunk)
-
-    def _feed_general(self, chunk: str) -> ParseResult:
-        if self._state == _DONE:
-            raise RuntimeError("feed() after finish(); call reset() to parse another output")
-        if self._pending:
-            chunk = self._pending + chunk
-            self._pending = ""
-        reasoning: list[str] = []
-        content: list[str] = []
-        self._run(chunk, reasoning, content)
-        return _new_result(ParseResult, ("".join(reasoning), "".join(content)))
+        if state == _DONE:
+            raise RuntimeError(FEED_AFTER_FINISH)
+        return self._feed_pending(chunk)
 
     def finish(self) -> ParseResult:
         state = self._state
         if state == _DONE:
-            raise RuntimeError("finish() called twice; call reset() to parse another output")
+            raise RuntimeError(FINISH_TWICE)
         pending = self._pending
         self._pending = ""
         self._state = _DONE
@@ -176,7 +174,7 @@ class TagReasoningParser(ReasoningParser):
 
     # ---- the machine -------------------------------------------------------------------
 
-    def _run(self, text: str, reasoning: list[str], content: list[str]) -> None:
+    def _consume(self, text: str, reasoning: list[str], content: list[str]) -> None:
         """Consume ``text`` from the current state, appending settled output."""
         start = self._start
         while True:
