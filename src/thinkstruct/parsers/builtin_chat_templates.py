@@ -42,43 +42,53 @@ def _template(body: str) -> str:
 
 # ---- ChatML (Qwen3, SmolLM2) -----------------------------------------------------------
 
-QWEN3 = _template(r"""
-{%- set thinking = enable_thinking if enable_thinking is defined and enable_thinking is not none else true -%}
-{%- for m in messages -%}
-  {%- set c = text(m.content) -%}
-  {%- if m.role == 'assistant' and loop.last and continuing -%}
-    {{- '<|im_start|>assistant\n' + c -}}
-  {%- elif m.role == 'assistant' -%}
+# A turn of Qwen3's ChatML other than the one being continued: an assistant turn without
+# its thought, a tool result as a user turn, any other role as itself.
+_QWEN3_TURN = r"""
+{%- macro turn(m, c) -%}
+  {%- if m.role == 'assistant' -%}
     {{- '<|im_start|>assistant\n' + c.split('</think>')[-1].lstrip() + '<|im_end|>\n' -}}
   {%- elif m.role == 'tool' -%}
     {{- '<|im_start|>user\n<tool_response>\n' + c + '\n</tool_response><|im_end|>\n' -}}
   {%- else -%}
     {{- '<|im_start|>' + m.role + '\n' + c + '<|im_end|>\n' -}}
+  {%- endif -%}
+{%- endmacro -%}
+"""
+
+QWEN3 = _template(
+    _QWEN3_TURN
+    + r"""
+{%- set thinking = enable_thinking if enable_thinking is defined and enable_thinking is not none else true -%}
+{%- for m in messages -%}
+  {%- set c = text(m.content) -%}
+  {%- if m.role == 'assistant' and loop.last and continuing -%}
+    {{- '<|im_start|>assistant\n' + c -}}
+  {%- else -%}{{- turn(m, c) -}}
   {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}
   {{- '<|im_start|>assistant\n' -}}
   {%- if not thinking -%}{{- '<think>\n\n</think>\n\n' -}}{%- endif -%}
 {%- endif -%}
-""")
+"""
+)
 
-QWEN3_THINKING = _template(r"""
+QWEN3_THINKING = _template(
+    _QWEN3_TURN
+    + r"""
 {%- for m in messages -%}
   {%- set c = text(m.content) -%}
   {%- if m.role == 'assistant' and loop.last and continuing -%}
     {{- '<|im_start|>assistant\n' -}}
     {%- if not c.lstrip().startswith('<think>') -%}{{- '<think>\n' -}}{%- endif -%}
     {{- c -}}
-  {%- elif m.role == 'assistant' -%}
-    {{- '<|im_start|>assistant\n' + c.split('</think>')[-1].lstrip() + '<|im_end|>\n' -}}
-  {%- elif m.role == 'tool' -%}
-    {{- '<|im_start|>user\n<tool_response>\n' + c + '\n</tool_response><|im_end|>\n' -}}
-  {%- else -%}
-    {{- '<|im_start|>' + m.role + '\n' + c + '<|im_end|>\n' -}}
+  {%- else -%}{{- turn(m, c) -}}
   {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n<think>\n' -}}{%- endif -%}
-""")
+"""
+)
 
 SMOLLM2_THINK_INSTRUCTION = (
     "Before answering, think step by step. Write your thinking between <think> and </think>, "
