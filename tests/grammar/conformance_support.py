@@ -39,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 EXPECTATIONS_PATH = HERE / "conformance_expectations.json"
 
 #: Where the suite lives; ``THINKSTRUCT_JSON_SCHEMA_SUITE`` overrides it (its ``tests`` dir).
-DEFAULT_SUITE_DIR = Path("/work/shared/conformance/JSON-Schema-Test-Suite/tests")
+DEFAULT_SUITE_DIR = Path(__file__).resolve().parent.parent / "data" / "JSON-Schema-Test-Suite" / "tests"
 DRAFTS = ("draft2020-12", "draft7")
 BACKENDS = ("xgrammar", "llguidance", "outlines")
 
@@ -54,12 +54,14 @@ TOKENIZER_FOR_BACKEND = {
 }
 
 #: Seconds a single schema's compile may take (wall clock, in a worker that shares the
-#: machine with one other worker). Chosen with a wide margin on both sides of the measured
-#: compile times (see docs/keyword_support.md), so no schema sits near the limit.
+#: machine with one other worker). Chosen with a margin on both sides of the measured
+#: compile times (see docs/keyword_support.md), so no schema sits near the limit. For
+#: outlines-core the compiles that finish take at most about 7 s and the next ones about
+#: 25 s (``{"allOf": [{}]}``: 20-31 s depending on load, so a 20 s limit flapped).
 COMPILE_TIMEOUT_S = {
     "xgrammar": 10.0,
     "llguidance": 10.0,
-    "outlines": 20.0,
+    "outlines": 12.0,
 }
 
 #: Seconds all instances of one compiled schema may take to match (they take milliseconds;

@@ -141,12 +141,15 @@ class OutlinesCompiled(CompiledGrammar):
 
 
 class OutlinesMatcher(Grammar):
-    __slots__ = ("_compiled", "_guide", "_finished")
+    __slots__ = ("_compiled", "_guide", "_finished", "_write", "_extra_eos")
 
     def __init__(self, compiled: OutlinesCompiled) -> None:
         self._compiled = compiled
         self._guide = outlines_core.Guide(compiled.index, max_rollback=MAX_ROLLBACK_TOKENS)
         self._finished = False
+        # Bound once: fills are the hot path and most of their cost is Python overhead.
+        self._write = self._guide.write_mask_into
+        self._extra_eos = compiled.extra_eos_ids
 
     def accept_token(self, token_id: int) -> bool:
         if self._finished:
@@ -176,10 +179,9 @@ class OutlinesMatcher(Grammar):
             allow_only(bitmask, row, self._compiled.eos_ids)
             return
         address, words = row_address(bitmask, row)
-        self._guide.write_mask_into(address, words, 4)
-        extra = self._compiled.extra_eos_ids
-        if extra and self._guide.is_finished():
-            for t in extra:
+        self._write(address, words, 4)
+        if self._extra_eos and self._guide.is_finished():
+            for t in self._extra_eos:
                 set_allowed(bitmask, row, t)
 
     def is_terminated(self) -> bool:
