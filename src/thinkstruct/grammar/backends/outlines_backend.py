@@ -141,7 +141,7 @@ class OutlinesCompiled(CompiledGrammar):
 
 
 class OutlinesMatcher(Grammar):
-    __slots__ = ("_compiled", "_guide", "_finished", "_write", "_extra_eos")
+    __slots__ = ("_compiled", "_guide", "_finished", "_write", "_extra_eos", "_target")
 
     def __init__(self, compiled: OutlinesCompiled) -> None:
         self._compiled = compiled
@@ -150,6 +150,9 @@ class OutlinesMatcher(Grammar):
         # Bound once: fills are the hot path and most of their cost is Python overhead.
         self._write = self._guide.write_mask_into
         self._extra_eos = compiled.extra_eos_ids
+        # (bitmask, its data pointer, row, address, words) of the last fill: a request
+        # usually keeps its row from step to step, so the checks are skipped then.
+        self._target: tuple[Any, int, int, int, int] | None = None
 
     def accept_token(self, token_id: int) -> bool:
         if self._finished:
@@ -178,7 +181,12 @@ class OutlinesMatcher(Grammar):
         if self._finished:
             allow_only(bitmask, row, self._compiled.eos_ids)
             return
-        address, words = row_address(bitmask, row)
+        target = self._target
+        if target is not None and target[0] is bitmask and target[2] == row and target[1] == bitmask.data_ptr():
+            address, words = target[3], target[4]
+        else:
+            address, words = row_address(bitmask, row)
+            self._target = (bitmask, bitmask.data_ptr(), row, address, words)
         self._write(address, words, 4)
         if self._extra_eos and self._guide.is_finished():
             for t in self._extra_eos:
