@@ -335,7 +335,7 @@ def regex_problem(pattern: str) -> tuple[int | None, str] | None:
     lines = message.split("\n")
     position = None
     reason = "invalid regular expression"
-    for i, line in enumerate(lines):
+    for line in lines:
         if line.startswith("error: "):
             reason = line[len("error: "):].strip()
             break
