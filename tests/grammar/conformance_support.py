@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 HERE = Path(__file__).resolve().parent
 EXPECTATIONS_PATH = HERE / "conformance_expectations.json"
@@ -433,10 +433,24 @@ def counts(outcomes: dict[str, str], cases: list[SchemaCase]) -> dict[str, int]:
     return c
 
 
+#: A schema whose recorded compile took more than this share of its time limit is "slow":
+#: a plain test run carries its recorded outcome instead of compiling it again, so no
+#: compile near the limit can flap between "compiled" and "timeout" (an update run
+#: measures it again).
+SLOW_SHARE = 0.25
+
+
 def section(results: list[SchemaResult], cases: list[SchemaCase]) -> dict[str, Any]:
     """The expectations-file entry of one backend on one draft."""
     outcomes = {r.case.id: r.outcome for r in results}
-    return {"counts": counts(outcomes, cases), "outcomes": outcomes}
+    slow = sorted(
+        r.case.id
+        for r in results
+        if r.compiled
+        and r.compile_seconds is not None
+        and r.compile_seconds > SLOW_SHARE * COMPILE_TIMEOUT_S[r.backend]
+    )
+    return {"counts": counts(outcomes, cases), "slow": slow, "outcomes": outcomes}
 
 
 def read_expectations(path: Path = EXPECTATIONS_PATH) -> dict[str, Any]:
@@ -461,6 +475,7 @@ def write_expectations(doc: dict[str, Any], path: Path = EXPECTATIONS_PATH) -> N
             sec = doc["results"][backend][draft]
             lines.append(f'      {json.dumps(draft)}: {{')
             lines.append(f'        "counts": {json.dumps(sec["counts"])},')
+            lines.append(f'        "slow": {json.dumps(sec.get("slow", []))},')
             lines.append('        "outcomes": {')
             items = list(sec["outcomes"].items())
             for oi, (k, v) in enumerate(items):
@@ -481,7 +496,8 @@ ABOUT = (
     "tests/grammar/conformance_support.py (set THINKSTRUCT_UPDATE_EXPECTATIONS=1 when "
     "running tests/grammar/test_conformance.py to rewrite). outcomes: schema id "
     "'file#index' -> one char per test in suite order ('+' accepted, '-' rejected) or a "
-    "compile failure ('!refused', '!timeout', '!crash', '!error', '!match-timeout')."
+    "compile failure ('!refused', '!timeout', '!crash', '!error', '!match-timeout'). slow: "
+    "schemas whose compile took over a quarter of the time limit (not re-run by a plain test run)."
 )
 
 
