@@ -190,8 +190,13 @@ class GrammarBackend(abc.ABC):
         self.tokenizer = tokenizer
         self.json_format = json_format
 
-    def compile(self, constraint: Constraint) -> CompileResult:
-        """Compile, or return an :class:`InvalidGrammar` naming what is wrong."""
+    def compile(self, constraint: Constraint, *, checked: bool = False) -> CompileResult:
+        """Compile, or return an :class:`InvalidGrammar` naming what is wrong.
+
+        Args:
+            checked: the caller already ran :func:`~thinkstruct.grammar.validation.check_constraint`
+                on this constraint (the compile service does, once for all backends).
+        """
         if constraint.kind not in self.kinds:
             return self.invalid(
                 constraint,
@@ -204,7 +209,8 @@ class GrammarBackend(abc.ABC):
         from thinkstruct.grammar.validation import check_constraint
 
         try:
-            check_constraint(constraint)
+            if not checked:
+                check_constraint(constraint)
             return self._compile(constraint)
         except InvalidConstraint as e:
             if e.backend is None:

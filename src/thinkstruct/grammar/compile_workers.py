@@ -7,8 +7,8 @@ process is killed (its CPU is freed at once) and a fresh one is started for the 
 compile. The compiled artefact travels back serialized (xgrammar's JSON form, outlines'
 pickled index) and is rebuilt against the parent's tokenizer.
 
-Workers are plain ``python -m thinkstruct.grammar.compile_workers`` subprocesses speaking
-length-prefixed pickles over stdin/stdout, so they never re-import the parent's
+Workers are plain ``python -m thinkstruct.grammar.compile_worker_process`` subprocesses
+speaking length-prefixed pickles over stdin/stdout, so they never re-import the parent's
 ``__main__`` (as multiprocessing's spawn would).
 """
 
@@ -22,13 +22,11 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from typing import IO, TYPE_CHECKING, Any
 
-from thinkstruct.errors import CompileTimeout, InvalidConstraint, ThinkstructError
+from thinkstruct.errors import CompileTimeout, ThinkstructError
 
 if TYPE_CHECKING:
-    from thinkstruct.grammar.base import CompileResult
     from thinkstruct.grammar.constraint import Constraint
     from thinkstruct.grammar.json_format import JsonFormat
     from thinkstruct.tokenizer import Tokenizer
@@ -44,7 +42,7 @@ class _Worker:
     def __init__(self, setup: bytes) -> None:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "thinkstruct.grammar.compile_workers"],
+            [sys.executable, "-m", "thinkstruct.grammar.compile_worker_process"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -53,14 +51,14 @@ class _Worker:
         self.stdin: IO[bytes] = self.process.stdin
         self.stdout: IO[bytes] = self.process.stdout
         self.ready = False
-        _write(self.stdin, setup)
+        write_message(self.stdin, setup)
 
     def wait_ready(self) -> None:
         """Wait for the worker's start-up (imports, tokenizer, vocabularies) to finish."""
         if self.ready:
             return
         ready, _, _ = select.select([self.stdout], [], [], STARTUP_ALLOWANCE_S)
-        if not ready or pickle.loads(_read(self.stdout)) != "ready":
+        if not ready or pickle.loads(read_message(self.stdout)) != "ready":
             raise WorkerCrashed("a compile worker did not start")
         self.ready = True
 
@@ -97,7 +95,8 @@ class CompileWorkers:
             self._idle.put(None)  # a slot; its process starts on first use
 
     def compile(self, backend: str, constraint: Constraint, *, timeout_s: float) -> tuple[str, Any, float]:
-        """Compile in a worker: ``("ok", payload, seconds)`` or ``("invalid", error, seconds)``.
+        """Compile a constraint the caller has checked (``check_constraint``) in a worker:
+        ``("ok", payload, seconds)`` or ``("invalid", error, seconds)``.
 
         The time limit covers the compile itself; a worker that is still starting (a few
         seconds: imports and the tokenizer's vocabularies) is waited for first.
@@ -116,7 +115,8 @@ class CompileWorkers:
                 self._discard(worker)
                 worker = None
                 raise WorkerCrashed(f"the {backend} compile worker did not start") from None
-            _write(worker.stdin, pickle.dumps((backend, constraint), protocol=pickle.HIGHEST_PROTOCOL))
+            # The caller has run thinkstruct's own checks on the constraint.
+            write_message(worker.stdin, pickle.dumps((backend, constraint), protocol=pickle.HIGHEST_PROTOCOL))
             ready, _, _ = select.select([worker.stdout], [], [], max(timeout_s, 0.0))
             if not ready:
                 self._discard(worker)
@@ -125,7 +125,7 @@ class CompileWorkers:
                     "compiling took too long and was stopped", backend=backend, kind=constraint.kind.value
                 )
             try:
-                reply = pickle.loads(_read(worker.stdout))
+                reply = pickle.loads(read_message(worker.stdout))
             except (EOFError, OSError, pickle.UnpicklingError):
                 self._discard(worker)
                 worker = None
@@ -186,13 +186,13 @@ class CompileWorkers:
 STARTUP_ALLOWANCE_S = 60.0
 
 
-def _write(stream: IO[bytes], payload: bytes) -> None:
+def write_message(stream: IO[bytes], payload: bytes) -> None:
     stream.write(_HEADER.pack(len(payload)))
     stream.write(payload)
     stream.flush()
 
 
-def _read(stream: IO[bytes]) -> bytes:
+def read_message(stream: IO[bytes]) -> bytes:
     header = stream.read(_HEADER.size)
     if len(header) < _HEADER.size:
         raise EOFError
@@ -201,47 +201,3 @@ def _read(stream: IO[bytes]) -> bytes:
     if len(payload) < size:
         raise EOFError
     return payload
-
-
-def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
-    """The worker's loop: compile requests until stdin closes."""
-    from thinkstruct.grammar.backends import create_backend
-    from thinkstruct.grammar.base import InvalidGrammar
-
-    tokenizer, json_format = pickle.loads(_read(stdin))
-    tokenizer.outlines_vocabulary()  # builds xgrammar's view too; both are needed here
-    _write(stdout, pickle.dumps("ready"))
-    backends: dict[str, Any] = {}
-    while True:
-        try:
-            backend_name, constraint = pickle.loads(_read(stdin))
-        except EOFError:
-            return
-        start = time.perf_counter()
-        try:
-            backend = backends.get(backend_name)
-            if backend is None:
-                backend = backends[backend_name] = create_backend(
-                    backend_name, tokenizer, json_format=json_format
-                )
-            result: CompileResult = backend.compile(constraint)
-            if isinstance(result, InvalidGrammar):
-                reply: tuple[str, Any, float] = ("invalid", result.error, time.perf_counter() - start)
-            else:
-                reply = ("ok", backend.export(result), time.perf_counter() - start)
-        except Exception as e:  # one bad request must not take the worker down
-            reply = (
-                "invalid",
-                InvalidConstraint(
-                    f"{backend_name} failed: {e}", backend=backend_name, kind=constraint.kind.value
-                ),
-                time.perf_counter() - start,
-            )
-        _write(stdout, pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-if __name__ == "__main__":
-    # Keep the protocol stream clean: anything the libraries print goes to stderr.
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    _serve(sys.stdin.buffer, out)

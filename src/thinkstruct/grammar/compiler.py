@@ -308,7 +308,7 @@ class GrammarCompiler:
             if status == "invalid":
                 return InvalidGrammar(constraint, candidate.backend, payload)
             return backend.load(constraint, payload, seconds)
-        return backend.compile(constraint)
+        return backend.compile(constraint, checked=True)
 
     def _backend(self, name: str, lenient: bool) -> GrammarBackend:
         with self._backends_lock:

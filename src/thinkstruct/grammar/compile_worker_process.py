@@ -1,0 +1,65 @@
+"""The compile worker process: ``python -m thinkstruct.grammar.compile_worker_process``.
+
+Started by :class:`~thinkstruct.grammar.compile_workers.CompileWorkers`; reads the
+tokenizer and JSON format, says it is ready, then compiles requests until stdin closes.
+Kept apart from ``compile_workers`` so that running it does not re-run a module the
+package has already imported.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+from typing import IO, TYPE_CHECKING, Any
+
+from thinkstruct.errors import InvalidConstraint
+from thinkstruct.grammar.compile_workers import read_message, write_message
+
+if TYPE_CHECKING:
+    from thinkstruct.grammar.base import CompileResult
+
+
+def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    """The worker's loop: compile requests until stdin closes."""
+    from thinkstruct.grammar.backends import create_backend
+    from thinkstruct.grammar.base import InvalidGrammar
+
+    tokenizer, json_format = pickle.loads(read_message(stdin))
+    tokenizer.outlines_vocabulary()  # builds xgrammar's view too; both are needed here
+    write_message(stdout, pickle.dumps("ready"))
+    backends: dict[str, Any] = {}
+    while True:
+        try:
+            backend_name, constraint = pickle.loads(read_message(stdin))
+        except EOFError:
+            return
+        start = time.perf_counter()
+        try:
+            backend = backends.get(backend_name)
+            if backend is None:
+                backend = backends[backend_name] = create_backend(
+                    backend_name, tokenizer, json_format=json_format
+                )
+            result: CompileResult = backend.compile(constraint, checked=True)
+            if isinstance(result, InvalidGrammar):
+                reply: tuple[str, Any, float] = ("invalid", result.error, time.perf_counter() - start)
+            else:
+                reply = ("ok", backend.export(result), time.perf_counter() - start)
+        except Exception as e:  # one bad request must not take the worker down
+            reply = (
+                "invalid",
+                InvalidConstraint(
+                    f"{backend_name} failed: {e}", backend=backend_name, kind=constraint.kind.value
+                ),
+                time.perf_counter() - start,
+            )
+        write_message(stdout, pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+if __name__ == "__main__":
+    # Keep the protocol stream clean: anything the libraries print goes to stderr.
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    serve(sys.stdin.buffer, out)
