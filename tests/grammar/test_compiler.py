@@ -200,3 +200,19 @@ def test_fallback_after_a_refusal_is_counted(compiler: GrammarCompiler) -> None:
     assert first_rejected(compiled, "abc=12") is None
     assert compiled.backend in ("llguidance", "xgrammar")
     assert compiler.stats.fallbacks == (1 if compiled.backend == "xgrammar" else 0)
+
+
+def test_dynamic_anchor_without_dynamic_ref_is_a_plain_anchor(tokenizer: Tokenizer) -> None:
+    schema = {
+        "$id": "https://example.com/root",
+        "type": "array",
+        "items": {"$ref": "#items"},
+        "$defs": {"foo": {"$dynamicAnchor": "items", "type": "string"}},
+    }
+    with GrammarCompiler(tokenizer, strict=True, worker_processes=0) as c:
+        compiled = c.compile(Constraint.json_schema(schema))
+    # llguidance refuses $dynamicAnchor and xgrammar would let '42' through the anchor ref;
+    # rewritten to $anchor, llguidance enforces it exactly.
+    assert compiled.backend == "llguidance"
+    assert first_rejected(compiled, '["foo","bar"]') is None
+    assert first_rejected(compiled, '["foo",42]') is not None

@@ -127,8 +127,8 @@ _TYPED_KEYWORDS = frozenset(
 
 
 def _typed_throughout(schema: object) -> bool:
-    """Whether every subschema using a type-specific keyword declares its ``type``, and
-    every ``required`` name is in ``properties``.
+    """Whether every subschema using a type-specific keyword declares its ``type``, every
+    ``required`` name is in ``properties``, and every ``$ref`` is a JSON pointer.
 
     xgrammar guesses one type where ``type`` is missing and then ignores the keywords of
     the others (``{"maxLength": 2}`` accepts ``"abc"``), and ignores ``required`` names
@@ -142,6 +142,9 @@ def _typed_throughout(schema: object) -> bool:
         required = node.get("required")
         if required and not set(required) <= set(node.get("properties") or {}):
             return False
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref != "#" and not ref.startswith("#/"):
+            return False  # xgrammar lets anchor references ("#name") through unchecked
     return True
 
 
@@ -162,7 +165,7 @@ def _refuse_unenforceable(used: list[tuple[str, str]]) -> None:
 
 # Besides llguidance's inexact keywords, what normalize() must see to help llguidance
 # (unknown formats, which llguidance refuses).
-_REWRITE_TRIGGERS = frozenset({"format"})
+_REWRITE_TRIGGERS = frozenset({"format", "$dynamicAnchor"})
 
 
 def _mentions(text: str, keywords: frozenset[str]) -> bool:

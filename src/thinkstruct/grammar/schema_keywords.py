@@ -17,6 +17,8 @@ rewrite keeps the set of valid instances unchanged:
   it requires".
 - ``not`` of ``required``, of a ``type`` list, of ``true``/``false`` becomes the
   equivalent positive form.
+- ``$dynamicAnchor`` in a document without ``$dynamicRef`` becomes ``$anchor`` (the two
+  then mean the same).
 - ``oneOf`` whose branches provably cannot both match (disjoint types or literal values,
   different ``const``/``enum`` values of one required property, or a property one branch
   requires and the other forbids) becomes ``anyOf``.
@@ -73,12 +75,16 @@ def normalize(schema: Any) -> Any:
         return schema
     out = json.loads(json.dumps(schema))  # a private copy, much faster than deepcopy
     _narrow_finite(out)
+    dynamic = '"$dynamicRef"' in json.dumps(out)
     for node, _ in subschemas(out):
         fmt = node.get("format")
         if fmt is not None and fmt not in KNOWN_FORMATS:
             del node["format"]
         for keyword in [k for k, v in node.items() if _is_noop(k, v)]:
             del node[keyword]
+        if not dynamic and "$dynamicAnchor" in node and "$anchor" not in node:
+            # With no $dynamicRef anywhere, a dynamic anchor is a plain anchor.
+            node["$anchor"] = node.pop("$dynamicAnchor")
         _rewrite_dependencies(node)
         _rewrite_not(node)
         branches = node.get("oneOf")
