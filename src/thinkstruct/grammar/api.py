@@ -95,7 +95,8 @@ def _first_rejected_char(grammar: Grammar, tok: Tokenizer, text: str, start: int
     # The rejected token may begin with characters the grammar allows (" " of ' "x"');
     # feed its span one character at a time to find the first one it does not.
     for pos in range(start, max(end, start + 1)):
-        if grammar.accept_tokens(tok.encode(text[pos])) != len(tok.encode(text[pos])):
+        ids = tok.encode(text[pos])
+        if grammar.accept_tokens(ids) != len(ids):
             return pos
     return start
 

@@ -57,6 +57,7 @@ class EndTagMatcher:
         self._run_on: dict[int, frozenset[int]] = {}
         self._lock = threading.Lock()
         self._tag_bytes = frozenset(self.tag)
+        self._by_bytes: dict[bytes, int] | None = None
 
     # ---- stepping ------------------------------------------------------------------
 
@@ -119,7 +120,7 @@ class EndTagMatcher:
         return tuple(out)
 
     def _bytes_to_id(self) -> dict[bytes, int]:
-        table = getattr(self, "_by_bytes", None)
+        table = self._by_bytes
         if table is None:
             table = {}
             special = self.tokenizer.special_token_ids

@@ -73,9 +73,11 @@ def normalize(schema: Any) -> Any:
     """An equivalent schema that more backends compile exactly (see the module doc)."""
     if not isinstance(schema, dict):
         return schema
-    out = json.loads(json.dumps(schema))  # a private copy, much faster than deepcopy
-    _narrow_finite(out)
-    dynamic = '"$dynamicRef"' in json.dumps(out)
+    text = json.dumps(schema)
+    out = json.loads(text)  # a private copy, much faster than deepcopy
+    if _narrow_finite(out, text):
+        text = json.dumps(out)
+    dynamic = '"$dynamicRef"' in text
     for node, _ in subschemas(out):
         fmt = node.get("format")
         if fmt is not None and fmt not in KNOWN_FORMATS:
@@ -162,23 +164,27 @@ def _strings(value: Any) -> bool:
 # ---- finite value sets ----------------------------------------------------------------
 
 
-def _narrow_finite(root: dict[str, Any]) -> None:
-    """Replace each outermost subschema with a finite value set by its valid members."""
+def _narrow_finite(root: dict[str, Any], pristine: str) -> bool:
+    """Replace each outermost subschema with a finite value set by its valid members;
+    ``pristine`` is ``root`` as JSON text (for the validator's ``$ref``s). Whether anything
+    was replaced."""
     root_validator: Any = None
     refs: list[str] | None = None
-    pristine = json.dumps(root)  # the document as it was, for the validator's $refs
+    changed = False
     stack: list[tuple[Any, str]] = [(root, "")]
     while stack:
         node, pointer = stack.pop()
         if not isinstance(node, dict):
             continue
         found = _finite_values(node)
-        if found is not None and len(found[0]) <= _MAX_NARROWED_VALUES and _has_hard_keyword(node):
+        if found is not None and (len(found[0]) > _MAX_NARROWED_VALUES or not _has_hard_keyword(node)):
+            found = None
+        if found is not None:
             if refs is None:
                 refs = _ref_targets(root)
             if any(r.startswith(pointer + "/") and not _in_definitions(r[len(pointer):]) for r in refs):
                 found = None  # a $ref points inside: replacing the node would break it
-        if found is not None and len(found[0]) <= _MAX_NARROWED_VALUES and _has_hard_keyword(node):
+        if found is not None:
             values, rest = found
             try:
                 if root_validator is None:
@@ -192,9 +198,11 @@ def _narrow_finite(root: dict[str, Any]) -> None:
                 node.clear()
                 node.update(keep)
                 node["enum"] = valid
+                changed = True
                 continue
         for child, child_pointer in _children(node, pointer):
             stack.append((child, child_pointer))
+    return changed
 
 
 #: Largest value set narrowed (each member is validated against the subschema).
