@@ -104,13 +104,15 @@ def run_mode(mode: str, cases: list[Case], *, timeout_s: float, max_fill_tokens:
     from thinkstruct import CompileTimeout, Constraint, InvalidConstraint, Tokenizer
     from thinkstruct.grammar.api import first_rejected
     from thinkstruct.grammar.bitmask import allocate_bitmask
-    from thinkstruct.grammar.compiler import GrammarCompiler
+    from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 
     tok = Tokenizer.default()
     backend, strict = MODES[mode]
     tally = Tally()
     bitmask = allocate_bitmask(1, tok.vocab_size)
-    with GrammarCompiler(tok, backend=backend, strict=strict, timeout_s=timeout_s, cache_size=4096) as service:
+    with GrammarCompiler(
+        tok, CompilerConfig(backend=backend, strict=strict, timeout_s=timeout_s, cache_entries=4096)
+    ) as service:
         service.warm_up()
         for case in cases:
             tally.schemas += 1

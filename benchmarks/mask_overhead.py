@@ -70,7 +70,7 @@ except ImportError:  # run from elsewhere than benchmarks/: the loader sits besi
 if TYPE_CHECKING:
     import torch
 
-    from thinkstruct import CompiledGrammar, Grammar
+    from thinkstruct import CompiledGrammar, GrammarMatcher
 
 BACKENDS = ("xgrammar", "llguidance", "outlines", "outlines@pointer")
 
@@ -138,11 +138,11 @@ class _Sides:
     raw_accept: Callable[..., Any]
     raw_accept_extra: tuple[Any, ...]
     raw_accept_raises: bool  # outlines reports a refused token by raising ValueError
-    ours: Grammar
+    ours: GrammarMatcher
     bitmask: torch.Tensor  # row 0: raw, row 1: ours
 
 
-def _raw_sides(backend: str, compiled: CompiledGrammar, ours: Grammar, bitmask: torch.Tensor) -> _Sides:
+def _raw_sides(backend: str, compiled: CompiledGrammar, ours: GrammarMatcher, bitmask: torch.Tensor) -> _Sides:
     """A fresh raw matcher over ``compiled``'s own artefact, next to ``ours``."""
     tok = compiled.tokenizer
     if backend == "xgrammar":
@@ -329,6 +329,7 @@ def _worker_main(conn: multiprocessing.connection.Connection, backend: str) -> N
     """Serve ``("walk", schema, instances, walks, first_instance)`` requests for one backend."""
     import thinkstruct
     from thinkstruct.grammar.api import get_backend
+    from thinkstruct.grammar.base import InvalidGrammar
 
     tok = thinkstruct.Tokenizer.default()
     library = backend.split("@")[0]  # "outlines@pointer" compiles with outlines
@@ -342,7 +343,12 @@ def _worker_main(conn: multiprocessing.connection.Connection, backend: str) -> N
         _, schema, instances, walks, first_instance = request
         start = time.perf_counter()
         try:
-            compiled = thinkstruct.compile(thinkstruct.Constraint.json_schema(schema), tok, library)
+            # The backend itself, in this killable process (thinkstruct.compile would hand
+            # the compile to the shared compiler's own worker processes).
+            result = get_backend(tok, library).compile(thinkstruct.Constraint.json_schema(schema))
+            if isinstance(result, InvalidGrammar):
+                raise result.error
+            compiled = result
         except thinkstruct.InvalidConstraint as e:
             conn.send(("invalid", str(e).splitlines()[0][:200]))
             continue

@@ -6,8 +6,8 @@ to a JSON Schema, a regex, an EBNF grammar or a structural tag.
 
 from thinkstruct.errors import CompileTimeout, InvalidConstraint, ThinkstructError, UnsupportedConstraint
 from thinkstruct.grammar.api import accepts, compile
-from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend, InvalidGrammar
-from thinkstruct.grammar.compiler import CompilerStats, GrammarCompiler
+from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend, GrammarMatcher, InvalidGrammar
+from thinkstruct.grammar.compiler import CompilerConfig, CompilerStats, GrammarCompiler
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import JsonFormat
 from thinkstruct.grammar.reasoning import ReasoningGrammar
@@ -42,14 +42,15 @@ __all__ = [
     "ChatTemplateError",
     "CompileTimeout",
     "CompiledGrammar",
+    "CompilerConfig",
     "CompilerStats",
     "CompletionTemplate",
     "Constraint",
     "ConstraintKind",
     "FimPosition",
-    "Grammar",
     "GrammarBackend",
     "GrammarCompiler",
+    "GrammarMatcher",
     "InvalidChatRequest",
     "InvalidConstraint",
     "InvalidGrammar",

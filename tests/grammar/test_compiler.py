@@ -11,7 +11,7 @@ import pytest
 
 from thinkstruct import CompileTimeout, Constraint, InvalidConstraint, Tokenizer
 from thinkstruct.grammar.api import first_rejected
-from thinkstruct.grammar.compiler import GrammarCompiler
+from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 
 # outlines-core needs over a minute for this (a free-form value under a 129k vocabulary).
 PATHOLOGICAL = {"type": "object", "properties": {"x": {}, "y": {"type": "array"}}, "required": ["x", "y"]}
@@ -25,7 +25,7 @@ def _schema(n: int) -> Constraint:
 
 @pytest.fixture
 def compiler(tokenizer: Tokenizer):
-    with GrammarCompiler(tokenizer, worker_processes=0) as c:
+    with GrammarCompiler(tokenizer, CompilerConfig(worker_processes=0)) as c:
         yield c
 
 
@@ -61,7 +61,7 @@ def test_async_callers_share_one_compile(compiler: GrammarCompiler) -> None:
 
 
 def test_lru_by_entries_and_bytes(tokenizer: Tokenizer) -> None:
-    with GrammarCompiler(tokenizer, cache_size=2, worker_processes=0) as c:
+    with GrammarCompiler(tokenizer, CompilerConfig(cache_entries=2, worker_processes=0)) as c:
         first = c.compile(_schema(1))
         c.compile(_schema(2))
         assert c.compile(_schema(1)) is first  # a hit makes it recent
@@ -71,7 +71,7 @@ def test_lru_by_entries_and_bytes(tokenizer: Tokenizer) -> None:
         compiles = c.stats.compiles
         c.compile(_schema(2))
         assert c.stats.compiles == compiles + 1
-    with GrammarCompiler(tokenizer, cache_bytes=1, worker_processes=0) as c:
+    with GrammarCompiler(tokenizer, CompilerConfig(cache_bytes=1, worker_processes=0)) as c:
         c.compile(_schema(1))
         c.compile(_schema(2))
         assert c.stats.entries == 1  # never below one entry, never above the byte bound otherwise
@@ -79,7 +79,7 @@ def test_lru_by_entries_and_bytes(tokenizer: Tokenizer) -> None:
 
 def test_invalid_constraint_is_reported_and_remembered_briefly(tokenizer: Tokenizer) -> None:
     bad = Constraint.json_schema({"type": "array", "items": {"$ref": "#/nowhere"}})
-    with GrammarCompiler(tokenizer, worker_processes=0, failure_ttl_s=0.3) as c:
+    with GrammarCompiler(tokenizer, CompilerConfig(worker_processes=0, failure_ttl_s=0.3)) as c:
         with pytest.raises(InvalidConstraint, match="/items/\\$ref"):
             c.compile(bad)
         with pytest.raises(InvalidConstraint):
@@ -92,7 +92,7 @@ def test_invalid_constraint_is_reported_and_remembered_briefly(tokenizer: Tokeni
 
 
 def test_timeout_stops_the_work_and_the_compiler_carries_on(tokenizer: Tokenizer) -> None:
-    with GrammarCompiler(tokenizer, backend="outlines", timeout_s=8.0, failure_ttl_s=60) as c:
+    with GrammarCompiler(tokenizer, CompilerConfig(backend="outlines", timeout_s=8.0, failure_ttl_s=60)) as c:
         c.warm_up()
         c.compile(Constraint.regex("warm"))  # the service's own idle thread exists now
         [worker] = c.worker_pids()
@@ -120,7 +120,7 @@ def test_timeout_stops_the_work_and_the_compiler_carries_on(tokenizer: Tokenizer
 
 
 def test_xgrammar_compiles_in_a_worker_and_matches_in_process(tokenizer: Tokenizer) -> None:
-    with GrammarCompiler(tokenizer, backend="xgrammar") as c:
+    with GrammarCompiler(tokenizer, CompilerConfig(backend="xgrammar")) as c:
         compiled = c.compile(_schema(7))
         assert c.worker_pids()  # compiled out of process ...
         assert compiled.backend == "xgrammar"
@@ -151,7 +151,7 @@ UNENFORCEABLE = {
 
 
 def test_strict_refuses_listing_every_unenforceable_keyword(tokenizer: Tokenizer) -> None:
-    with GrammarCompiler(tokenizer, strict=True, worker_processes=0) as c:
+    with GrammarCompiler(tokenizer, CompilerConfig(strict=True, worker_processes=0)) as c:
         with pytest.raises(InvalidConstraint) as info:
             c.compile(Constraint.json_schema(UNENFORCEABLE))
     message = str(info.value)
@@ -173,7 +173,7 @@ def test_strict_compiles_disjoint_one_of_exactly(tokenizer: Tokenizer) -> None:
             {"type": "object", "properties": {"kind": {"const": "square"}, "side": {"type": "number"}}, "required": ["kind", "side"]},
         ]
     }
-    with GrammarCompiler(tokenizer, strict=True, worker_processes=0) as c:
+    with GrammarCompiler(tokenizer, CompilerConfig(strict=True, worker_processes=0)) as c:
         compiled = c.compile(Constraint.json_schema(schema))
     assert compiled.ignored_keywords == ()
     assert first_rejected(compiled, '{"kind":"circle","r":1}') is None
@@ -182,7 +182,7 @@ def test_strict_compiles_disjoint_one_of_exactly(tokenizer: Tokenizer) -> None:
 
 def test_strict_refuses_overlapping_one_of(tokenizer: Tokenizer) -> None:
     schema = {"oneOf": [{"type": "integer"}, {"minimum": 2}]}
-    with GrammarCompiler(tokenizer, strict=True, worker_processes=0) as c:
+    with GrammarCompiler(tokenizer, CompilerConfig(strict=True, worker_processes=0)) as c:
         with pytest.raises(InvalidConstraint, match="oneOf at /oneOf"):
             c.compile(Constraint.json_schema(schema))
 
@@ -209,10 +209,54 @@ def test_dynamic_anchor_without_dynamic_ref_is_a_plain_anchor(tokenizer: Tokeniz
         "items": {"$ref": "#items"},
         "$defs": {"foo": {"$dynamicAnchor": "items", "type": "string"}},
     }
-    with GrammarCompiler(tokenizer, strict=True, worker_processes=0) as c:
+    with GrammarCompiler(tokenizer, CompilerConfig(strict=True, worker_processes=0)) as c:
         compiled = c.compile(Constraint.json_schema(schema))
     # llguidance refuses $dynamicAnchor and xgrammar would let '42' through the anchor ref;
     # rewritten to $anchor, llguidance enforces it exactly.
     assert compiled.backend == "llguidance"
     assert first_rejected(compiled, '["foo","bar"]') is None
     assert first_rejected(compiled, '["foo",42]') is not None
+
+
+# ---- configuration and the one-call API ------------------------------------------------
+
+
+def test_per_call_backend_and_strict_are_part_of_the_key(compiler: GrammarCompiler) -> None:
+    constraint = Constraint.json_schema(UNENFORCEABLE)
+    lenient = compiler.compile(constraint)
+    assert lenient.ignored_keywords  # the config's lenient auto
+    with pytest.raises(InvalidConstraint, match="uniqueItems"):
+        compiler.compile(constraint, strict=True)  # not answered by the lenient entry
+    assert compiler.compile(constraint) is lenient
+    regex = Constraint.regex("[a-c]+")
+    assert compiler.compile(regex).backend == "llguidance"
+    assert compiler.compile(regex, backend="xgrammar").backend == "xgrammar"
+    future = compiler.submit(regex, backend="xgrammar")
+    assert future.result().backend == "xgrammar"
+    with pytest.raises(ValueError, match="known backends: auto, xgrammar"):
+        compiler.compile(regex, backend="nope")
+
+
+def test_config_is_frozen_and_checked() -> None:
+    config = CompilerConfig()
+    assert (config.backend, config.strict, config.cache_entries, config.timeout_s) == ("auto", False, 1024, 30.0)
+    with pytest.raises(AttributeError):
+        config.timeout_s = 1.0  # type: ignore[misc]
+    for bad in ({"backend": "nope"}, {"timeout_s": 0}, {"cache_entries": 0}, {"threads": 0}):
+        with pytest.raises(ValueError):
+            CompilerConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_one_call_api_defaults_to_auto_through_one_shared_compiler(tokenizer: Tokenizer) -> None:
+    import thinkstruct
+    from thinkstruct.grammar.api import default_compiler
+
+    constraint = Constraint.json_schema({"type": "object", "properties": {"x": {"type": "integer"}}})
+    assert thinkstruct.accepts(constraint, '{"x":1}')
+    assert thinkstruct.accepts(constraint, '{"x":1}', backend="auto")
+    assert not thinkstruct.accepts(constraint, '{"x":"1"}', backend="auto")
+    first = thinkstruct.compile(constraint)
+    assert first.backend == "llguidance"  # auto's first choice
+    assert thinkstruct.compile(constraint, tokenizer) is first  # the shared compiler's cache
+    assert default_compiler(tokenizer).stats.hits >= 1
+    assert default_compiler(tokenizer) is default_compiler(tokenizer)

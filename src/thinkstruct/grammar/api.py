@@ -6,10 +6,10 @@ import threading
 import weakref
 from typing import TYPE_CHECKING
 
-
 from thinkstruct.grammar.backends import create_backend
-from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend, InvalidGrammar
+from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend, GrammarMatcher
 from thinkstruct.grammar.bitmask import allocate_bitmask, is_allowed
+from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 from thinkstruct.grammar.json_format import JsonFormat
 
 if TYPE_CHECKING:
@@ -36,26 +36,51 @@ def get_backend(
     return backend
 
 
+_compilers: weakref.WeakKeyDictionary[Tokenizer, dict[JsonFormat, GrammarCompiler]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def default_compiler(tokenizer: Tokenizer, *, json_format: JsonFormat | None = None) -> GrammarCompiler:
+    """The shared :class:`GrammarCompiler` (default :class:`CompilerConfig`, so with its
+    time limit and killable workers) behind :func:`compile` and :func:`accepts`."""
+    fmt = json_format or JsonFormat()
+    with _backends_lock:
+        per_tokenizer = _compilers.setdefault(tokenizer, {})
+        compiler = per_tokenizer.get(fmt)
+        if compiler is None:
+            compiler = GrammarCompiler(tokenizer, CompilerConfig(json_format=fmt))
+            per_tokenizer[fmt] = compiler
+    return compiler
+
+
 def compile(
     constraint: Constraint,
     tokenizer: Tokenizer | None = None,
-    backend: str = "xgrammar",
+    backend: str = "auto",
     *,
+    strict: bool = False,
     json_format: JsonFormat | None = None,
 ) -> CompiledGrammar:
-    """Compile ``constraint`` for ``tokenizer`` (default: DeepSeek-V4) with one backend.
+    """Compile ``constraint`` for ``tokenizer`` (default: DeepSeek-V4).
+
+    Goes through one shared :func:`default_compiler` per tokenizer and JSON format, so it
+    is cached and bounded by the default time limit like any :class:`GrammarCompiler`.
+
+    Args:
+        backend: ``"auto"`` or a backend name (see :class:`CompilerConfig`).
+        strict: with ``auto``, refuse what no backend enforces exactly.
 
     Raises:
-        InvalidConstraint: the constraint is malformed, or this backend cannot enforce it;
-            the message names the offending part.
+        InvalidConstraint: the constraint is malformed, or no backend asked for can enforce
+            it; the message names the offending part.
+        CompileTimeout: compiling took longer than the default time limit.
+        ValueError: an unknown backend name.
     """
     from thinkstruct.tokenizer import Tokenizer
 
     tok = tokenizer or Tokenizer.default()
-    result = get_backend(tok, backend, json_format=json_format).compile(constraint)
-    if isinstance(result, InvalidGrammar):
-        raise result.error
-    return result
+    return default_compiler(tok, json_format=json_format).compile(constraint, backend=backend, strict=strict)
 
 
 def accepts(
@@ -63,7 +88,8 @@ def accepts(
     text: str,
     *,
     tokenizer: Tokenizer | None = None,
-    backend: str = "xgrammar",
+    backend: str = "auto",
+    strict: bool = False,
     json_format: JsonFormat | None = None,
 ) -> bool:
     """Whether ``text`` is a complete answer under ``constraint``.
@@ -75,7 +101,7 @@ def accepts(
     Raises:
         InvalidConstraint: as :func:`compile`.
     """
-    compiled = compile(constraint, tokenizer, backend, json_format=json_format)
+    compiled = compile(constraint, tokenizer, backend, strict=strict, json_format=json_format)
     return first_rejected(compiled, text) is None
 
 
@@ -91,7 +117,7 @@ def first_rejected(compiled: CompiledGrammar, text: str) -> int | None:
     return None if can_stop(grammar, tok) else len(text)
 
 
-def _first_rejected_char(grammar: Grammar, tok: Tokenizer, text: str, start: int, end: int) -> int:
+def _first_rejected_char(grammar: GrammarMatcher, tok: Tokenizer, text: str, start: int, end: int) -> int:
     # The rejected token may begin with characters the grammar allows (" " of ' "x"');
     # feed its span one character at a time to find the first one it does not.
     for pos in range(start, max(end, start + 1)):
@@ -101,11 +127,11 @@ def _first_rejected_char(grammar: Grammar, tok: Tokenizer, text: str, start: int
     return start
 
 
-def can_stop(grammar: Grammar, tokenizer: Tokenizer) -> bool:
+def can_stop(grammar: GrammarMatcher, tokenizer: Tokenizer) -> bool:
     """Whether a stop token is allowed next (the answer so far is complete)."""
     bitmask = allocate_bitmask(1, tokenizer.vocab_size)
     grammar.fill_bitmask(bitmask, 0)
     return any(is_allowed(bitmask, 0, eos) for eos in tokenizer.eos_token_ids)
 
 
-__all__ = ["accepts", "can_stop", "compile", "first_rejected", "get_backend"]
+__all__ = ["accepts", "can_stop", "compile", "default_compiler", "first_rejected", "get_backend"]

@@ -6,15 +6,13 @@ Everything else in thinkstruct hangs off three small types:
   into a :class:`CompiledGrammar`, or into an :class:`InvalidGrammar` that carries a
   user-facing :class:`~thinkstruct.InvalidConstraint`. It never raises for bad input.
 - :class:`CompiledGrammar` is immutable and shared; :meth:`CompiledGrammar.matcher`
-  makes a fresh, cheap per-request :class:`Grammar`.
-- :class:`Grammar` follows one request's tokens and fills its row of the token bitmask.
+  makes a fresh, cheap per-request :class:`GrammarMatcher`.
+- :class:`GrammarMatcher` (:mod:`thinkstruct.grammar.matcher`) follows one request's
+  tokens and fills its row of the token bitmask.
 
 Token bitmasks are int32 tensors of shape ``[batch, ceil(vocab_size / 32)]``: bit ``j``
 of word ``i`` set means token ``32 * i + j`` is allowed. Every backend writes the same
 bits, so one batch may mix backends.
-
-Stop tokens behave the same everywhere: once the answer is complete, any of the model's
-EOS ids is allowed and accepting one terminates the grammar; ``rollback`` can undo it.
 """
 
 from __future__ import annotations
@@ -26,55 +24,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Union
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import JsonFormat
+from thinkstruct.grammar.matcher import GrammarMatcher
+from thinkstruct.grammar.reasoning import ReasoningGrammar
 
 if TYPE_CHECKING:
     import torch
 
     from thinkstruct.tokenizer import Tokenizer
-
-
-class Grammar(abc.ABC):
-    """One request's position in a compiled grammar.
-
-    A rejected token is reported by :meth:`accept_token` returning ``False``; the state
-    is then unchanged. Methods never raise for tokens the model might produce.
-    """
-
-    __slots__ = ()
-
-    @abc.abstractmethod
-    def accept_token(self, token_id: int) -> bool:
-        """Advance by one token. ``False`` (state unchanged) if the grammar forbids it."""
-
-    @abc.abstractmethod
-    def rollback(self, num_tokens: int) -> None:
-        """Undo the last ``num_tokens`` accepted tokens (a stop token counts as one)."""
-
-    @abc.abstractmethod
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the set of allowed next tokens into row ``row`` of an int32 CPU bitmask."""
-
-    @abc.abstractmethod
-    def is_terminated(self) -> bool:
-        """True once a stop token has been accepted."""
-
-    @abc.abstractmethod
-    def jump_forward(self) -> list[int]:
-        """Token ids the grammar forces next (possibly none), without accepting them.
-
-        Feed them with :meth:`accept_token` to skip that many decoding steps.
-        """
-
-    @abc.abstractmethod
-    def copy(self) -> Grammar:
-        """A fresh matcher at the start, sharing the compiled grammar."""
-
-    def accept_tokens(self, token_ids: list[int]) -> int:
-        """Accept tokens until one is rejected; return how many were accepted."""
-        for n, token_id in enumerate(token_ids):
-            if not self.accept_token(token_id):
-                return n
-        return len(token_ids)
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,7 +55,7 @@ class CompiledGrammar(abc.ABC):
         stop_ids_while_thinking: Iterable[int] = (),
         banned_ids_while_thinking: Iterable[int] = (),
         end_tag: str | None = None,
-    ) -> Grammar:
+    ) -> GrammarMatcher:
         """A fresh per-request matcher.
 
         Args:
@@ -119,22 +75,17 @@ class CompiledGrammar(abc.ABC):
         inner = self._new_matcher()
         if not reasoning:
             return inner
-        from thinkstruct.grammar.end_tag import end_tag_matcher
-        from thinkstruct.grammar.reasoning import ReasoningGrammar
-
-        allowed_stops = set(stop_ids_while_thinking)
-        banned = {i for i in self.tokenizer.eos_token_ids if i not in allowed_stops}
-        banned.update(banned_ids_while_thinking)
-        return ReasoningGrammar(
+        return ReasoningGrammar.wrap(
             inner,
-            end_tag_matcher(self.tokenizer, end_tag),
-            reasoning=True,
+            self.tokenizer,
             max_reasoning_tokens=max_reasoning_tokens,
-            banned_while_thinking=banned,
+            stop_ids_while_thinking=stop_ids_while_thinking,
+            banned_ids_while_thinking=banned_ids_while_thinking,
+            end_tag=end_tag,
         )
 
     @abc.abstractmethod
-    def _new_matcher(self) -> Grammar:
+    def _new_matcher(self) -> GrammarMatcher:
         """A fresh backend matcher at the start of the grammar."""
 
     @property
@@ -156,6 +107,15 @@ class InvalidGrammar:
 
 
 CompileResult = Union[CompiledGrammar, InvalidGrammar]
+
+__all__ = [
+    "CompileResult",
+    "CompiledGrammar",
+    "GrammarBackend",
+    "GrammarMatcher",
+    "InvalidGrammar",
+    "schema_text",
+]
 
 
 def schema_text(constraint: Constraint) -> str:

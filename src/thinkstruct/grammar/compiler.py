@@ -22,7 +22,7 @@ import dataclasses
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from thinkstruct.errors import CompileTimeout, InvalidConstraint, UnsupportedConstraint
@@ -59,7 +59,8 @@ class CompilerStats:
 
 @dataclass(frozen=True, slots=True)
 class _Key:
-    options: tuple[object, ...]
+    backend: str
+    strict: bool
     constraint: Constraint
 
 
@@ -69,101 +70,130 @@ class _Failure:
     expires: float
 
 
-class GrammarCompiler:
-    """Compiles constraints for one tokenizer, with a cache, timeouts and backend choice.
+@dataclass(frozen=True, kw_only=True)
+class CompilerConfig:
+    """How a :class:`GrammarCompiler` compiles; the server builds one from its command line.
 
     Args:
-        tokenizer: the model's vocabulary.
         backend: ``"auto"`` (per constraint, see :mod:`thinkstruct.grammar.auto`) or one of
-            ``xgrammar``, ``llguidance``, ``outlines``.
+            ``xgrammar``, ``llguidance``, ``outlines``; a call may ask for another.
         strict: with ``auto``, refuse a constraint that no backend enforces exactly,
             listing every keyword none can enforce with its JSON pointer; without it, fall
             back to a backend that ignores those keywords (named on the result's
             ``ignored_keywords``).
         json_format: the JSON text format every backend is configured to.
-        cache_size: most compiled grammars kept.
-        cache_bytes: most approximate bytes of compiled grammars kept.
-        timeout_s: seconds one compile may take (fallbacks included).
+        cache_entries: most compiled grammars kept.
+        cache_bytes: most bytes of compiled grammars kept (as accounted by each grammar's
+            ``memory_bytes``).
+        timeout_s: seconds one compile may take in all, from the call: waiting for a
+            worker, fallbacks and checks included.
         failure_ttl_s: seconds an invalid or timed-out constraint is answered from memory
             before it may be tried again.
-        threads: compiles that may run at once in this process.
-        worker_processes: compile processes for xgrammar and outlines-core; 0 compiles them
-            in threads instead (faster to start, but a timed-out compile then runs on).
+        threads: in-process compiles (llguidance, thinkstruct's checks) that may run at once.
+        worker_processes: compile processes per backend that compiles out of process;
+            0 compiles everything in threads instead (faster to start, but a timed-out
+            compile then runs on).
     """
 
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        *,
-        backend: str = "auto",
-        strict: bool = False,
-        json_format: JsonFormat | None = None,
-        cache_size: int = 1024,
-        cache_bytes: int = 2 << 30,
-        timeout_s: float = 30.0,
-        failure_ttl_s: float = 30.0,
-        threads: int = 4,
-        worker_processes: int = 1,
-    ) -> None:
-        if backend != "auto" and backend not in BACKEND_NAMES:
-            raise ValueError(f"unknown backend {backend!r}; known: auto, {', '.join(BACKEND_NAMES)}")
-        if cache_size < 1 or cache_bytes < 1 or timeout_s <= 0:
-            raise ValueError("cache_size, cache_bytes and timeout_s must be positive")
+    backend: str = "auto"
+    strict: bool = False
+    json_format: JsonFormat = field(default_factory=JsonFormat)
+    cache_entries: int = 1024
+    cache_bytes: int = 2 << 30
+    timeout_s: float = 30.0
+    failure_ttl_s: float = 30.0
+    threads: int = 4
+    worker_processes: int = 1
+
+    def __post_init__(self) -> None:
+        check_backend_name(self.backend)
+        if self.cache_entries < 1 or self.cache_bytes < 1:
+            raise ValueError("cache_entries and cache_bytes must be positive")
+        if not self.timeout_s > 0:
+            raise ValueError("timeout_s must be positive")
+        if self.failure_ttl_s < 0:
+            raise ValueError("failure_ttl_s must not be negative")
+        if self.threads < 1 or self.worker_processes < 0:
+            raise ValueError("threads must be positive and worker_processes not negative")
+
+
+def check_backend_name(name: str) -> None:
+    """Raise ``ValueError`` listing the known names unless ``name`` is ``auto`` or a backend."""
+    if name != "auto" and name not in BACKEND_NAMES:
+        raise ValueError(f"unknown backend {name!r}; known backends: auto, {', '.join(BACKEND_NAMES)}")
+
+
+class GrammarCompiler:
+    """Compiles constraints for one tokenizer, with a cache, timeouts and backend choice.
+
+    Args:
+        tokenizer: the model's vocabulary.
+        config: how to compile (defaults: :class:`CompilerConfig`).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, config: CompilerConfig | None = None) -> None:
+        config = config or CompilerConfig()
         self.tokenizer = tokenizer
-        self.backend = backend
-        self.strict = strict
-        self.json_format = json_format or JsonFormat()
-        self.cache_size = cache_size
-        self.cache_bytes = cache_bytes
-        self.timeout_s = timeout_s
-        self.failure_ttl_s = failure_ttl_s
+        self.config = config
         self.stats = CompilerStats()
-        self._options = (backend, strict, self.json_format)
         self._cache: OrderedDict[_Key, CompiledGrammar] = OrderedDict()
         self._failures: dict[_Key, _Failure] = {}
         self._inflight: dict[_Key, concurrent.futures.Future[CompiledGrammar]] = {}
         self._lock = threading.Lock()
         self._backends: dict[tuple[str, bool], GrammarBackend] = {}
         self._backends_lock = threading.Lock()
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="thinkstruct-compile")
+        self._pool = concurrent.futures.ThreadPoolExecutor(config.threads, thread_name_prefix="thinkstruct-compile")
         self._workers = (
-            CompileWorkers(tokenizer, self.json_format, processes=worker_processes)
-            if worker_processes > 0
+            CompileWorkers(tokenizer, config.json_format, processes=config.worker_processes)
+            if config.worker_processes > 0
             else None
         )
 
     # ---- public ----------------------------------------------------------------------
 
-    def compile(self, constraint: Constraint) -> CompiledGrammar:
+    def compile(
+        self, constraint: Constraint, *, backend: str | None = None, strict: bool | None = None
+    ) -> CompiledGrammar:
         """The compiled grammar, from the cache or compiled now (off this thread).
+
+        Args:
+            backend, strict: override the config's for this call (part of the cache key).
 
         Raises:
             InvalidConstraint: the constraint is invalid, or no backend may enforce it.
             CompileTimeout: compiling took longer than ``timeout_s``.
         """
-        hit = self._lookup(constraint)
+        key = self._key(constraint, backend, strict)
+        hit = self._lookup(key)
         if hit is not None:
             return hit
-        future = self.submit(constraint)
+        future = self._submit(key)
         try:
             return future.result(timeout=self._wait_limit_s)
         except concurrent.futures.TimeoutError:
             raise self._waited_too_long(constraint) from None
 
-    async def compile_async(self, constraint: Constraint) -> CompiledGrammar:
+    async def compile_async(
+        self, constraint: Constraint, *, backend: str | None = None, strict: bool | None = None
+    ) -> CompiledGrammar:
         """As :meth:`compile`, awaiting instead of blocking the event loop."""
-        hit = self._lookup(constraint)
+        key = self._key(constraint, backend, strict)
+        hit = self._lookup(key)
         if hit is not None:
             return hit
-        future = asyncio.wrap_future(self.submit(constraint))
+        future = asyncio.wrap_future(self._submit(key))
         try:
             return await asyncio.wait_for(asyncio.shield(future), self._wait_limit_s)
         except asyncio.TimeoutError:
             raise self._waited_too_long(constraint) from None
 
-    def submit(self, constraint: Constraint) -> concurrent.futures.Future[CompiledGrammar]:
+    def submit(
+        self, constraint: Constraint, *, backend: str | None = None, strict: bool | None = None
+    ) -> concurrent.futures.Future[CompiledGrammar]:
         """A future of the compiled grammar; concurrent callers of one key share it."""
-        key = _Key(self._options, constraint)
+        return self._submit(self._key(constraint, backend, strict))
+
+    def _submit(self, key: _Key) -> concurrent.futures.Future[CompiledGrammar]:
         with self._lock:
             compiled = self._cached(key)
             if compiled is not None:
@@ -188,7 +218,7 @@ class GrammarCompiler:
     def _wait_limit_s(self) -> float:
         # The compile itself enforces timeout_s (a worker is killed at its deadline); the
         # caller waits longer only as a safety net, e.g. for a worker still starting.
-        return self.timeout_s + STARTUP_ALLOWANCE_S + 5.0
+        return self.config.timeout_s + STARTUP_ALLOWANCE_S + 5.0
 
     def warm_up(self) -> None:
         """Start the compile workers now rather than at the first compile that needs one."""
@@ -213,9 +243,16 @@ class GrammarCompiler:
 
     # ---- internals -------------------------------------------------------------------
 
-    def _lookup(self, constraint: Constraint) -> CompiledGrammar | None:
+    def _key(self, constraint: Constraint, backend: str | None, strict: bool | None) -> _Key:
+        if backend is None:
+            backend = self.config.backend
+        else:
+            check_backend_name(backend)
+        return _Key(backend, self.config.strict if strict is None else strict, constraint)
+
+    def _lookup(self, key: _Key) -> CompiledGrammar | None:
         with self._lock:
-            return self._cached(_Key(self._options, constraint))
+            return self._cached(key)
 
     def _cached(self, key: _Key) -> CompiledGrammar | None:
         # The caller holds the lock.
@@ -229,17 +266,17 @@ class GrammarCompiler:
         with self._lock:
             self.stats.timeouts += 1
         return CompileTimeout(
-            f"compiling took longer than {self.timeout_s:g} s", kind=constraint.kind.value
+            f"compiling took longer than {self.config.timeout_s:g} s", kind=constraint.kind.value
         )
 
     def _run(self, key: _Key, future: concurrent.futures.Future[CompiledGrammar]) -> None:
         start = time.perf_counter()
         try:
-            compiled = self._compile_planned(key.constraint, deadline=time.monotonic() + self.timeout_s)
+            compiled = self._compile_planned(key, deadline=time.monotonic() + self.config.timeout_s)
         except InvalidConstraint as error:
             with self._lock:
                 self._inflight.pop(key, None)
-                self._failures[key] = _Failure(error, time.monotonic() + self.failure_ttl_s)
+                self._failures[key] = _Failure(error, time.monotonic() + self.config.failure_ttl_s)
                 if isinstance(error, CompileTimeout):
                     self.stats.timeouts += 1
                 else:
@@ -261,17 +298,18 @@ class GrammarCompiler:
     def _store(self, key: _Key, compiled: CompiledGrammar) -> None:
         self._cache[key] = compiled
         self.stats.bytes += compiled.memory_bytes
-        while len(self._cache) > self.cache_size or (
-            self.stats.bytes > self.cache_bytes and len(self._cache) > 1
+        while len(self._cache) > self.config.cache_entries or (
+            self.stats.bytes > self.config.cache_bytes and len(self._cache) > 1
         ):
             _, evicted = self._cache.popitem(last=False)
             self.stats.bytes -= evicted.memory_bytes
             self.stats.evictions += 1
         self.stats.entries = len(self._cache)
 
-    def _compile_planned(self, constraint: Constraint, *, deadline: float) -> CompiledGrammar:
+    def _compile_planned(self, key: _Key, *, deadline: float) -> CompiledGrammar:
+        constraint = key.constraint
         check_constraint(constraint)  # once, before any backend: the same error for all
-        candidates = plan(constraint, backend=self.backend, strict=self.strict)
+        candidates = plan(constraint, backend=key.backend, strict=key.strict)
         errors: list[InvalidGrammar] = []
         for i, candidate in enumerate(candidates):
             if i:
@@ -316,9 +354,9 @@ class GrammarCompiler:
             if backend is None:
                 cls = backend_class(name)
                 if lenient:
-                    backend = cls(self.tokenizer, json_format=self.json_format, lenient=True)  # type: ignore[call-arg]
+                    backend = cls(self.tokenizer, json_format=self.config.json_format, lenient=True)  # type: ignore[call-arg]
                 else:
-                    backend = cls(self.tokenizer, json_format=self.json_format)
+                    backend = cls(self.tokenizer, json_format=self.config.json_format)
                 self._backends[(name, lenient)] = backend
         return backend
 

@@ -17,20 +17,22 @@ partial-tag match they had, so rolling back into the middle of a tag restores it
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-from thinkstruct.grammar.base import Grammar
 from thinkstruct.grammar.bitmask import allow_only
-from thinkstruct.grammar.end_tag import RUNS_ON, EndTagMatcher
+from thinkstruct.grammar.end_tag import RUNS_ON, EndTagMatcher, end_tag_matcher
+from thinkstruct.grammar.matcher import GrammarMatcher
 
 if TYPE_CHECKING:
     import torch
 
+    from thinkstruct.tokenizer import Tokenizer
+
 THINKING = -1
 
 
-class ReasoningGrammar(Grammar):
-    """Wraps any backend's :class:`Grammar` for a reasoning model.
+class ReasoningGrammar(GrammarMatcher):
+    """Wraps any backend's :class:`GrammarMatcher` for a reasoning model.
 
     Args:
         inner: the answer's grammar (fed only after the end tag).
@@ -46,7 +48,7 @@ class ReasoningGrammar(Grammar):
 
     def __init__(
         self,
-        inner: Grammar,
+        inner: GrammarMatcher,
         end_tag: EndTagMatcher,
         *,
         reasoning: bool = True,
@@ -63,6 +65,33 @@ class ReasoningGrammar(Grammar):
         self._matched: list[int] = [0]
         self._budget = max_reasoning_tokens
         self._banned = frozenset(banned_while_thinking)
+
+    @classmethod
+    def wrap(
+        cls,
+        inner: GrammarMatcher,
+        tokenizer: Tokenizer,
+        *,
+        max_reasoning_tokens: int | None = None,
+        stop_ids_while_thinking: Iterable[int] = (),
+        banned_ids_while_thinking: Iterable[int] = (),
+        end_tag: str | None = None,
+    ) -> ReasoningGrammar:
+        """``inner`` behind a thought that starts at once (what
+        :meth:`CompiledGrammar.matcher(reasoning=True) <thinkstruct.grammar.base.CompiledGrammar.matcher>`
+        returns). Every stop id is masked while thinking except ``stop_ids_while_thinking``;
+        ``banned_ids_while_thinking`` are masked too; ``end_tag`` defaults to the
+        tokenizer's think-end text."""
+        allowed_stops = set(stop_ids_while_thinking)
+        banned = {i for i in tokenizer.eos_token_ids if i not in allowed_stops}
+        banned.update(banned_ids_while_thinking)
+        return cls(
+            inner,
+            end_tag_matcher(tokenizer, end_tag),
+            reasoning=True,
+            max_reasoning_tokens=max_reasoning_tokens,
+            banned_while_thinking=banned,
+        )
 
     # ---- state -----------------------------------------------------------------------
 
@@ -81,13 +110,13 @@ class ReasoningGrammar(Grammar):
         return len(self._matched) - 1
 
     @property
-    def inner(self) -> Grammar:
+    def inner(self) -> GrammarMatcher:
         return self._inner
 
     def _closing(self) -> bool:
         return self._budget is not None and len(self._matched) - 1 >= self._budget
 
-    # ---- Grammar ---------------------------------------------------------------------
+    # ---- GrammarMatcher --------------------------------------------------------------
 
     def accept_token(self, token_id: int) -> bool:
         if self._state >= 0:
@@ -145,6 +174,27 @@ class ReasoningGrammar(Grammar):
         if self._closing():
             return list(self._tag.closing_ids(self._matched[-1]))
         return []
+
+    def validate_tokens(self, token_ids: Sequence[int]) -> int:
+        # Thinking tokens are checked against a copy of the tag state; the answer part
+        # goes to the inner matcher's own validation, so nothing is accepted and undone.
+        if self._state >= 0:
+            return self._inner.validate_tokens(token_ids)
+        matched = self._matched[-1]
+        thought = len(self._matched) - 1
+        for n, token_id in enumerate(token_ids):
+            if token_id in self._banned:
+                return n
+            if self._budget is not None and thought >= self._budget:
+                if token_id != self._tag.closing_ids(matched)[0]:
+                    return n
+            matched, status = self._tag.step(matched, token_id)
+            if status == RUNS_ON:
+                return n
+            thought += 1
+            if status:
+                return n + 1 + self._inner.validate_tokens(token_ids[n + 1 :])
+        return len(token_ids)
 
     def copy(self) -> ReasoningGrammar:
         return ReasoningGrammar(

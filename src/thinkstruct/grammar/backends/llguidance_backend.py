@@ -6,17 +6,17 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import llguidance
 
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
-from thinkstruct.grammar.bitmask import allow_only
 from thinkstruct.grammar.row_pointer import row_address
-from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend, schema_text
+from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend, schema_text
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import JsonFormat
 from thinkstruct.grammar.library_errors import describe_library_error, describe_message
+from thinkstruct.grammar.matcher import StopTokenMatcher
 
 if TYPE_CHECKING:
     import torch
@@ -140,51 +140,34 @@ class LLGuidanceCompiled(CompiledGrammar):
         return len(self.grammar) * 2 + 64 * 1024
 
 
-class LLGuidanceMatcher(Grammar):
-    __slots__ = ("_compiled", "_m", "_eos", "_finished")
+class LLGuidanceMatcher(StopTokenMatcher):
+    __slots__ = ("_compiled", "_m")
 
     def __init__(self, compiled: LLGuidanceCompiled) -> None:
+        super().__init__(compiled.eos_ids)
         self._compiled = compiled
         # A deep copy of the compiled matcher skips re-parsing the grammar.
         self._m = compiled.pristine.deep_copy()
-        self._eos = compiled.eos_ids
-        # The stop token is not fed to llguidance (see rollback), only recorded here.
-        self._finished = False
 
-    def accept_token(self, token_id: int) -> bool:
-        if self._finished:
-            return False
-        if token_id in self._eos:
-            if self._m.is_accepting():
-                self._finished = True
-                return True
-            return False
-        # try_consume_tokens stops at a rejected token without entering the error state.
-        return self._m.try_consume_tokens([token_id]) == 1
+    def _advance(self, token_id: int) -> bool:
+        # try_consume_tokens stops at a refused token without entering the error state.
+        return bool(self._m.try_consume_tokens([token_id]) == 1)
 
-    def rollback(self, num_tokens: int) -> None:
-        if num_tokens <= 0:
-            return
-        if self._finished:
-            self._finished = False
-            num_tokens -= 1  # the stop token never reached the matcher
-        if num_tokens:
-            self._m.rollback(num_tokens)
+    def _rollback(self, num_tokens: int) -> None:
+        self._m.rollback(num_tokens)
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        if self._finished:
-            allow_only(bitmask, row, self._eos)
-            return
+    def _fill(self, bitmask: torch.Tensor, row: int) -> None:
         address, words = row_address(bitmask, row)
         self._m.unsafe_compute_mask_ptr(address, words * 4)
 
-    def is_terminated(self) -> bool:
-        return self._finished
+    def _can_stop(self) -> bool:
+        return bool(self._m.is_accepting())
 
-    def jump_forward(self) -> list[int]:
-        if self._finished:
-            return []
+    def _forced(self) -> list[int]:
         return list(self._m.compute_ff_tokens())
+
+    def _validate(self, token_ids: Sequence[int]) -> int:
+        return int(self._m.validate_tokens(list(token_ids))) if token_ids else 0
 
     def copy(self) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(self._compiled)

@@ -7,16 +7,17 @@ import pickle
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import outlines_core
 
 from thinkstruct.errors import InvalidConstraint
-from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend, schema_text
-from thinkstruct.grammar.bitmask import allow_only, set_allowed
+from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend, schema_text
+from thinkstruct.grammar.bitmask import set_allowed
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import JsonFormat
 from thinkstruct.grammar.library_errors import describe_library_error
+from thinkstruct.grammar.matcher import StopTokenMatcher
 from thinkstruct.grammar.row_pointer import row_address
 
 if TYPE_CHECKING:
@@ -140,13 +141,13 @@ class OutlinesCompiled(CompiledGrammar):
         return OutlinesMatcher(self)
 
 
-class OutlinesMatcher(Grammar):
-    __slots__ = ("_compiled", "_guide", "_finished", "_write", "_extra_eos", "_target")
+class OutlinesMatcher(StopTokenMatcher):
+    __slots__ = ("_compiled", "_guide", "_write", "_extra_eos", "_target")
 
     def __init__(self, compiled: OutlinesCompiled) -> None:
+        super().__init__(compiled.eos_ids)
         self._compiled = compiled
         self._guide = outlines_core.Guide(compiled.index, max_rollback=MAX_ROLLBACK_TOKENS)
-        self._finished = False
         # Bound once: fills are the hot path and most of their cost is Python overhead.
         self._write = self._guide.write_mask_into
         self._extra_eos = compiled.extra_eos_ids
@@ -154,33 +155,17 @@ class OutlinesMatcher(Grammar):
         # usually keeps its row from step to step, so the checks are skipped then.
         self._target: tuple[Any, int, int, int, int] | None = None
 
-    def accept_token(self, token_id: int) -> bool:
-        if self._finished:
-            return False
-        if token_id in self._compiled.eos_ids:
-            if self._guide.is_finished():
-                self._finished = True  # not fed to the guide; see rollback
-                return True
-            return False
+    def _advance(self, token_id: int) -> bool:
         try:
             self._guide.advance(token_id, return_tokens=False)
         except ValueError:  # no transition: the guide's state is unchanged
             return False
         return True
 
-    def rollback(self, num_tokens: int) -> None:
-        if num_tokens <= 0:
-            return
-        if self._finished:
-            self._finished = False
-            num_tokens -= 1
-        if num_tokens:
-            self._guide.rollback_state(num_tokens)
+    def _rollback(self, num_tokens: int) -> None:
+        self._guide.rollback_state(num_tokens)
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        if self._finished:
-            allow_only(bitmask, row, self._compiled.eos_ids)
-            return
+    def _fill(self, bitmask: torch.Tensor, row: int) -> None:
         target = self._target
         if target is not None and target[0] is bitmask and target[2] == row and target[1] == bitmask.data_ptr():
             address, words = target[3], target[4]
@@ -192,14 +177,23 @@ class OutlinesMatcher(Grammar):
             for t in self._extra_eos:
                 set_allowed(bitmask, row, t)
 
-    def is_terminated(self) -> bool:
-        return self._finished
+    def _can_stop(self) -> bool:
+        return bool(self._guide.is_finished())
 
-    def jump_forward(self) -> list[int]:
+    def _validate(self, token_ids: Sequence[int]) -> int:
+        # Walked on the index itself: no state change, and no bound on the length (the
+        # guide's rollback history is bounded).
+        index = self._compiled.index
+        state = self._guide.get_state()
+        for n, token_id in enumerate(token_ids):
+            state = index.get_next_state(state, token_id)
+            if state is None:
+                return n
+        return len(token_ids)
+
+    def _forced(self) -> list[int]:
         """Follow the states where every allowed token starts with the same byte (so that
         byte is forced), then tokenize the forced text."""
-        if self._finished:
-            return []
         compiled = self._compiled
         index = compiled.index
         vocab = compiled.tokenizer.decoded_vocab()

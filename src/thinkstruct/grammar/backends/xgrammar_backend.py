@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 import xgrammar as xgr
 
 from thinkstruct.errors import InvalidConstraint
-from thinkstruct.grammar.base import CompiledGrammar, Grammar, GrammarBackend, schema_text
-from thinkstruct.grammar.bitmask import allow_only
+from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend, schema_text
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import JsonFormat
 from thinkstruct.grammar.library_errors import describe_library_error
+from thinkstruct.grammar.matcher import StopTokenMatcher
 
 if TYPE_CHECKING:
     import torch
@@ -120,46 +120,32 @@ class XGrammarCompiled(CompiledGrammar):
         return int(self.ctx.memory_size_bytes)
 
 
-class XGrammarMatcher(Grammar):
-    __slots__ = ("_compiled", "_m", "_eos", "_done")
+class XGrammarMatcher(StopTokenMatcher):
+    __slots__ = ("_compiled", "_m")
 
     def __init__(self, compiled: XGrammarCompiled) -> None:
+        super().__init__(compiled.eos_ids)
         self._compiled = compiled
-        self._m = xgr.GrammarMatcher(compiled.ctx, max_rollback_tokens=-1)
-        self._eos = compiled.eos_ids
-        # Termination is tracked here: xgrammar logs a warning for a token offered after
-        # it, and raises if asked for a mask.
-        self._done = False
+        # Stop tokens are never fed to xgrammar (see StopTokenMatcher): it would log a
+        # warning for a token offered after one, and raise if asked for a mask.
+        self._m = xgr.GrammarMatcher(compiled.ctx)
 
-    def accept_token(self, token_id: int) -> bool:
-        # False (state unchanged) for a rejected, special or out-of-range token.
-        if self._done:
-            return False
-        if not self._m.accept_token(token_id):
-            return False
-        if token_id in self._eos:
-            self._done = True
-        return True
+    def _advance(self, token_id: int) -> bool:
+        # False (state unchanged) for a refused, special or out-of-range token.
+        return bool(self._m.accept_token(token_id))
 
-    def rollback(self, num_tokens: int) -> None:
-        if num_tokens > 0:
-            self._m.rollback(num_tokens)
-            self._done = False
+    def _rollback(self, num_tokens: int) -> None:
+        self._m.rollback(num_tokens)
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        if self._done:
-            allow_only(bitmask, row, self._eos)
-            return
+    def _fill(self, bitmask: torch.Tensor, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
 
-    def is_terminated(self) -> bool:
-        return self._done
+    def _can_stop(self) -> bool:
+        return bool(self._m.is_completed())
 
-    def jump_forward(self) -> list[int]:
+    def _forced(self) -> list[int]:
         # xgrammar finds the forced string and tokenizes it greedily, leaving out a final
         # token that could still grow; special and stop tokens are never included.
-        if self._done:
-            return []
         return list(self._m.find_jump_forward_tokens())
 
     def copy(self) -> XGrammarMatcher:
