@@ -1,0 +1,159 @@
+"""The FastAPI application: :func:`create_app`.
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``
+(and ``/v1/models/{id}``), ``GET /health``, ``GET /metrics``, and the OpenAPI document at
+``/openapi.json``. The two generation routes read their own bodies (see :mod:`.body`);
+their request schemas are added to the OpenAPI document by hand for that reason.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from thinkstruct.server.auth import ApiKeyMiddleware
+from thinkstruct.server.chat import chat_completions
+from thinkstruct.server.completions import completions
+from thinkstruct.server.errors import install_handlers
+from thinkstruct.server.metrics import RequestCounter
+from thinkstruct.server.protocol import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TextCompletion,
+)
+from thinkstruct.server.settings import ServerSettings
+from thinkstruct.server.state import ServerState
+
+if TYPE_CHECKING:
+    from thinkstruct.engine import Engine
+
+ENDPOINTS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/openapi.json", "/docs"}
+)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text}
+    for status, text in (
+        (400, "Bad request: the message and param name the problem"),
+        (401, "Missing or wrong API key"),
+        (404, "Unknown model"),
+        (413, "Request body too large"),
+        (429, "Queue full; see Retry-After"),
+        (503, "Model loading or server stopping"),
+    )
+}
+
+
+def create_app(engine: Engine | None = None, settings: ServerSettings | None = None) -> FastAPI:
+    """The server's ASGI application.
+
+    Args:
+        engine: a started engine, or ``None`` to attach one later
+            (``app.state.thinkstruct.attach(engine)``) while ``/health`` answers 503.
+        settings: limits and the API key (defaults: :class:`ServerSettings`).
+
+    The caller owns the engine: it starts it and closes it.
+    """
+    settings = settings or ServerSettings()
+    state = ServerState(settings, engine)
+    app = FastAPI(
+        title="thinkstruct",
+        summary="OpenAI-compatible structured output for reasoning LLMs",
+        version=_version(),
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.thinkstruct = state
+    install_handlers(app)
+
+    @app.post(
+        "/v1/chat/completions",
+        response_model=None,
+        responses={200: {"model": ChatCompletion, "description": "The answer, or an SSE stream of ChatCompletionChunk"}, **_ERRORS},
+        openapi_extra=_request_body(ChatCompletionRequest),
+    )
+    async def post_chat_completions(request: Request) -> Response:
+        return await chat_completions(request, state)
+
+    @app.post(
+        "/v1/completions",
+        response_model=None,
+        responses={200: {"model": TextCompletion, "description": "The completion, or an SSE stream of them"}, **_ERRORS},
+        openapi_extra=_request_body(CompletionRequest),
+    )
+    async def post_completions(request: Request) -> Response:
+        return await completions(request, state)
+
+    @app.get("/v1/models", response_model=ModelList, responses={401: _ERRORS[401], 503: _ERRORS[503]})
+    async def list_models() -> ModelList:
+        return ModelList(data=[_card(state)])
+
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={401: _ERRORS[401], 404: _ERRORS[404]})
+    async def get_model(model_id: str) -> ModelCard:
+        state.require_engine()
+        state.check_model(model_id)
+        return _card(state)
+
+    @app.get("/health", responses={503: {"description": "Not ready: loading, failed to load, or stopping"}})
+    async def health() -> JSONResponse:
+        if state.ready:
+            return JSONResponse({"status": "ok", "model": state.model_name})
+        if state.draining:
+            return JSONResponse({"status": "stopping"}, status_code=503)
+        if state.load_error:
+            return JSONResponse({"status": "failed", "error": state.load_error}, status_code=503)
+        return JSONResponse({"status": "loading"}, status_code=503)
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+
+    if settings.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, public_paths=settings.public_paths)
+    # Added last, so outermost: it also counts the 401s answered by the key check.
+    app.add_middleware(RequestCounter, metrics=state.metrics, endpoints=ENDPOINTS)
+    return app
+
+
+def _card(state: ServerState) -> ModelCard:
+    engine = state.require_engine()
+    return ModelCard(id=state.model_name or engine.model.name, created=state.created, max_model_len=engine.model.context_length)
+
+
+def _request_body(model: type[Any]) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+        }
+    }
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in (ChatCompletionRequest, CompletionRequest, ChatCompletionChunk):
+        doc = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
+        components.update(doc.pop("$defs", {}))
+        components[model.__name__] = doc
+    app.openapi_schema = schema
+    return schema
+
+
+def _version() -> str:
+    from thinkstruct import __version__
+
+    return __version__

@@ -1,0 +1,141 @@
+"""``POST /v1/chat/completions``.
+
+The message carries the thought in ``reasoning_content`` and only the answer in
+``content`` (with ``separate_reasoning: false`` the whole output is ``content``). A
+streamed answer sends, per choice, a first chunk with the role, then ``reasoning_content``
+and ``content`` deltas as the model writes them, then a chunk with the finish reason;
+``stream_options.include_usage`` adds a last chunk with no choices and the usage.
+
+A choice that fails while generating (a token its grammar rejects, a fault in its own
+sampling) ends with ``finish_reason: "error"`` and an ``error.message`` beside it; the
+other choices and requests go on. Engine shutdown ends choices with ``"abort"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, cast
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from thinkstruct.server.body import read_model
+from thinkstruct.server.constraints import requested_constraint
+from thinkstruct.server.errors import SERVER, APIError
+from thinkstruct.server.generation import (
+    Submitted,
+    collect,
+    compile_constraint,
+    finish_reason_name,
+    max_new_tokens,
+    merged,
+    sampling_params,
+    submit_all,
+)
+from thinkstruct.server.limits import check_prompt_length, check_request_limits
+from thinkstruct.server.prompts import Prompt, chat_prompt
+from thinkstruct.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChoiceError,
+)
+from thinkstruct.server.state import ServerState
+from thinkstruct.server.streaming import DONE, EventStream, event
+from thinkstruct.server.usage import total_usage
+
+if TYPE_CHECKING:
+    from thinkstruct.engine import Completion, Usage
+    from thinkstruct.parsers import ChatPrompt
+
+log = logging.getLogger("thinkstruct.server")
+
+
+async def chat_completions(request: Request, state: ServerState) -> Response:
+    settings = state.settings
+    body = await read_model(request, ChatCompletionRequest, max_bytes=settings.max_body_bytes)
+    engine = state.require_engine()
+    state.check_model(body.model)
+    check_request_limits(body, settings)
+    requested = requested_constraint(body)
+    prompt = await run_in_threadpool(chat_prompt, engine.model, body)
+    check_prompt_length(len(prompt.ids), settings, param="messages")
+    max_tokens = max_new_tokens(
+        body.requested_max_tokens,
+        prompt_tokens=len(prompt.ids),
+        context=engine.model.context_length,
+        default=settings.default_max_tokens,
+        param="max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
+    )
+    grammar = await compile_constraint(engine, requested, metrics=state.metrics)
+    rendered = cast("ChatPrompt", prompt.chat)  # chat_prompt always sets it
+    reasoning = rendered.reasoning_enabled
+    jobs = []
+    for choice in range(body.n):
+        fields: dict[str, Any] = {
+            "grammar": grammar,
+            "reasoning": reasoning,
+            "reasoning_parser": rendered.reasoning_parser(stream_reasoning=True) if body.separate_reasoning else None,
+            "max_reasoning_tokens": body.max_reasoning_tokens if reasoning else None,
+        }
+        jobs.append((prompt, sampling_params(body, max_tokens=max_tokens, choice=choice), fields))
+    submitted = submit_all(engine, jobs, retry_after_s=settings.retry_after_s)
+    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    model = state.model_name or body.model
+    if body.stream:
+        return EventStream(
+            _events(submitted, state, response_id=response_id, model=model, prompt=prompt, include_usage=body.include_usage)
+        )
+    results = await collect(submitted, request, metrics=state.metrics)
+    if results is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
+    choices = [_choice(i, result, reasoning=reasoning and body.separate_reasoning) for i, result in enumerate(results)]
+    answer = ChatCompletion(
+        id=response_id, model=model, choices=choices, usage=total_usage([prompt], [r.usage for r in results])
+    )
+    return JSONResponse(answer.model_dump(mode="json"))
+
+
+def _choice(index: int, result: Completion, *, reasoning: bool) -> ChatChoice:
+    return ChatChoice(
+        index=index,
+        message=AssistantMessage(content=result.content, reasoning_content=result.reasoning if reasoning else None),
+        finish_reason=finish_reason_name(result.finish_reason),
+        error=ChoiceError(message=result.error) if result.error else None,
+    )
+
+
+async def _events(
+    submitted: Submitted, state: ServerState, *, response_id: str, model: str, prompt: Prompt, include_usage: bool
+) -> AsyncIterator[bytes]:
+    created = int(time.time())
+    usages: list[Usage | None] = [None] * len(submitted.handles)
+
+    def chunk(choices: list[ChatChunkChoice], usage: Any = None) -> bytes:
+        return event(ChatCompletionChunk(id=response_id, created=created, model=model, choices=choices, usage=usage))
+
+    try:
+        for index in range(len(submitted.handles)):
+            yield chunk([ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))])
+        async for index, delta in merged(submitted, metrics=state.metrics):
+            if delta.reasoning or delta.content:
+                text = ChatDelta(reasoning_content=delta.reasoning or None, content=delta.content or None)
+                yield chunk([ChatChunkChoice(index=index, delta=text)])
+            if delta.finish_reason is not None:
+                usages[index] = delta.usage
+                error = ChoiceError(message=delta.error) if delta.error else None
+                yield chunk([ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=finish_reason_name(delta.finish_reason), error=error)])
+        if include_usage:
+            yield chunk([], usage=total_usage([prompt], usages))
+    except Exception:  # a fault mid-stream: tell the client in-band, the status is sent already
+        log.exception("streamed chat completion %s failed", response_id)
+        yield event(APIError(500, "internal server error", type=SERVER, code="internal_error").body())
+    yield DONE

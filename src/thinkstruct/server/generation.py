@@ -1,0 +1,251 @@
+"""One HTTP request -> ``n`` engine requests, their answers collected or merged as a stream.
+
+Everything that can refuse a request happens before anything is generated: the grammar is
+compiled first (an invalid or unenforceable constraint is a 400 naming its pointer), the
+sampling parameters are checked, and all ``n`` engine requests are submitted together
+(a full queue is a 429 with ``Retry-After``; the ones already queued are cancelled).
+Whoever stops listening (a client that disconnects, a stream that is closed) cancels the
+engine requests, which frees their batch slots and KV cache within one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from thinkstruct.errors import InvalidConstraint
+from thinkstruct.server.constraints import RequestedConstraint
+from thinkstruct.server.errors import (
+    UNAVAILABLE,
+    APIError,
+    bad_request,
+    constraint_error,
+)
+from thinkstruct.server.metrics import ServerMetrics
+from thinkstruct.server.prompts import Prompt
+from thinkstruct.server.protocol import SamplingFields
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+    from thinkstruct.engine import (
+        Completion,
+        Delta,
+        Engine,
+        RequestHandle,
+        SamplingParams,
+    )
+    from thinkstruct.grammar.base import CompiledGrammar
+
+# The seed of choice i is seed + i, so n > 1 with a seed gives n different answers that
+# are each reproducible alone.
+_SEED_MODULUS = 2**64
+
+
+async def compile_constraint(
+    engine: Engine, requested: RequestedConstraint | None, *, metrics: ServerMetrics
+) -> CompiledGrammar | None:
+    """The compiled grammar of a request, awaited off the event loop.
+
+    Raises:
+        APIError: 400 naming the field and JSON pointer for an invalid constraint, one no
+            backend enforces exactly under strict mode, or one that timed out compiling.
+    """
+    if requested is None:
+        return None
+    start = time.perf_counter()
+    try:
+        compiled = await engine.compiler.compile_async(
+            requested.constraint, backend=requested.backend, strict=requested.strict
+        )
+    except InvalidConstraint as e:
+        metrics.observe_compile(time.perf_counter() - start, backend=None, failed=True)
+        raise constraint_error(e, param=requested.param) from None
+    metrics.observe_compile(time.perf_counter() - start, backend=compiled.backend, failed=False)
+    return compiled
+
+
+def max_new_tokens(requested: int | None, *, prompt_tokens: int, context: int, default: int, param: str) -> int:
+    """The ``max_tokens`` to generate: as asked, or ``default`` capped by the room left.
+
+    Raises:
+        APIError: 400 when the prompt fills the context, or prompt plus ``max_tokens``
+            does not fit in it.
+    """
+    room = context - prompt_tokens
+    if room < 1:
+        raise APIError(
+            400,
+            f"the prompt is {prompt_tokens} tokens, which leaves no room in the model's context of {context} tokens",
+            param="messages" if param == "max_completion_tokens" else "prompt",
+            code="context_length_exceeded",
+        )
+    if requested is None:
+        return min(default, room)
+    if requested > room:
+        raise APIError(
+            400,
+            f"this model's context is {context} tokens; the prompt has {prompt_tokens}, so {param} may be at most "
+            f"{room}, got {requested}",
+            param=param,
+            code="context_length_exceeded",
+        )
+    return requested
+
+
+def sampling_params(request: SamplingFields, *, max_tokens: int, choice: int) -> SamplingParams:
+    """The engine's sampling parameters for choice ``choice`` of ``request``.
+
+    Raises:
+        APIError: 400 naming the field the engine refuses.
+    """
+    from thinkstruct.engine import SamplingParams
+
+    seed = None if request.seed is None else (request.seed + choice) % _SEED_MODULUS
+    top_k = request.top_k if request.top_k is not None and request.top_k > 0 else 0
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=request.stop_sequences(),
+        )
+    except ValueError as e:
+        field = str(e).split(" ", 1)[0]
+        raise bad_request(str(e), param=field if field in type(request).model_fields else None) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """The engine requests of one HTTP request, in choice order."""
+
+    handles: list[RequestHandle]
+    prompts: list[Prompt]  # per handle
+    started: float
+
+    def cancel(self) -> None:
+        for handle in self.handles:
+            handle.cancel()
+
+
+def submit_all(
+    engine: Engine,
+    jobs: Sequence[tuple[Prompt, SamplingParams, dict[str, Any]]],
+    *,
+    retry_after_s: int,
+) -> Submitted:
+    """Submit every choice; all or none.
+
+    Args:
+        jobs: per choice, its prompt, sampling parameters and the other
+            :class:`~thinkstruct.engine.GenerationRequest` fields (grammar, reasoning, ...).
+
+    Raises:
+        APIError: 429 with ``Retry-After`` when the queue is full, 503 when the engine is
+            stopping, 400 for a request the engine refuses (it names the problem).
+    """
+    from thinkstruct.engine import EngineClosed, EngineOverloaded, GenerationRequest
+
+    loop = asyncio.get_running_loop()
+    handles: list[RequestHandle] = []
+    try:
+        for prompt, sampling, fields in jobs:
+            handles.append(engine.submit(GenerationRequest(prompt_ids=prompt.ids, sampling=sampling, **fields), loop=loop))
+    except BaseException as e:
+        for handle in handles:
+            handle.cancel()
+        if isinstance(e, EngineOverloaded):
+            raise APIError(
+                429,
+                f"the server is busy ({e}); retry after {retry_after_s} s",
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(retry_after_s)},
+            ) from None
+        if isinstance(e, EngineClosed):
+            raise APIError(503, "the server is shutting down", type=UNAVAILABLE, code="engine_closed") from None
+        if isinstance(e, ValueError):
+            raise bad_request(str(e), code="invalid_request") from None
+        raise
+    return Submitted(handles=handles, prompts=[job[0] for job in jobs], started=time.perf_counter())
+
+
+async def collect(submitted: Submitted, request: Request, *, metrics: ServerMetrics) -> list[Completion] | None:
+    """Every choice's whole answer, or ``None`` when the client went away first (its
+    engine requests are then cancelled)."""
+    gathered = asyncio.ensure_future(asyncio.gather(*(h.result() for h in submitted.handles)))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({gathered, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if gathered not in done:
+            submitted.cancel()
+            gathered.cancel()
+            return None
+        results: list[Completion] = gathered.result()
+    except BaseException:
+        submitted.cancel()
+        gathered.cancel()
+        raise
+    finally:
+        gone.cancel()
+    for result in results:
+        metrics.observe_finished(result.usage, result.finish_reason, started=submitted.started)
+    return results
+
+
+async def merged(submitted: Submitted, *, metrics: ServerMetrics) -> AsyncIterator[tuple[int, Delta]]:
+    """Every choice's deltas as they come, tagged with the choice index.
+
+    Closing the iterator (the client disconnected and the response task was cancelled)
+    cancels the engine requests still running.
+    """
+    try:
+        if len(submitted.handles) == 1:
+            async for delta in submitted.handles[0]:
+                if delta.finish_reason is not None:
+                    metrics.observe_finished(delta.usage, delta.finish_reason, started=submitted.started)
+                yield 0, delta
+            return
+        queue: asyncio.Queue[tuple[int, Delta | None]] = asyncio.Queue()
+
+        async def pump(index: int, handle: RequestHandle) -> None:
+            try:
+                async for delta in handle:
+                    await queue.put((index, delta))
+            finally:
+                await queue.put((index, None))
+
+        tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(submitted.handles)]
+        try:
+            running = len(tasks)
+            while running:
+                index, delta = await queue.get()
+                if delta is None:
+                    running -= 1
+                    continue
+                if delta.finish_reason is not None:
+                    metrics.observe_finished(delta.usage, delta.finish_reason, started=submitted.started)
+                yield index, delta
+        finally:
+            for task in tasks:
+                task.cancel()
+    finally:
+        submitted.cancel()
+
+
+def finish_reason_name(finish_reason: object) -> str | None:
+    """``FinishReason.STOP`` -> ``"stop"`` (the wire value)."""
+    return None if finish_reason is None else str(getattr(finish_reason, "value", finish_reason))
+
+
+async def _disconnected(request: Request) -> None:
+    # After the body has been read, the next ASGI message is the disconnect.
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -1,0 +1,184 @@
+"""``GET /metrics``: Prometheus counters and histograms of one server.
+
+Each app has its own registry (tests run several servers in one process). The server
+counts what it sees (requests by endpoint and status, tokens, latencies, compile waits,
+backends chosen); the engine's and the compiler's own counters (queue length, batch
+size, cache hits and misses, compile seconds, timeouts, jump-forward tokens) are read
+from ``engine.stats`` and ``engine.compiler.stats`` at each scrape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from thinkstruct.engine import Engine, FinishReason, Usage
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+_COMPILE_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0)
+
+# CompilerStats fields that only grow are exported as counters, the rest as gauges.
+_COMPILER_GAUGES = {"entries", "bytes"}
+
+
+class ServerMetrics:
+    """The metrics of one server; ``render()`` is the ``/metrics`` body."""
+
+    def __init__(self, engine: Callable[[], Engine | None]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "thinkstruct_http_requests", "HTTP requests answered, by endpoint and status", ["endpoint", "status"], registry=r
+        )
+        self.prompt_tokens = Counter("thinkstruct_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.completion_tokens = Counter("thinkstruct_completion_tokens", "Tokens generated", registry=r)
+        self.reasoning_tokens = Counter("thinkstruct_reasoning_tokens", "Tokens generated inside a thought", registry=r)
+        self.jump_forward_tokens = Counter(
+            "thinkstruct_jump_forward_tokens", "Tokens appended by grammar jump-forward, without sampling", registry=r
+        )
+        self.finished = Counter("thinkstruct_generations", "Engine requests finished, by finish reason", ["finish_reason"], registry=r)
+        self.ttft = Histogram(
+            "thinkstruct_time_to_first_token_seconds", "Time from submit to the first token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.per_token = Histogram(
+            "thinkstruct_time_per_output_token_seconds",
+            "Mean time between generated tokens after the first, per request",
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "thinkstruct_request_duration_seconds", "Time from submit to the last token", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.compile_wait = Histogram(
+            "thinkstruct_grammar_compile_wait_seconds",
+            "Time a request waited for its compiled grammar (cache hits included)",
+            buckets=_COMPILE_BUCKETS,
+            registry=r,
+        )
+        self.compile_failures = Counter(
+            "thinkstruct_grammar_compile_failures", "Constraints refused (invalid, unenforceable or timed out)", registry=r
+        )
+        self.backend_chosen = Counter(
+            "thinkstruct_grammar_backend_chosen", "Compiled grammars handed to requests, by backend", ["backend"], registry=r
+        )
+        r.register(_EngineCollector(engine))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observe_request(self, endpoint: str, status: int) -> None:
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def observe_compile(self, seconds: float, *, backend: str | None, failed: bool) -> None:
+        self.compile_wait.observe(seconds)
+        if failed:
+            self.compile_failures.inc()
+        elif backend:
+            self.backend_chosen.labels(backend=backend).inc()
+
+    def observe_finished(self, usage: Usage | None, finish_reason: FinishReason | None, *, started: float) -> None:
+        """Count one engine request that ended (``started``: its ``perf_counter`` at submit)."""
+        reason = getattr(finish_reason, "value", finish_reason) or "unknown"
+        self.finished.labels(finish_reason=str(reason)).inc()
+        elapsed = time.perf_counter() - started
+        self.e2e.observe(elapsed)
+        if usage is None:
+            return
+        self.prompt_tokens.inc(usage.prompt_tokens)
+        self.completion_tokens.inc(usage.completion_tokens)
+        self.reasoning_tokens.inc(usage.reasoning_tokens)
+        self.jump_forward_tokens.inc(usage.jump_forward_tokens)
+        ttft = usage.time_to_first_token_s
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            if usage.completion_tokens > 1:
+                self.per_token.observe(max(0.0, elapsed - ttft) / (usage.completion_tokens - 1))
+
+
+class _EngineCollector(Collector):
+    """Reads the engine's and the compiler's counters at scrape time."""
+
+    def __init__(self, engine: Callable[[], Engine | None]) -> None:
+        self._engine = engine
+
+    def describe(self) -> list[Metric]:
+        return []  # dynamic: the families depend on what the engine reports
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._engine()
+        ready = GaugeMetricFamily("thinkstruct_engine_ready", "1 when the model is loaded and the engine running")
+        ready.add_metric([], 0.0 if engine is None else 1.0)
+        yield ready
+        if engine is None:
+            return
+        for name, value in _numbers(engine.stats).items():
+            yield _family(f"thinkstruct_engine_{name}", f"engine.stats.{name}", value, counter=_is_counter(name))
+        for name, value in _numbers(engine.compiler.stats).items():
+            yield _family(f"thinkstruct_compiler_{name}", f"compiler.stats.{name}", value, counter=name not in _COMPILER_GAUGES)
+
+
+def _numbers(stats: Any) -> dict[str, float]:
+    """The numeric fields of a stats object (a dataclass, or one with ``snapshot()``)."""
+    if hasattr(stats, "snapshot"):
+        raw = stats.snapshot()
+    elif dataclasses.is_dataclass(stats) and not isinstance(stats, type):
+        raw = dataclasses.asdict(stats)
+    else:
+        raw = dict(vars(stats))
+    return {
+        k: float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")
+    }
+
+
+def _is_counter(name: str) -> bool:
+    # Engine stats mix totals and current levels; levels are named for what they measure now.
+    return not any(word in name for word in ("queue", "batch", "running", "active", "waiting", "slots", "free", "kv"))
+
+
+def _family(name: str, documentation: str, value: float, *, counter: bool) -> Metric:
+    if counter:
+        family: Metric = CounterMetricFamily(name, documentation)
+        family.add_metric([], value)  # type: ignore[attr-defined]
+    else:
+        family = GaugeMetricFamily(name, documentation)
+        family.add_metric([], value)  # type: ignore[attr-defined]
+    return family
+
+
+class RequestCounter:
+    """ASGI middleware counting every answered HTTP request by endpoint and status
+    (401s and 404s included). Paths that are not endpoints count as ``other``, so a
+    scanner cannot grow the label set."""
+
+    def __init__(self, app: ASGIApp, *, metrics: ServerMetrics, endpoints: frozenset[str]) -> None:
+        self.app = app
+        self._metrics = metrics
+        self._endpoints = endpoints
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        endpoint = path if path in self._endpoints else "other"
+        status = 500  # if the app fails before it answers, uvicorn answers 500
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self._metrics.observe_request(endpoint, status)

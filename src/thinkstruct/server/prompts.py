@@ -1,0 +1,124 @@
+"""Requests -> prompt token ids, and the one decision whether the request reasons.
+
+Chat requests render through the model's chat template (``render_chat``), whose
+:class:`~thinkstruct.parsers.ChatPrompt` carries ``reasoning_enabled``: the same value goes
+to the grammar matcher and to the reasoning parser. Text completions encode the prompt as
+given, or build a fill-in-the-middle prompt from ``suffix`` with the model's completion
+template. Rendering and encoding a large prompt takes milliseconds to seconds, so the
+routes call these functions in a worker thread, not on the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from thinkstruct.parsers import (
+    ChatPrompt,
+    ChatTemplateError,
+    InvalidChatRequest,
+    render_chat,
+)
+from thinkstruct.server.errors import bad_request
+from thinkstruct.server.protocol import ChatCompletionRequest
+
+if TYPE_CHECKING:
+    from thinkstruct.engine import LoadedModel
+    from thinkstruct.tokenizer import Tokenizer
+
+# Families name their thinking switch differently; a request that uses the other common
+# spelling still means the same thing.
+_SWITCH_ALIASES = {"enable_thinking": "thinking", "thinking": "enable_thinking"}
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """A prompt ready for the engine.
+
+    Attributes:
+        ids: the prompt's token ids.
+        text: the prompt text (``echo`` returns it), when it was given as text.
+        chat: the rendered chat prompt (reasoning decision and parser), for chat requests.
+    """
+
+    ids: list[int]
+    text: str | None = None
+    chat: ChatPrompt | None = None
+
+    @property
+    def reasoning(self) -> bool:
+        return self.chat is not None and self.chat.reasoning_enabled
+
+
+def chat_prompt(model: LoadedModel, request: ChatCompletionRequest) -> Prompt:
+    """Render and encode a chat request.
+
+    Raises:
+        APIError: 400 for a bad ``chat_template_kwargs`` value, messages the template
+            refuses, or no chat template.
+    """
+    kwargs = _thinking_kwargs(model, request.chat_template_kwargs)
+    try:
+        rendered = render_chat(
+            [m.template_view() for m in request.messages],
+            family=model.family,
+            tokenizer=model.tokenizer,
+            chat_template=model.chat_template,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            chat_template_kwargs=kwargs,
+        )
+    except InvalidChatRequest as e:
+        raise bad_request(str(e), param="chat_template_kwargs" if "chat_template_kwargs" in str(e) else "messages") from None
+    except ChatTemplateError as e:
+        raise bad_request(f"the chat template failed: {e}", param="messages", code="chat_template_error") from None
+    # The template writes the special tokens (and BOS) itself.
+    return Prompt(ids=encode(model.tokenizer, rendered.text, add_special_tokens=False), text=rendered.text, chat=rendered)
+
+
+def completion_prompt(model: LoadedModel, prompt: str | list[int], *, suffix: str | None) -> Prompt:
+    """Encode one text-completion prompt (token ids pass through, checked).
+
+    Raises:
+        APIError: 400 for a ``suffix`` on a model without a fill-in-the-middle template, a
+            suffix with a token-id prompt, or a token id outside the vocabulary.
+    """
+    if isinstance(prompt, list):
+        if suffix:
+            raise bad_request("suffix needs a text prompt, not token ids", param="suffix")
+        vocab = model.tokenizer.vocab_size
+        for i, token in enumerate(prompt):
+            if not 0 <= token < vocab:
+                raise bad_request(f"prompt[{i}] = {token} is not a token id of this model (0..{vocab - 1})", param="prompt")
+        return Prompt(ids=list(prompt))
+    if suffix:
+        template = model.completion_template
+        if template is None:
+            raise bad_request(
+                f"model {model.name!r} has no fill-in-the-middle template, so suffix is not supported",
+                param="suffix",
+                code="fim_not_supported",
+            )
+        text = template.format(prompt, suffix)
+    else:
+        text = prompt
+    return Prompt(ids=encode(model.tokenizer, text, add_special_tokens=True), text=prompt)
+
+
+def encode(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool) -> list[int]:
+    """Token ids of a prompt: special-token texts (``<|im_start|>``, FIM markers) become
+    their ids, unlike :meth:`Tokenizer.encode`, which keeps answers' text literal."""
+    ids: list[int] = tokenizer.hf(text, add_special_tokens=add_special_tokens)["input_ids"]
+    return ids
+
+
+def _thinking_kwargs(model: LoadedModel, given: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not given:
+        return given
+    switch = model.family.switch
+    if switch is None or switch.kwarg in given:
+        return given
+    alias = _SWITCH_ALIASES.get(switch.kwarg)
+    if alias is not None and alias in given:
+        return {**given, switch.kwarg: given[alias]}
+    return given

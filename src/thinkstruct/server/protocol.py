@@ -1,0 +1,419 @@
+"""The OpenAI wire format: request and response models (pydantic v2).
+
+Requests are validated strictly: types are not coerced (``"max_tokens": "5"`` is a 400,
+as it is for OpenAI) and non-finite numbers are refused.
+
+Unknown fields. A field that is neither OpenAI's nor one of thinkstruct's extensions is a
+400 naming it ("Unrecognized request argument supplied: reponse_format"), as OpenAI's own
+API answers; a misspelt ``response_format`` must never quietly produce an unconstrained
+answer. OpenAI fields with no effect on the answer (``user``, ``metadata``, ``store``,
+``service_tier``, ``prompt_cache_key``, ``safety_identifier``, ``parallel_tool_calls``)
+are accepted and ignored. OpenAI fields that would change the answer but are not
+implemented (``logprobs``, ``logit_bias``, penalties, ``tools``, audio, ...) are accepted
+only with their no-op value (``false``, ``0``, ``null``, ``[]``, ``{}``) and are a 400
+naming the field otherwise. Message objects are lenient: extra keys on a message (a
+client echoing back a response's ``refusal`` or ``annotations``) are ignored.
+
+Extensions (the openai client sends them with ``extra_body``): ``regex``, ``ebnf``,
+``choice``, ``structural_tag``, ``backend``, ``chat_template_kwargs``,
+``separate_reasoning``, ``max_reasoning_tokens``, ``top_k``, ``continue_final_message``,
+``add_generation_prompt``; ``response_format`` also takes ``{"type": "structural_tag",
+...}`` as SGLang does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+BackendName = Literal["auto", "xgrammar", "llguidance", "outlines"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, populate_by_name=True)
+
+
+# ---- constraints ---------------------------------------------------------------------
+
+
+class JsonSchemaSpec(_Request):
+    """``response_format.json_schema``: OpenAI's structured-output schema."""
+
+    name: str | None = Field(None, max_length=256)
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextFormat(_Request):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Request):
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(_Request):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+class StructuralTagFormat(BaseModel):
+    """SGLang's ``{"type": "structural_tag", "structures": [...], "triggers": [...]}``
+    or ``{"type": "structural_tag", "format": {...}}``: everything but ``type`` is the tag."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["structural_tag"]
+
+    def tag(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat | StructuralTagFormat
+
+
+class ConstraintFields(_Request):
+    """The constraint fields shared by chat and text completions."""
+
+    response_format: ResponseFormat | None = Field(None, discriminator="type")
+    regex: str | None = None
+    ebnf: str | None = None
+    choice: list[str] | None = None
+    structural_tag: dict[str, Any] | str | None = None
+    backend: BackendName | None = None
+
+
+# ---- sampling ------------------------------------------------------------------------
+
+_SEED_MIN = -(2**63)
+_SEED_MAX = 2**64 - 1
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+# Known OpenAI fields that are accepted only with a value that changes nothing.
+_NO_OP_FIELDS = {
+    "frequency_penalty": "is not supported (only 0)",
+    "presence_penalty": "is not supported (only 0)",
+    "logprobs": "is not supported",
+    "top_logprobs": "is not supported",
+    "logit_bias": "is not supported",
+    "tools": "is not supported: tool calling is not implemented",
+    "functions": "is not supported: tool calling is not implemented",
+    "function_call": "is not supported: tool calling is not implemented",
+    "audio": "is not supported",
+    "prediction": "is not supported",
+    "web_search_options": "is not supported",
+    "verbosity": "is not supported",
+    "reasoning_effort": (
+        "is not supported: turn thinking on or off with chat_template_kwargs "
+        '({"enable_thinking": false} or {"thinking": false})'
+    ),
+    "best_of": "is not supported (only equal to n)",
+}
+
+
+def _is_no_op(value: Any) -> bool:
+    return value is None or value is False or value == 0 or value == [] or value == {}
+
+
+class SamplingFields(ConstraintFields):
+    """Fields shared by chat and text completions: the model, sampling and streaming."""
+
+    model: str = Field(min_length=1, max_length=1024)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    seed: int | None = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
+    n: int = Field(1, ge=1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    # accepted and ignored: no effect on the answer
+    user: Any = None
+    metadata: Any = None
+    store: Any = None
+    service_tier: Any = None
+    prompt_cache_key: Any = None
+    safety_identifier: Any = None
+    parallel_tool_calls: Any = None
+
+    # accepted only with their no-op value (see _NO_OP_FIELDS)
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    logit_bias: Any = None
+    best_of: Any = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        values = [value] if isinstance(value, str) else value or []
+        for text in values:
+            if not text:
+                raise ValueError("stop sequences must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _no_ops(self) -> SamplingFields:
+        for name, reason in _NO_OP_FIELDS.items():
+            if name in type(self).model_fields:
+                value = getattr(self, name)
+                if name == "best_of" and value == self.n:
+                    continue
+                if not _is_no_op(value):
+                    raise _FieldError(name, f"{name} {reason}")
+        return self
+
+    def stop_sequences(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class _FieldError(ValueError):
+    """A model-level check that blames one field (the body reader reports ``param``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+# ---- chat ----------------------------------------------------------------------------
+
+
+class ChatMessage(BaseModel):
+    """One message; extra keys (``refusal``, ``annotations`` echoed from a response) are ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, str]] | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, value: Any) -> Any:
+        # One clear message instead of pydantic's one per union member.
+        if value is None or isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise ValueError("content must be a string, a list of text parts or null")  # noqa: TRY004 - pydantic reports only ValueError
+        parts = []
+        for i, part in enumerate(value):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise ValueError(f"content[{i}] must be an object with a type")  # noqa: TRY004
+            if part["type"] != "text":
+                raise ValueError(f"content[{i}] is of type {part['type']!r}; only text parts are supported")
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"content[{i}].text must be a string")  # noqa: TRY004
+            parts.append({"type": "text", "text": part["text"]})
+        return parts
+
+    def template_view(self) -> dict[str, Any]:
+        """The message as chat templates read it (``developer`` reads as ``system``)."""
+        view: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.content}
+        for key in ("name", "reasoning_content", "tool_call_id"):
+            value = getattr(self, key)
+            if value is not None:
+                view[key] = value
+        return view
+
+
+class ChatCompletionRequest(SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = Field(None, ge=1)
+    chat_template_kwargs: dict[str, Any] | None = None
+    separate_reasoning: bool = True
+    max_reasoning_tokens: int | None = Field(None, ge=0)
+    continue_final_message: bool = False
+    add_generation_prompt: bool | None = None
+
+    # OpenAI fields accepted only with their no-op value
+    tools: Any = None
+    tool_choice: Literal["none", "auto"] | None = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    modalities: list[Literal["text"]] | None = None
+    verbosity: Any = None
+    reasoning_effort: Any = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _messages(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("messages must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _chat_checks(self) -> ChatCompletionRequest:
+        if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
+            raise _FieldError("max_completion_tokens", "max_tokens and max_completion_tokens disagree; give one")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise _FieldError("continue_final_message", "continue_final_message needs the last message to be the assistant's")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise _FieldError("add_generation_prompt", "add_generation_prompt cannot be combined with continue_final_message")
+        return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# ---- text completions ----------------------------------------------------------------
+
+
+class CompletionRequest(SamplingFields):
+    """``POST /v1/completions``: ``prompt`` is a string, a list of strings, a list of
+    token ids or a list of lists of token ids (one choice set per prompt)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    suffix: str | None = None
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("prompt must not be an empty list")
+        if isinstance(value, list) and value and isinstance(value[0], list) and any(not ids for ids in value):
+            raise ValueError("a token-id prompt must not be empty")
+        return value
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: text, or token ids."""
+        value = self.prompt
+        if isinstance(value, str):
+            return [value]
+        if value and isinstance(value[0], int):
+            return [list(value)]  # type: ignore[arg-type]
+        return list(value)  # type: ignore[arg-type]
+
+
+# ---- responses -----------------------------------------------------------------------
+
+
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    completion_tokens_details: CompletionTokensDetails = Field(default_factory=CompletionTokensDetails)
+
+
+class ChoiceError(BaseModel):
+    """Why a choice ended with ``finish_reason: "error"`` (a thinkstruct addition)."""
+
+    message: str
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    reasoning_content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: str | None
+    logprobs: None = None
+    error: ChoiceError | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+    error: ChoiceError | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class TextChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: None = None
+    error: ChoiceError | None = None
+
+
+class TextCompletion(BaseModel):
+    """A ``/v1/completions`` answer; streamed chunks have this shape too."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[TextChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "thinkstruct"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

@@ -1,0 +1,37 @@
+"""Server-Sent Events: the framing of ``stream: true`` answers.
+
+Each event is one ``data: <json>`` line and a blank line; the stream ends with
+``data: [DONE]``, as OpenAI's does. Proxies are asked not to buffer
+(``X-Accel-Buffering: no``), so every token reaches the client when it is made.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.responses import StreamingResponse
+
+DONE = b"data: [DONE]\n\n"
+
+
+def event(payload: BaseModel | dict[str, Any]) -> bytes:
+    """One SSE event carrying ``payload`` as compact JSON."""
+    if isinstance(payload, BaseModel):
+        data = payload.model_dump_json(exclude_none=False)
+    else:
+        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return b"data: " + data.encode("utf-8") + b"\n\n"
+
+
+class EventStream(StreamingResponse):
+    """A ``text/event-stream`` response over an async iterator of encoded events."""
+
+    def __init__(self, events: AsyncIterator[bytes]) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
