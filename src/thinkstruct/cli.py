@@ -1,4 +1,10 @@
-"""Command line: ``thinkstruct check`` lints a schema against every backend."""
+"""Command line.
+
+- ``thinkstruct check`` lints a schema against every backend.
+- ``thinkstruct serve`` runs the OpenAI-compatible server (foreground; Ctrl-C stops it).
+- ``thinkstruct generate`` answers one prompt through the engine, no HTTP: the reasoning
+  on stderr as it is written, the answer (validated against ``--schema``) on stdout.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 from thinkstruct.errors import InvalidConstraint
 
@@ -35,8 +42,250 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-whitespace", type=int, default=None,
         help="longest whitespace run allowed between JSON tokens (default 2)",
     )
+    _add_serve(sub)
+    _add_generate(sub)
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "generate":
+        return _generate(args)
     return _check(args)
+
+
+# ---- serve / generate -------------------------------------------------------------------
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and engine")
+    g.add_argument("--model", type=Path, default=None,
+                   help="local Hugging Face model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--reasoning-parser", metavar="FAMILY", default=None,
+                   help="reasoning family of the model (default: detected from the model)")
+    g.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
+    g.add_argument("--quantize", default=None, choices=("int8",), help="dynamic int8 weights on Linear layers")
+    g.add_argument("--max-batch", type=_positive_int, default=8, metavar="N", help="requests decoded together (default 8)")
+    g.add_argument("--max-queue", type=_positive_int, default=256, metavar="N",
+                   help="requests waiting beyond the batch before new ones get 429 (default 256)")
+    g.add_argument("--backend", default="auto", help="grammar backend: auto, xgrammar, llguidance or outlines (default auto)")
+    g.add_argument("--strict", action="store_true",
+                   help="refuse constraints no backend enforces exactly (a request can still choose with json_schema.strict)")
+    g.add_argument("--compile-timeout", type=_positive_float, default=30.0, metavar="S",
+                   help="seconds one grammar compile may take (default 30)")
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible server",
+        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics "
+        "in the foreground. Ctrl-C or SIGTERM stops it: in-flight requests get --grace seconds, "
+        "then the process exits 0.",
+    )
+    _add_model_options(p)
+    g = p.add_argument_group("HTTP")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $THINKSTRUCT_API_KEY)")
+    g.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model's name)")
+    g.add_argument("--max-body-bytes", type=_positive_int, default=8 << 20, metavar="N", help="largest request body (default 8 MiB)")
+    g.add_argument("--max-prompt-tokens", type=_positive_int, default=None, metavar="N",
+                   help="longest prompt in tokens (default: the model's context)")
+    g.add_argument("--max-n", type=_positive_int, default=16, metavar="N", help="most choices per request (default 16)")
+    g.add_argument("--default-max-tokens", type=_positive_int, default=512, metavar="N",
+                   help="max_tokens of a request that gives none (default 512)")
+    g.add_argument("--grace", type=_positive_float, default=10.0, metavar="S",
+                   help="seconds in-flight requests may take to finish on shutdown (default 10)")
+    g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+
+
+def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="answer one prompt with the engine, no server",
+        description="Generate one answer: the reasoning goes to stderr as it is written, the answer to "
+        "stdout. With --schema the answer is held to the JSON schema and validated; exit status 0 for a "
+        "complete (and valid) answer, 1 otherwise, 2 for a usage error.",
+    )
+    p.add_argument("prompt", help="the user message")
+    p.add_argument("--schema", type=Path, default=None, help="JSON schema file the answer must match")
+    p.add_argument("--system", default=None, help="a system message")
+    think = p.add_mutually_exclusive_group()
+    think.add_argument("--think", dest="think", action="store_true", default=None, help="turn thinking on")
+    think.add_argument("--no-think", dest="think", action="store_false", help="turn thinking off")
+    p.add_argument("--max-tokens", type=_positive_int, default=512, metavar="N")
+    p.add_argument("--max-reasoning-tokens", type=_positive_int, default=None, metavar="N", help="thinking budget")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    p.add_argument("--seed", type=int, default=None)
+    _add_model_options(p)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _build_engine(args: argparse.Namespace, *, progress: bool = True) -> Any:
+    """Load the model and start an engine for it (the caller closes it)."""
+    from thinkstruct.engine import Engine, EngineConfig, load_model
+    from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+
+    model = load_model(args.model, dtype=args.dtype, quantize=args.quantize,
+                       reasoning_parser=args.reasoning_parser, progress=progress)
+    compiler = GrammarCompiler(model.tokenizer, CompilerConfig(backend=args.backend, strict=args.strict,
+                                                               timeout_s=args.compile_timeout))
+    engine = Engine(model, config=EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue,
+                                               max_prompt_tokens=getattr(args, "max_prompt_tokens", None)),
+                    compiler=compiler)
+    engine.start()
+    return engine
+
+
+def _usage_problem(args: argparse.Namespace) -> str | None:
+    from thinkstruct.grammar.compiler import check_backend_name
+
+    try:
+        check_backend_name(args.backend)
+    except ValueError as e:
+        return str(e)
+    if args.model is not None and not args.model.exists():
+        return f"no model at {args.model}"
+    return None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from thinkstruct.server import ServerSettings, serve
+
+    problem = _usage_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        settings = ServerSettings(
+            host=args.host,
+            port=args.port,
+            api_key=ServerSettings.api_key_from_env(args.api_key),
+            served_model_name=args.served_model_name,
+            max_body_bytes=args.max_body_bytes,
+            max_prompt_tokens=args.max_prompt_tokens,
+            max_n=args.max_n,
+            default_max_tokens=args.default_max_tokens,
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def listening(port: int) -> None:
+        print(f"thinkstruct: listening on http://{args.host}:{port} (the model loads in the background; "
+              "GET /health answers 200 once it is ready)", file=sys.stderr, flush=True)
+
+    return serve(lambda: _build_engine(args), settings, grace_s=args.grace, log_level=args.log_level,
+                 on_listening=listening)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from thinkstruct.engine import FinishReason, GenerationRequest, SamplingParams
+    from thinkstruct.grammar.constraint import Constraint
+    from thinkstruct.parsers import render_chat
+    from thinkstruct.server.prompts import encode
+
+    problem = _usage_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    schema = None
+    if args.schema is not None:
+        try:
+            schema = json.loads(args.schema.read_text(encoding="utf-8"))
+            constraint = Constraint.json_schema(schema)
+        except OSError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except (ValueError, InvalidConstraint) as e:
+            print(f"{args.schema}: invalid: {e}", file=sys.stderr)
+            return 1
+    try:
+        sampling = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    engine = _build_engine(args)
+    try:
+        model = engine.model
+        switch = model.family.switch
+        kwargs = {switch.kwarg: args.think} if switch is not None and args.think is not None else None
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}
+        ]
+        prompt = render_chat(messages, family=model.family, tokenizer=model.tokenizer,
+                             chat_template=model.chat_template, chat_template_kwargs=kwargs)
+        try:
+            grammar = engine.compiler.compile(constraint) if schema is not None else None
+        except InvalidConstraint as e:
+            print(f"{args.schema}: cannot be enforced: {e}", file=sys.stderr)
+            return 1
+        request = GenerationRequest(
+            prompt_ids=encode(model.tokenizer, prompt.text, add_special_tokens=False),
+            sampling=sampling,
+            grammar=grammar,
+            reasoning=prompt.reasoning_enabled,
+            reasoning_parser=prompt.reasoning_parser(stream_reasoning=True),
+            max_reasoning_tokens=args.max_reasoning_tokens if prompt.reasoning_enabled else None,
+        )
+        content: list[str] = []
+        finish = None
+        error = None
+        shown_reasoning = False
+        for delta in engine.submit(request):
+            if delta.reasoning:
+                if not shown_reasoning:
+                    print("--- reasoning", file=sys.stderr)
+                    shown_reasoning = True
+                print(delta.reasoning, end="", file=sys.stderr, flush=True)
+            content.append(delta.content)
+            if delta.finish_reason is not None:
+                finish, error = delta.finish_reason, delta.error
+    finally:
+        engine.close()
+    if shown_reasoning:
+        print("\n--- answer", file=sys.stderr)
+    answer = "".join(content)
+    print(answer)
+    if finish is not FinishReason.STOP:
+        print(f"error: the answer did not finish (finish reason {getattr(finish, 'value', finish)}"
+              f"{': ' + error if error else ''})", file=sys.stderr)
+        return 1
+    if schema is not None:
+        return _validate_answer(answer, schema)
+    return 0
+
+
+def _validate_answer(answer: str, schema: Any) -> int:
+    import jsonschema
+
+    try:
+        value = json.loads(answer)
+    except ValueError as e:
+        print(f"invalid: the answer is not JSON: {e}", file=sys.stderr)
+        return 1
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.path))
+    for err in errors:
+        print(f"invalid at /{'/'.join(map(str, err.path))}: {err.message}", file=sys.stderr)
+    if not errors:
+        print("valid: the answer matches the schema", file=sys.stderr)
+    return 1 if errors else 0
 
 
 def _check(args: argparse.Namespace) -> int:
