@@ -14,6 +14,7 @@ that same value (:class:`~thinkstruct.parsers.ChatPrompt` carries it).
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -106,6 +107,10 @@ class ReasoningFamily:
         prefer_builtin_template: use :attr:`chat_template` even when the model has its
             own (for a family whose protocol the model's template does not know).
         description: one line for docs and error messages.
+        model_patterns: regular expressions (searched, case-insensitive) that recognise
+            this family's models by name (directory, GGUF ``general.name``) or, failing
+            that, by architecture (``config.model_type``, ``architectures``); the longest
+            match over all families wins, so ``qwen3.*thinking`` beats ``qwen3``.
     """
 
     name: str
@@ -119,6 +124,7 @@ class ReasoningFamily:
     chat_template: str | None = field(default=None, repr=False)
     prefer_builtin_template: bool = False
     description: str = ""
+    model_patterns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"reasoning family {self.name!r}"
@@ -136,6 +142,11 @@ class ReasoningFamily:
                 )
         if self.prefer_builtin_template and not self.chat_template:
             raise InvalidTemplateSpec(f"{where}: prefer_builtin_template needs a chat_template")
+        for pattern in self.model_patterns:
+            try:
+                re.compile(pattern)
+            except (re.error, TypeError) as exc:
+                raise InvalidTemplateSpec(f"{where}: model pattern {pattern!r} is not a regular expression: {exc}") from None
 
     @property
     def always_thinks(self) -> bool:
@@ -208,6 +219,7 @@ for _family in (
         banned_while_thinking=(_THINK,),
         chat_template=builtin.DEEPSEEK_R1,
         description="DeepSeek-R1: always thinks; the template opens <think> in the prompt.",
+        model_patterns=(r"deepseek[-_ ]?r1", r"r1[-_ ]distill"),
     ),
     ReasoningFamily(
         name="deepseek-v3",
@@ -219,6 +231,7 @@ for _family in (
         banned_while_thinking=(_THINK,),
         chat_template=builtin.DEEPSEEK_V3,
         description="DeepSeek-V3.1+: thinks only with thinking=true; the template then opens <think>.",
+        model_patterns=(r"deepseek[-_ ]?v3",),
     ),
     ReasoningFamily(
         name="deepseek-v4",
@@ -230,6 +243,7 @@ for _family in (
         banned_while_thinking=(_THINK,),
         chat_template=builtin.DEEPSEEK_V4,
         description="DeepSeek-V4: thinks only with thinking=true; its tokenizer ships no chat template.",
+        model_patterns=(r"deepseek[-_ ]?v4",),
     ),
     ReasoningFamily(
         name="qwen3",
@@ -241,6 +255,7 @@ for _family in (
         banned_while_thinking=(_THINK, "</tool_call>", "<|im_start|>"),
         chat_template=builtin.QWEN3,
         description="Qwen3 hybrid: writes <think> itself unless enable_thinking=false.",
+        model_patterns=(r"qwen3",),
     ),
     ReasoningFamily(
         name="qwen3-thinking",
@@ -252,6 +267,7 @@ for _family in (
         banned_while_thinking=(_THINK, "</tool_call>", "<|im_start|>"),
         chat_template=builtin.QWEN3_THINKING,
         description="Qwen3 *-Thinking: always thinks; the template opens <think> in the prompt.",
+        model_patterns=(r"qwen3.*thinking",),
     ),
     ReasoningFamily(
         name="kimi",
@@ -262,6 +278,7 @@ for _family in (
         banned_while_thinking=("◁think▷",),
         chat_template=builtin.KIMI,
         description="Kimi thinking models: ◁think▷…◁/think▷ written by the model.",
+        model_patterns=(r"kimi",),
     ),
     ReasoningFamily(
         name="glm45",
@@ -273,6 +290,7 @@ for _family in (
         banned_while_thinking=(_THINK, "</tool_call>", "<|user|>", "<|observation|>"),
         chat_template=builtin.GLM45,
         description="GLM-4.5: writes <think> itself unless enable_thinking=false.",
+        model_patterns=(r"glm[-_ ]?4\.[56]", r"glm4_moe"),
     ),
     ReasoningFamily(
         name="mistral",
@@ -284,6 +302,7 @@ for _family in (
         banned_while_thinking=("[THINK]", "[INST]"),
         chat_template=builtin.MISTRAL,
         description="Magistral / Mistral reasoning models: [THINK]…[/THINK]; reasoning_effort=none turns it off.",
+        model_patterns=(r"magistral",),
     ),
     ReasoningFamily(
         name="gpt-oss",
@@ -296,6 +315,7 @@ for _family in (
         format=ReasoningFormat.HARMONY,
         chat_template=builtin.GPT_OSS,
         description="gpt-oss harmony: analysis channel is reasoning, final is content, commentary is tool calls.",
+        model_patterns=(r"gpt[-_ ]?oss",),
     ),
     ReasoningFamily(
         name="cohere-command",
@@ -307,6 +327,7 @@ for _family in (
         banned_while_thinking=("<|START_THINKING|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>"),
         chat_template=builtin.COHERE_COMMAND,
         description="Cohere Command A reasoning: the template opens <|START_THINKING|> unless reasoning=false.",
+        model_patterns=(r"command[-_ ]a[-_ ]reasoning",),
     ),
     ReasoningFamily(
         name="smollm2-think",
@@ -320,6 +341,7 @@ for _family in (
         prefer_builtin_template=True,
         description="SmolLM2 (no thinking tokens): a system instruction and an opening '<think>\\n' "
         "in the generation prompt make it think in plain-text tags.",
+        model_patterns=(r"smollm2",),
     ),
 ):
     register_reasoning_family(_family)

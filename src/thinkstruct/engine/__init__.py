@@ -1,0 +1,1 @@
+"""The serving engine: continuous batching over a transformers causal LM (see docs/design.md)."""
