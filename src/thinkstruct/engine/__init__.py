@@ -1,1 +1,55 @@
-"""The serving engine: continuous batching over a transformers causal LM (see docs/design.md)."""
+"""The serving engine: continuous batching over a transformers causal LM (see docs/design.md).
+
+Usable without HTTP::
+
+    from thinkstruct.engine import Engine, GenerationRequest, SamplingParams, load_model
+
+    model = load_model()                      # the embedded SmolLM2-135M-Instruct
+    with Engine(model) as engine:
+        handle = engine.submit(GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=64)))
+        print(handle.wait().content)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from thinkstruct.engine.engine import Engine, EngineClosed, EngineConfig, EngineOverloaded, EngineStats
+from thinkstruct.engine.handle import RequestHandle
+from thinkstruct.engine.request import (
+    Completion,
+    Delta,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    Usage,
+)
+
+if TYPE_CHECKING:
+    from thinkstruct.engine.models import LoadedModel, load_model
+
+__all__ = [
+    "Completion",
+    "Delta",
+    "Engine",
+    "EngineClosed",
+    "EngineConfig",
+    "EngineOverloaded",
+    "EngineStats",
+    "FinishReason",
+    "GenerationRequest",
+    "LoadedModel",
+    "RequestHandle",
+    "SamplingParams",
+    "Usage",
+    "load_model",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Model loading pulls in the GGUF reader and the model cache; import it when asked.
+    if name in ("LoadedModel", "load_model"):
+        from thinkstruct.engine import models
+
+        return getattr(models, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,524 @@
+"""The serving loop: :class:`Engine`.
+
+One long-lived engine thread does all torch work (torch on two threads at once made
+matmuls 1.5x slower on two cores). Callers submit requests from any thread; the engine
+thread runs continuous batching over the slots of one KV cache:
+
+1. admit: queued requests take free slots; a joining request's prompt is prefilled into
+   its own slot in chunks of :attr:`EngineConfig.prefill_chunk` tokens, at most one chunk
+   between two decoding steps, so running requests keep their pace;
+2. decode: one forward pass over every running row (a row may feed several tokens: its
+   sampled token plus those its grammar forces); while it runs, a helper thread fills the
+   grammar bitmask rows (the grammar libraries release the GIL);
+3. apply the masks, sample each row with its own parameters and generator, feed the
+   grammars, append forced tokens (jump-forward), detokenize, split reasoning from
+   content, emit deltas;
+4. finished rows leave (their slot is reused by moving the last row into it).
+
+A failure in one request's own path (its grammar, its sampling, its parser) ends that
+request with ``finish_reason="error"``; the batch and the engine go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from thinkstruct.engine.detokenizer import TokenTexts
+from thinkstruct.engine.handle import RequestHandle
+from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest
+from thinkstruct.engine.runner import ModelRunner, TransformersRunner
+from thinkstruct.engine.sampler import sample
+from thinkstruct.engine.sequence import Sequence
+from thinkstruct.grammar.bitmask import TokenBitmask, apply_bitmask_inplace
+
+if TYPE_CHECKING:
+    from thinkstruct.engine.models import LoadedModel
+    from thinkstruct.grammar.base import GrammarMatcher
+    from thinkstruct.grammar.compiler import GrammarCompiler
+
+log = logging.getLogger("thinkstruct.engine")
+
+
+class EngineOverloaded(RuntimeError):
+    """The queue is full; try again later (HTTP 429)."""
+
+    def __init__(self, queued: int, retry_after_s: float) -> None:
+        super().__init__(f"the engine has {queued} requests waiting; try again in {retry_after_s:.0f} s")
+        self.retry_after_s = retry_after_s
+
+
+class EngineClosed(RuntimeError):
+    """The engine is shutting down or stopped (HTTP 503)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """How the engine schedules.
+
+    Attributes:
+        max_batch: most requests decoded together (slots of the KV cache).
+        max_queue: most requests waiting for a slot; more are refused with
+            :class:`EngineOverloaded`.
+        max_prompt_tokens: longest prompt accepted (default: the model's context minus one).
+        prefill_chunk: prompt tokens fed per forward pass while others decode.
+        idle_poll_s: how long the idle engine thread sleeps between checks.
+    """
+
+    max_batch: int = 8
+    max_queue: int = 256
+    max_prompt_tokens: int | None = None
+    prefill_chunk: int = 512
+    idle_poll_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_queue < 0 or self.prefill_chunk < 1:
+            raise ValueError("max_batch and prefill_chunk must be >= 1 and max_queue >= 0")
+
+
+@dataclass
+class EngineStats:
+    """Counters for monitoring (read from any thread; written by the engine thread)."""
+
+    running: int = 0
+    waiting: int = 0
+    steps: int = 0
+    prefill_tokens: int = 0
+    generated_tokens: int = 0
+    jump_forward_tokens: int = 0
+    finished: dict[str, int] = field(default_factory=lambda: {r.value: 0 for r in FinishReason})
+    #: Seconds of the last decoding step, and of all of them.
+    last_step_s: float = 0.0
+    step_seconds: float = 0.0
+    last_batch: int = 0
+
+
+class Engine:
+    """Continuous batching over one model, one thread.
+
+    Args:
+        model: the loaded model (:func:`~thinkstruct.engine.models.load_model`).
+        config: scheduling limits.
+        compiler: the grammar compiler requests' constraints were compiled with (the
+            engine does not compile; :attr:`compiler` is offered to callers). Default: one
+            over the model's tokenizer with default settings.
+        runner: a custom :class:`~thinkstruct.engine.runner.ModelRunner` (default: the
+            transformers runner over ``model.model``).
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        *,
+        config: EngineConfig | None = None,
+        compiler: GrammarCompiler | None = None,
+        runner: ModelRunner | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = model.tokenizer
+        self.config = config or EngineConfig()
+        self._compiler = compiler
+        self._runner = runner
+        self.context_length = model.context_length
+        self.max_prompt_tokens = min(
+            self.config.max_prompt_tokens or self.context_length - 1, self.context_length - 1
+        )
+        self.stats = EngineStats()
+        self._texts = TokenTexts(self.tokenizer)
+        self._stop_ids = frozenset(self.tokenizer.eos_token_ids)
+        family = model.family
+        self._end_tag = family.think_end
+        self._banned_while_thinking = tuple(
+            sorted({i for text in family.banned_while_thinking for i in _single_id(self.tokenizer, text)})
+        )
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._submitted: collections.deque[Sequence] = collections.deque()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._running: list[Sequence] = []
+        self._waiting: collections.deque[Sequence] = collections.deque()
+        self._prefill: Sequence | None = None
+        self._masks: TokenBitmask | None = None
+        self._mask_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="thinkstruct-masks")
+        self._on_step: Callable[[], None] | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    @property
+    def compiler(self) -> GrammarCompiler:
+        """The grammar compiler for this model's tokenizer (created on first use)."""
+        if self._compiler is None:
+            from thinkstruct.grammar.compiler import GrammarCompiler
+
+            self._compiler = GrammarCompiler(self.tokenizer)
+        return self._compiler
+
+    def start(self) -> Engine:
+        """Start the engine thread (building the runner on it)."""
+        with self._lock:
+            if self._thread is not None:
+                return self
+            ready = threading.Event()
+            failure: list[BaseException] = []
+            self._thread = threading.Thread(
+                target=self._main, args=(ready, failure), name="thinkstruct-engine", daemon=True
+            )
+            self._thread.start()
+        ready.wait()
+        if failure:
+            raise failure[0]
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._closing
+
+    def close(self, *, grace_s: float = 0.0) -> None:
+        """Stop taking requests; let running ones finish for up to ``grace_s`` seconds, then
+        end the rest with ``abort``; stop the thread."""
+        with self._lock:
+            self._closing = True
+            self._grace_deadline = time.monotonic() + max(grace_s, 0.0)
+            self._wake.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self._mask_pool.shutdown(wait=False)
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- submitting ------------------------------------------------------------------
+
+    def submit(
+        self, request: GenerationRequest, *, loop: asyncio.AbstractEventLoop | None = None
+    ) -> RequestHandle:
+        """Queue a request; its deltas arrive on the returned handle.
+
+        Raises:
+            ValueError: the request cannot run (empty or too long prompt, ids outside the
+                vocabulary); the message names the problem.
+            EngineOverloaded: the queue is full.
+            EngineClosed: the engine is not running.
+        """
+        prompt = request.prompt_ids
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) > self.max_prompt_tokens:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens; this model takes at most {self.max_prompt_tokens}"
+            )
+        vocab = self.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if request.max_reasoning_tokens is not None and request.max_reasoning_tokens < 0:
+            raise ValueError("max_reasoning_tokens must be >= 0")
+        handle = RequestHandle(request.request_id, loop)
+        matcher = self._matcher(request)
+        seq = Sequence(
+            request,
+            handle,
+            texts=self._texts,
+            matcher=matcher,
+            stop_ids=self._stop_ids,
+            submitted_at=time.monotonic(),
+        )
+        with self._lock:
+            if self._closing or self._thread is None or not self._thread.is_alive():
+                raise EngineClosed("the engine is not running")
+            queued = len(self._submitted) + self.stats.waiting
+            if queued >= self.config.max_queue:
+                raise EngineOverloaded(queued, retry_after_s=self._retry_after_s())
+            self._submitted.append(seq)
+            self._wake.notify()
+        return handle
+
+    def _matcher(self, request: GenerationRequest) -> GrammarMatcher | None:
+        if request.grammar is None:
+            return None
+        if request.grammar.tokenizer is not self.tokenizer:
+            raise ValueError("the grammar was compiled for another tokenizer")
+        return request.grammar.matcher(
+            reasoning=request.reasoning,
+            max_reasoning_tokens=request.max_reasoning_tokens,
+            banned_ids_while_thinking=self._banned_while_thinking,
+            end_tag=self._end_tag,
+        )
+
+    def _retry_after_s(self) -> float:
+        steps = max(self.stats.steps, 1)
+        per_step = self.stats.step_seconds / steps if self.stats.step_seconds else 0.05
+        return max(1.0, min(60.0, per_step * 64))
+
+    # ---- the engine thread -----------------------------------------------------------
+
+    def _main(self, ready: threading.Event, failure: list[BaseException]) -> None:
+        try:
+            if self._runner is None:
+                self._runner = TransformersRunner(
+                    self.model.model,
+                    slots=self.config.max_batch,
+                    context_length=self.context_length,
+                    vocab_size=self.tokenizer.vocab_size,
+                )
+            self._masks = TokenBitmask(self.config.max_batch, self.tokenizer.vocab_size)
+        except BaseException as e:  # reported to start()
+            failure.append(e)
+            ready.set()
+            return
+        ready.set()
+        with torch.inference_mode():
+            while self._iterate():
+                pass
+        self._abort_all("the engine stopped")
+
+    def _iterate(self) -> bool:
+        """One round of the loop; False once the engine should stop."""
+        with self._lock:
+            while self._submitted:
+                self._waiting.append(self._submitted.popleft())
+            if self._closing and (not self._has_work() or time.monotonic() >= self._grace_deadline):
+                return False
+            if not self._has_work():
+                self._wake.wait(self.config.idle_poll_s)
+                return True
+            self.stats.waiting = len(self._waiting)
+        self._drop_cancelled()
+        try:
+            self._prefill_step()
+            if self._running:
+                self._decode_step()
+        except Exception as e:  # a failure of the whole forward pass: end its rows, go on
+            log.exception("engine step failed")
+            for seq in [*self._running, *([self._prefill] if self._prefill else [])]:
+                self._finish(seq, FinishReason.ERROR, f"internal error in the model step: {e}")
+            self._compact()
+        self.stats.running = len(self._running)
+        if self._on_step is not None:
+            self._on_step()
+        return True
+
+    def _has_work(self) -> bool:
+        return bool(self._running or self._waiting or self._prefill)
+
+    # ---- admission and prefill ---------------------------------------------------------
+
+    def _prefill_step(self) -> None:
+        runner = self._runner
+        assert runner is not None
+        if self._prefill is None:
+            if not self._waiting or len(self._running) >= self.config.max_batch:
+                return
+            if self._closing:
+                return  # no new work after close(); the waiting ones are aborted at the end
+            seq = self._waiting.popleft()
+            seq.slot = len(self._running)
+            seq.cached = 0
+            self._prefill = seq
+        seq = self._prefill
+        chunk = seq.pending[: self.config.prefill_chunk]
+        logits = runner.forward(seq.slot, [chunk], [seq.cached])
+        seq.cached += len(chunk)
+        del seq.pending[: len(chunk)]
+        self.stats.prefill_tokens += len(chunk)
+        if seq.pending:
+            return  # more chunks next round
+        self._prefill = None
+        if seq.matcher is not None:
+            masks = self._masks_for(1)
+            self._fill_one(seq, masks, 0)
+            if seq.finish_reason is not None:
+                self._emit_finish(seq)
+                return
+            apply_bitmask_inplace(logits, masks)
+        self._running.append(seq)
+        self._sample_and_advance([seq], logits)
+        self._compact()
+
+    # ---- decoding ----------------------------------------------------------------------
+
+    def _decode_step(self) -> None:
+        runner = self._runner
+        assert runner is not None
+        rows = self._running
+        started = time.perf_counter()
+        masks = self._masks_for(len(rows))
+        constrained = [i for i, s in enumerate(rows) if s.matcher is not None]
+        fill = self._mask_pool.submit(self._fill_rows, rows, constrained, masks) if constrained else None
+        logits = runner.forward(0, [s.pending for s in rows], [s.cached for s in rows])
+        for s in rows:
+            s.cached += len(s.pending)
+        if fill is not None:
+            fill.result()
+            live = [i for i in constrained if rows[i].finish_reason is None]
+            if live:
+                _apply_rows(logits, masks, live)
+        self._sample_and_advance(rows, logits)
+        self._compact()
+        elapsed = time.perf_counter() - started
+        self.stats.steps += 1
+        self.stats.last_step_s = elapsed
+        self.stats.step_seconds += elapsed
+        self.stats.last_batch = len(rows)
+
+    def _masks_for(self, rows: int) -> torch.Tensor:
+        assert self._masks is not None
+        return self._masks.rows(rows)
+
+    def _fill_rows(self, rows: list[Sequence], indices: list[int], masks: torch.Tensor) -> None:
+        for i in indices:
+            self._fill_one(rows[i], masks, i)
+
+    def _fill_one(self, seq: Sequence, masks: torch.Tensor, row: int) -> None:
+        try:
+            seq.matcher.fill_bitmask(masks, row)  # type: ignore[union-attr]
+        except Exception as e:
+            seq.finish_reason = FinishReason.ERROR
+            seq.error = f"the grammar failed to compute its mask: {e}"
+
+    def _sample_and_advance(self, rows: list[Sequence], logits: torch.Tensor) -> None:
+        """Sample one token per live row, feed it (and forced tokens) on, emit deltas."""
+        live = [i for i, s in enumerate(rows) if s.finish_reason is None]
+        for i, s in enumerate(rows):
+            if s.finish_reason is not None and not s.handle.finished:
+                self._emit_finish(s)
+        if not live:
+            return
+        params = [rows[i].params for i in live]
+        gens = [rows[i].generator for i in live]
+        try:
+            tokens = sample(logits[live], params, gens)
+        except ValueError:
+            tokens = []
+            for i in live:  # find the row(s) at fault, sample the rest one by one
+                try:
+                    tokens.append(sample(logits[i : i + 1], [rows[i].params], [rows[i].generator])[0])
+                except ValueError:
+                    tokens.append(-1)
+        for i, token in zip(live, tokens):
+            seq = rows[i]
+            try:
+                self._advance(seq, token)
+            except Exception as e:  # this request's own path failed
+                log.exception("request %s failed", seq.request.request_id)
+                self._finish(seq, FinishReason.ERROR, f"internal error in this request: {e}")
+
+    def _advance(self, seq: Sequence, token: int) -> None:
+        if token < 0:
+            self._finish(seq, FinishReason.ERROR, "the grammar allows no next token")
+            return
+        matcher = seq.matcher
+        forced: list[int] = []
+        stop = False
+        if matcher is not None:
+            if not matcher.accept_token(token):
+                self._finish(seq, FinishReason.ERROR, f"the grammar rejected the sampled token {token}")
+                return
+            if matcher.is_terminated():
+                stop = True
+            else:
+                # Forced tokens count against max_tokens and must fit in the context.
+                budget = min(
+                    seq.params.max_tokens - seq.generated - 1, self.context_length - seq.cached - 1
+                )
+                forced = matcher.jump_forward()[:budget] if budget > 0 else []
+                if forced:
+                    accepted = matcher.accept_tokens(forced)
+                    forced = forced[:accepted]
+        elif token in self._stop_ids:
+            stop = True
+        new = [token, *forced]
+        delta = seq.add_tokens(new, forced=len(forced))
+        self.stats.generated_tokens += len(new)
+        self.stats.jump_forward_tokens += len(forced)
+        if delta is not None:
+            seq.handle.emit(delta)
+        seq.pending = [] if stop else new
+        if stop or seq.stopped_by_string:
+            self._finish(seq, FinishReason.STOP)
+        elif seq.generated >= seq.params.max_tokens or seq.cached + len(new) >= self.context_length:
+            self._finish(seq, FinishReason.LENGTH)
+
+    # ---- leaving -----------------------------------------------------------------------
+
+    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
+        if seq.finish_reason is None:
+            seq.finish_reason = reason
+            seq.error = error
+        if not seq.handle.finished:
+            self._emit_finish(seq)
+        if seq is self._prefill:
+            self._prefill = None
+
+    def _emit_finish(self, seq: Sequence) -> None:
+        reason = seq.finish_reason or FinishReason.ERROR
+        try:
+            delta = seq.finish(reason, seq.error)
+        except Exception as e:  # the parser or detokenizer failed at the very end
+            delta = Delta(finish_reason=FinishReason.ERROR, error=f"internal error finishing: {e}")
+        self.stats.finished[delta.finish_reason.value if delta.finish_reason else "error"] += 1
+        seq.handle.emit(delta)
+
+    def _drop_cancelled(self) -> None:
+        for seq in [*self._running, *self._waiting, *([self._prefill] if self._prefill else [])]:
+            if seq.handle.cancelled and seq.finish_reason is None:
+                self._finish(seq, FinishReason.ABORT, "cancelled")
+        self._waiting = collections.deque(s for s in self._waiting if s.finish_reason is None)
+        self._compact()
+
+    def _compact(self) -> None:
+        """Drop finished rows; keep the running ones in slots 0..n-1 (and a prefill after)."""
+        runner = self._runner
+        assert runner is not None
+        if all(s.finish_reason is None for s in self._running):
+            return
+        kept = [s for s in self._running if s.finish_reason is None]
+        for new_slot, seq in enumerate(kept):
+            if seq.slot != new_slot:
+                runner.copy_slot(seq.slot, new_slot, seq.cached)
+                seq.slot = new_slot
+        self._running = kept
+        if self._prefill is not None and self._prefill.slot != len(kept):
+            runner.copy_slot(self._prefill.slot, len(kept), self._prefill.cached)
+            self._prefill.slot = len(kept)
+
+    def _abort_all(self, why: str) -> None:
+        with self._lock:
+            pending = list(self._submitted)
+            self._submitted.clear()
+        for seq in [*self._running, *self._waiting, *pending, *([self._prefill] if self._prefill else [])]:
+            if seq.finish_reason is None:
+                self._finish(seq, FinishReason.ABORT, why)
+        self._running = []
+        self._waiting.clear()
+        self._prefill = None
+
+
+def _apply_rows(logits: torch.Tensor, masks: torch.Tensor, rows: list[int]) -> None:
+    """Apply bitmask rows ``rows`` to the same rows of ``logits`` in place."""
+    if len(rows) == logits.shape[0]:
+        apply_bitmask_inplace(logits, masks[: len(rows)])
+    else:
+        apply_bitmask_inplace(logits, masks[rows], indices=rows)
+
+
+def _single_id(tokenizer: object, text: str) -> tuple[int, ...]:
+    """The id of ``text`` if it is one token of the vocabulary, else nothing."""
+    hf = getattr(tokenizer, "hf")
+    token_id = hf.convert_tokens_to_ids(text)
+    unk = getattr(hf, "unk_token_id", None)
+    if isinstance(token_id, int) and token_id != unk and hf.convert_ids_to_tokens(token_id) == text:
+        return (token_id,)
+    return ()

@@ -1,0 +1,150 @@
+"""The model runner seam: :class:`ModelRunner`, and :class:`TransformersRunner`.
+
+The scheduler asks a runner for one thing: run the model over some consecutive slots,
+each row feeding its own tokens from its own position, and return the logits of each
+row's last token. Rows may feed different numbers of tokens in one pass (a prompt chunk,
+or a sampled token plus the tokens the grammar forces after it); shorter rows are padded
+and their padding is never attended. Any runner with this interface (int8/int4 CPU
+kernels, another engine, a GPU) slots in without the scheduler knowing.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+from typing import Any, Sequence
+
+import torch
+
+from thinkstruct.engine.kv_slots import SLOT_ATTENTION, SlotCache
+
+#: Tokens per slot allocated at start; buffers double as rows grow, up to the context.
+INITIAL_CAPACITY = 256
+
+
+class ModelRunner(abc.ABC):
+    """Runs one causal LM over slots of a batched KV cache.
+
+    Attributes:
+        vocab_size: width of the returned logits.
+        slots: rows the cache holds.
+        context_length: most tokens one row may hold.
+    """
+
+    vocab_size: int
+    slots: int
+    context_length: int
+
+    @abc.abstractmethod
+    def forward(self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> torch.Tensor:
+        """Feed ``tokens[i]`` to slot ``first_slot + i`` at positions ``starts[i]...``.
+
+        Each row's tokens are appended to what its slot holds (``starts[i]`` tokens, which
+        it keeps). Returns float32 logits ``[len(tokens), vocab_size]`` of each row's last
+        fed token.
+        """
+
+    @abc.abstractmethod
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Make slot ``dst`` hold the first ``length`` tokens of slot ``src``."""
+
+    @property
+    @abc.abstractmethod
+    def cache_bytes(self) -> int:
+        """Bytes the KV cache holds now."""
+
+
+class TransformersRunner(ModelRunner):
+    """A Hugging Face transformers causal LM on a :class:`SlotCache`.
+
+    Args:
+        model: a transformers ``*ForCausalLM`` in eval mode whose attention layers use the
+            attention-function interface (Llama, Mistral, Qwen, SmolLM... do).
+        slots: rows of the KV cache (the running batch plus one being prefilled).
+        context_length: most tokens per row.
+        vocab_size: logits width to return (default: the output layer's).
+    """
+
+    def __init__(
+        self, model: Any, *, slots: int, context_length: int, vocab_size: int | None = None
+    ) -> None:
+        config = model.config
+        self.model = model
+        self.slots = slots
+        self.context_length = context_length
+        self._base = model.base_model
+        self._head = model.get_output_embeddings()
+        self.vocab_size = vocab_size or self._head.out_features
+        model.set_attn_implementation(SLOT_ATTENTION)
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        heads = text_config.num_attention_heads
+        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
+        kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
+        self.cache = SlotCache(
+            layers=text_config.num_hidden_layers,
+            slots=slots,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            capacity=min(INITIAL_CAPACITY, context_length),
+            dtype=_activation_dtype(model),
+        )
+        # transformers 5.x renames past_key_values to cache; accept either spelling.
+        params = inspect.signature(self._base.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.cache.nbytes
+
+    def forward(self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> torch.Tensor:
+        rows = len(tokens)
+        if rows == 0:
+            raise ValueError("forward needs at least one row")
+        if first_slot < 0 or first_slot + rows > self.slots:
+            raise ValueError(f"rows {first_slot}..{first_slot + rows} outside {self.slots} slots")
+        lengths = torch.tensor([len(t) for t in tokens])
+        if int(lengths.min()) < 1:
+            raise ValueError("every row must feed at least one token")
+        width = int(lengths.max())
+        ids = torch.zeros((rows, width), dtype=torch.long)
+        for i, row in enumerate(tokens):
+            ids[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+        start = torch.as_tensor(starts, dtype=torch.long)
+        positions = start[:, None] + torch.arange(width)[None, :]
+        span = int((start + lengths).max())
+        if span > self.context_length:
+            raise ValueError(f"a row would hold {span} tokens, more than the context of {self.context_length}")
+        self._ensure_capacity(int(positions.max()) + 1)
+        # Query j of row i sees its slot's positions 0..start_i + j: everything cached
+        # before, and its own chunk causally. Padding queries (j >= length_i) compute
+        # garbage that is never read, and write past the row's end, which is never attended.
+        mask = (torch.arange(span)[None, None, :] <= positions[:, :, None]).unsqueeze(1)
+        self.cache.plan(first_slot, first_slot + rows, positions, span)
+        out = self._base(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_kw: self.cache},
+        )
+        hidden = out.last_hidden_state[torch.arange(rows), lengths - 1]
+        logits = self._head(hidden)
+        return logits[:, : self.vocab_size].float()
+
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        self.cache.copy_slot(src, dst, length)
+
+    def _ensure_capacity(self, needed: int) -> None:
+        capacity = self.cache.capacity
+        if needed <= capacity:
+            return
+        while capacity < needed:
+            capacity *= 2
+        self.cache.grow(min(capacity, max(self.context_length, needed)))
+
+
+def _activation_dtype(model: Any) -> torch.dtype:
+    """The dtype hidden states flow in (float32 for a dynamically quantized model)."""
+    embeddings = model.get_input_embeddings()
+    weight = getattr(embeddings, "weight", None)
+    return weight.dtype if isinstance(weight, torch.Tensor) and weight.is_floating_point() else torch.float32

@@ -1,0 +1,159 @@
+"""One request while the engine runs it: :class:`Sequence`.
+
+It owns everything per request that turns sampled tokens into deltas: the grammar matcher,
+the incremental detokenizer, the reasoning parser, the stop-string matcher, and the
+counts that end up in :class:`~thinkstruct.engine.request.Usage`. The scheduler owns only
+where it sits (its slot) and what it feeds next.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING
+
+from thinkstruct.engine.detokenizer import IncrementalDetokenizer, TokenTexts
+from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest, Usage
+from thinkstruct.engine.sampler import new_generator
+from thinkstruct.engine.stop_strings import StopStringMatcher
+
+if TYPE_CHECKING:
+    import torch
+
+    from thinkstruct.engine.handle import RequestHandle
+    from thinkstruct.grammar.base import GrammarMatcher
+
+
+class Sequence:
+    """A request being decoded.
+
+    Attributes:
+        slot: its row in the KV cache (the scheduler sets it).
+        cached: tokens its slot holds.
+        pending: tokens to feed at the next forward pass (the prompt, in chunks, then the
+            last sampled token and any tokens the grammar forced after it).
+    """
+
+    def __init__(
+        self,
+        request: GenerationRequest,
+        handle: RequestHandle,
+        *,
+        texts: TokenTexts,
+        matcher: GrammarMatcher | None,
+        stop_ids: frozenset[int],
+        submitted_at: float,
+    ) -> None:
+        self.request = request
+        self.handle = handle
+        self.params = request.sampling
+        seed = self.params.seed if self.params.seed is not None else secrets.randbits(63)
+        self.generator: torch.Generator = new_generator(seed)
+        self.matcher = matcher
+        self.parser = request.reasoning_parser
+        self.stops = StopStringMatcher(self.params.stop) if self.params.stop else None
+        self._detok = IncrementalDetokenizer(texts)
+        self._stop_ids = stop_ids
+        self.slot = -1
+        self.cached = 0
+        self.pending: list[int] = list(request.prompt_ids)
+        self.prompt_tokens = len(request.prompt_ids)
+        self.output_ids: list[int] = []
+        self.reasoning_tokens = 0
+        self.jump_forward_tokens = 0
+        self.submitted_at = submitted_at
+        self.first_token_at: float | None = None
+        self.finish_reason: FinishReason | None = None
+        self.error: str | None = None
+
+    @property
+    def prefilling(self) -> bool:
+        """Still feeding its prompt (no token generated yet)."""
+        return self.first_token_at is None
+
+    @property
+    def generated(self) -> int:
+        return len(self.output_ids)
+
+    # ---- tokens in -------------------------------------------------------------------
+
+    def add_tokens(self, token_ids: list[int], *, forced: int = 0) -> Delta | None:
+        """Record generated tokens (the last ``forced`` of them forced by the grammar), and
+        the delta of text they complete (``None`` if none yet)."""
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        self.jump_forward_tokens += forced
+        reasoning: list[str] = []
+        content: list[str] = []
+        visible: list[int] = []
+        for token_id in token_ids:
+            if token_id in self._stop_ids:
+                continue
+            visible.append(token_id)
+            if self.parser is not None and self.parser.in_reasoning:
+                self.reasoning_tokens += 1
+            self._route(self._detok.add((token_id,)), reasoning, content)
+        self.output_ids.extend(visible)
+        return self._delta(reasoning, content, visible)
+
+    def finish(self, reason: FinishReason, error: str | None = None) -> Delta:
+        """The last delta: held-back text, the finish reason, the usage."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self.error = error
+        reasoning: list[str] = []
+        content: list[str] = []
+        self._route(self._detok.flush(), reasoning, content)
+        if self.parser is not None:
+            tail = self.parser.finish()
+            reasoning.append(tail.reasoning)
+            self._content(tail.content, content)
+        if self.stops is not None:
+            content.append(self.stops.flush())
+        now = time.monotonic()
+        usage = Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.generated,
+            reasoning_tokens=self.reasoning_tokens,
+            jump_forward_tokens=self.jump_forward_tokens,
+            time_to_first_token_s=None if self.first_token_at is None else self.first_token_at - self.submitted_at,
+            total_s=now - self.submitted_at,
+            backend=self.request.grammar.backend if self.request.grammar is not None else None,
+        )
+        return Delta(
+            reasoning="".join(reasoning),
+            content="".join(content),
+            finish_reason=self.finish_reason,
+            error=self.error,
+            usage=usage,
+        )
+
+    @property
+    def stopped_by_string(self) -> bool:
+        return self.stops is not None and self.stops.stopped
+
+    # ---- text routing ----------------------------------------------------------------
+
+    def _route(self, text: str, reasoning: list[str], content: list[str]) -> None:
+        if not text:
+            return
+        if self.parser is None:
+            self._content(text, content)
+            return
+        parsed = self.parser.feed(text)
+        if parsed.reasoning:
+            reasoning.append(parsed.reasoning)
+        self._content(parsed.content, content)
+
+    def _content(self, text: str, content: list[str]) -> None:
+        if not text:
+            return
+        # Stop strings end the answer; the thought is free to mention them.
+        content.append(self.stops.feed(text) if self.stops is not None else text)
+
+    @staticmethod
+    def _delta(reasoning: list[str], content: list[str], ids: list[int]) -> Delta | None:
+        r, c = "".join(reasoning), "".join(content)
+        if not r and not c and not ids:
+            return None
+        return Delta(reasoning=r, content=c, token_ids=tuple(ids))
