@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 #: The attention implementation name the runner sets on models it drives.
 SLOT_ATTENTION = "thinkstruct_slots"
@@ -36,19 +37,22 @@ def slot_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of ``query [B, Hq, q, D]`` over ``key``/``value [B, Hkv, T, D]`` under a
     boolean ``attention_mask [B, 1, q, T]`` (True = attend), without repeating kv heads:
     the ``Hq / Hkv`` query heads of each kv head are folded into the query length.
 
     Returns ``[B, q, Hq, D]``, as transformers' attention functions do.
     """
+    if attention_mask is None:
+        # Not a pass the runner planned (the model used on its own): transformers' own SDPA.
+        return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
     batch, q_heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
     group = q_heads // kv_heads
     folded = query.reshape(batch, kv_heads, group * q_len, dim)
     mask = attention_mask
-    if mask is not None and group > 1 and q_len > 1:
+    if group > 1 and q_len > 1:
         mask = mask.repeat(1, 1, group, 1)
     out = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
     return out.reshape(batch, q_heads, q_len, dim).transpose(1, 2), None

@@ -1,0 +1,261 @@
+"""The engine on the tiny random model: batching, grammars, reasoning, limits, faults.
+
+Random weights make the model emit arbitrary tokens, which is what these tests want: any
+structure in the output comes from the grammar and the scheduler, so a grammar that lets
+one wrong token through, or a batch that mixes up two rows, shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+
+import jsonschema
+import pytest
+
+from thinkstruct import Constraint
+from thinkstruct.engine import (
+    Engine,
+    EngineClosed,
+    EngineConfig,
+    EngineOverloaded,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+)
+from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+from thinkstruct.parsers import render_chat
+
+BOUNDED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "verdict": {"enum": ["yes", "no", "maybe"]},
+        "ok": {"type": "boolean"},
+        "score": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["verdict", "ok", "score"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def compiler(tiny_model):
+    with GrammarCompiler(tiny_model.tokenizer, CompilerConfig(timeout_s=60)) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model, compiler):
+    with Engine(tiny_model, config=EngineConfig(max_batch=4), compiler=compiler) as e:
+        yield e
+
+
+def prompt_ids(model, text: str = "hello", *, thinking: bool = False) -> tuple[list[int], object]:
+    prompt = render_chat(
+        [{"role": "user", "content": text}],
+        family=model.family,
+        tokenizer=model.tokenizer,
+        chat_template=model.chat_template,
+        chat_template_kwargs={"thinking": thinking},
+    )
+    return model.tokenizer.hf.encode(prompt.text, add_special_tokens=False), prompt
+
+
+def run(engine, **kwargs):
+    return engine.submit(GenerationRequest(**kwargs)).wait()
+
+
+def test_free_text_runs_to_max_tokens(engine, tiny_model) -> None:
+    ids, _ = prompt_ids(tiny_model)
+    out = run(engine, prompt_ids=ids, sampling=SamplingParams(max_tokens=5, temperature=0, seed=1))
+    assert out.finish_reason is FinishReason.LENGTH
+    assert out.usage.completion_tokens == 5 == len(out.token_ids)
+    assert out.usage.prompt_tokens == len(ids)
+    assert out.content == tiny_model.tokenizer.decode(out.token_ids)
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_constrained_answers_are_always_valid(engine, compiler, tiny_model, backend: str) -> None:
+    grammar = compiler.compile(Constraint.json_schema(BOUNDED_SCHEMA), backend=backend)
+    handles = [
+        engine.submit(
+            GenerationRequest(
+                prompt_ids=prompt_ids(tiny_model, f"q{i}")[0],
+                sampling=SamplingParams(max_tokens=80, temperature=1.0, seed=i),
+                grammar=grammar,
+            )
+        )
+        for i in range(6)
+    ]
+    for h in handles:
+        out = h.wait()
+        assert out.finish_reason is FinishReason.STOP, out
+        jsonschema.validate(json.loads(out.content), BOUNDED_SCHEMA)
+        assert out.usage.backend == backend
+
+
+def test_regex_and_choice_answers_match(engine, compiler, tiny_model) -> None:
+    pattern = r"[a-z]{2,6}@[a-z]{2,4}\.(com|org)"
+    cases = [
+        (Constraint.regex(pattern), lambda s: re.fullmatch(pattern, s)),
+        (Constraint.choice(["alpha", "beta", "gamma delta"]), lambda s: s in ("alpha", "beta", "gamma delta")),
+    ]
+    for constraint, check in cases:
+        grammar = compiler.compile(constraint)
+        for seed in range(3):
+            out = run(
+                engine,
+                prompt_ids=prompt_ids(tiny_model)[0],
+                sampling=SamplingParams(max_tokens=40, seed=seed),
+                grammar=grammar,
+            )
+            assert out.finish_reason is FinishReason.STOP and check(out.content), out
+
+
+def test_jump_forward_appends_forced_tokens_without_sampling(engine, compiler, tiny_model) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a_rather_long_property_name_to_force": {"type": "boolean"}},
+        "required": ["a_rather_long_property_name_to_force"],
+        "additionalProperties": False,
+    }
+    grammar = compiler.compile(Constraint.json_schema(schema))
+    out = run(engine, prompt_ids=prompt_ids(tiny_model)[0], sampling=SamplingParams(max_tokens=40, seed=3), grammar=grammar)
+    assert out.finish_reason is FinishReason.STOP
+    assert json.loads(out.content) in ({"a_rather_long_property_name_to_force": True}, {"a_rather_long_property_name_to_force": False})
+    assert out.usage.jump_forward_tokens >= 5
+    assert engine.stats.jump_forward_tokens >= out.usage.jump_forward_tokens
+
+
+def test_reasoning_is_split_and_the_budget_forces_the_answer(engine, compiler, tiny_model) -> None:
+    ids, prompt = prompt_ids(tiny_model, "think first", thinking=True)
+    assert prompt.reasoning_enabled
+    grammar = compiler.compile(Constraint.choice(["left", "right"]))
+    out = run(
+        engine,
+        prompt_ids=ids,
+        sampling=SamplingParams(max_tokens=60, seed=5),
+        grammar=grammar,
+        reasoning=True,
+        reasoning_parser=prompt.reasoning_parser(),
+        max_reasoning_tokens=6,
+    )
+    assert out.finish_reason is FinishReason.STOP
+    assert out.content in ("left", "right")
+    assert out.reasoning  # six random thought tokens
+    assert "</think>" not in out.content and "</think>" not in out.reasoning
+    assert out.usage.reasoning_tokens == 7  # the budget, plus the end tag the grammar forced
+
+
+def test_same_seed_same_output_whatever_else_is_in_the_batch(tiny_model, compiler) -> None:
+    ids = prompt_ids(tiny_model, "determinism")[0]
+    params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=1234)
+    with Engine(tiny_model, config=EngineConfig(max_batch=4), compiler=compiler) as e:
+        alone = run(e, prompt_ids=ids, sampling=params)
+        others = [
+            e.submit(GenerationRequest(prompt_ids=prompt_ids(tiny_model, "x" * (i + 1))[0], sampling=SamplingParams(max_tokens=30, seed=i)))
+            for i in range(3)
+        ]
+        time.sleep(0.05)
+        together = run(e, prompt_ids=ids, sampling=params)
+        for h in others:
+            h.wait()
+    assert together.token_ids == alone.token_ids
+
+
+def test_more_requests_than_slots_all_finish(tiny_model, compiler) -> None:
+    with Engine(tiny_model, config=EngineConfig(max_batch=2), compiler=compiler) as e:
+        handles = [
+            e.submit(GenerationRequest(prompt_ids=prompt_ids(tiny_model, str(i))[0], sampling=SamplingParams(max_tokens=4 + i, seed=i)))
+            for i in range(7)
+        ]
+        outs = [h.wait() for h in handles]
+        assert [o.usage.completion_tokens for o in outs] == [4 + i for i in range(7)]
+        # Batched: fewer decoding steps than tokens.
+        assert e.stats.steps < sum(o.usage.completion_tokens for o in outs)
+
+
+def test_stop_strings_end_the_answer(engine, compiler, tiny_model) -> None:
+    grammar = compiler.compile(Constraint.regex("abc STOP def"))
+    out = run(engine, prompt_ids=prompt_ids(tiny_model)[0], sampling=SamplingParams(max_tokens=20, stop=("STOP",)), grammar=grammar)
+    assert out.finish_reason is FinishReason.STOP
+    assert out.content == "abc "
+
+
+def test_cancel_frees_the_slot_and_others_go_on(tiny_model, compiler) -> None:
+    with Engine(tiny_model, config=EngineConfig(max_batch=1), compiler=compiler) as e:
+        long = e.submit(GenerationRequest(prompt_ids=prompt_ids(tiny_model)[0], sampling=SamplingParams(max_tokens=3000)))
+        first = next(iter(long))  # it is running
+        assert first.finish_reason is None
+        long.cancel()
+        assert long.wait().finish_reason is FinishReason.ABORT
+        after = e.submit(GenerationRequest(prompt_ids=prompt_ids(tiny_model)[0], sampling=SamplingParams(max_tokens=3)))
+        # With one slot, the second request can only run once the first one's slot is free.
+        assert after.wait().finish_reason is FinishReason.LENGTH
+        deadline = time.monotonic() + 10
+        while e.stats.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert e.stats.running == 0
+
+
+def test_async_consumers_get_the_same_stream(engine, tiny_model) -> None:
+    ids = prompt_ids(tiny_model)[0]
+    params = SamplingParams(max_tokens=8, seed=9)
+
+    async def consume():
+        handle = engine.submit(GenerationRequest(prompt_ids=ids, sampling=params), loop=asyncio.get_running_loop())
+        return await handle.result()
+
+    async_out = asyncio.run(consume())
+    sync_out = run(engine, prompt_ids=ids, sampling=params)
+    assert async_out.token_ids == sync_out.token_ids and async_out.content == sync_out.content
+
+
+def test_a_failure_in_one_request_ends_only_that_request(engine, tiny_model) -> None:
+    ids, prompt = prompt_ids(tiny_model)
+
+    class BrokenParser(type(prompt.reasoning_parser())):  # a real parser that fails mid-stream
+        def feed(self, chunk):
+            raise RuntimeError("parser exploded")
+
+    broken = BrokenParser(tiny_model.family, enabled=False)
+    bad = engine.submit(GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=20, seed=1), reasoning_parser=broken))
+    good = engine.submit(GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=20, seed=2)))
+    bad_out, good_out = bad.wait(), good.wait()
+    assert bad_out.finish_reason is FinishReason.ERROR and "parser exploded" in bad_out.error
+    assert good_out.finish_reason is FinishReason.LENGTH and good_out.usage.completion_tokens == 20
+
+
+def test_limits_are_refused_with_a_reason(tiny_model, compiler) -> None:
+    with Engine(tiny_model, config=EngineConfig(max_batch=1, max_queue=2, max_prompt_tokens=50), compiler=compiler) as e:
+        with pytest.raises(ValueError, match="51 tokens"):
+            e.submit(GenerationRequest(prompt_ids=[5] * 51))
+        with pytest.raises(ValueError, match="empty"):
+            e.submit(GenerationRequest(prompt_ids=[]))
+        with pytest.raises(ValueError, match="token ids"):
+            e.submit(GenerationRequest(prompt_ids=[10**9]))
+        handles = []
+        with pytest.raises(EngineOverloaded) as overloaded:
+            for _ in range(10):
+                handles.append(e.submit(GenerationRequest(prompt_ids=[5, 6], sampling=SamplingParams(max_tokens=200))))
+        assert overloaded.value.retry_after_s >= 1
+        for h in handles:
+            h.cancel()
+    with pytest.raises(EngineClosed):
+        e.submit(GenerationRequest(prompt_ids=[5]))
+
+
+def test_close_ends_running_requests_cleanly(tiny_model, compiler) -> None:
+    e = Engine(tiny_model, config=EngineConfig(max_batch=2), compiler=compiler).start()
+    handles = [e.submit(GenerationRequest(prompt_ids=[5, 6, 7], sampling=SamplingParams(max_tokens=5000))) for _ in range(3)]
+    next(iter(handles[0]))
+    closer = threading.Thread(target=e.close, kwargs={"grace_s": 0.2})
+    closer.start()
+    closer.join(timeout=30)
+    assert not closer.is_alive()
+    for h in handles:
+        out = h.wait()
+        assert out.finish_reason is FinishReason.ABORT
