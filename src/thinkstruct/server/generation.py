@@ -11,6 +11,7 @@ engine requests, which frees their batch slots and KV cache within one step.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -160,12 +161,13 @@ def submit_all(
         for handle in handles:
             handle.cancel()
         if isinstance(e, EngineOverloaded):
+            wait = max(retry_after_s, math.ceil(getattr(e, "retry_after_s", 0)))
             raise APIError(
                 429,
-                f"the server is busy ({e}); retry after {retry_after_s} s",
+                f"the server is busy ({e})",
                 type="rate_limit_error",
                 code="queue_full",
-                headers={"Retry-After": str(retry_after_s)},
+                headers={"Retry-After": str(wait)},
             ) from None
         if isinstance(e, EngineClosed):
             raise APIError(503, "the server is shutting down", type=UNAVAILABLE, code="engine_closed") from None
@@ -194,7 +196,7 @@ async def collect(submitted: Submitted, request: Request, *, metrics: ServerMetr
     finally:
         gone.cancel()
     for result in results:
-        metrics.observe_finished(result.usage, result.finish_reason, started=submitted.started)
+        metrics.observe_finished(result.usage, started=submitted.started)
     return results
 
 
@@ -208,7 +210,7 @@ async def merged(submitted: Submitted, *, metrics: ServerMetrics) -> AsyncIterat
         if len(submitted.handles) == 1:
             async for delta in submitted.handles[0]:
                 if delta.finish_reason is not None:
-                    metrics.observe_finished(delta.usage, delta.finish_reason, started=submitted.started)
+                    metrics.observe_finished(delta.usage, started=submitted.started)
                 yield 0, delta
             return
         queue: asyncio.Queue[tuple[int, Delta | None]] = asyncio.Queue()
@@ -229,7 +231,7 @@ async def merged(submitted: Submitted, *, metrics: ServerMetrics) -> AsyncIterat
                     running -= 1
                     continue
                 if delta.finish_reason is not None:
-                    metrics.observe_finished(delta.usage, delta.finish_reason, started=submitted.started)
+                    metrics.observe_finished(delta.usage, started=submitted.started)
                 yield index, delta
         finally:
             for task in tasks:

@@ -20,14 +20,11 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from thinkstruct.engine import Engine, FinishReason, Usage
+    from thinkstruct.engine import Engine, Usage
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 _COMPILE_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0)
-
-# CompilerStats fields that only grow are exported as counters, the rest as gauges.
-_COMPILER_GAUGES = {"entries", "bytes"}
 
 
 class ServerMetrics:
@@ -42,10 +39,6 @@ class ServerMetrics:
         self.prompt_tokens = Counter("thinkstruct_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.completion_tokens = Counter("thinkstruct_completion_tokens", "Tokens generated", registry=r)
         self.reasoning_tokens = Counter("thinkstruct_reasoning_tokens", "Tokens generated inside a thought", registry=r)
-        self.jump_forward_tokens = Counter(
-            "thinkstruct_jump_forward_tokens", "Tokens appended by grammar jump-forward, without sampling", registry=r
-        )
-        self.finished = Counter("thinkstruct_generations", "Engine requests finished, by finish reason", ["finish_reason"], registry=r)
         self.ttft = Histogram(
             "thinkstruct_time_to_first_token_seconds", "Time from submit to the first token", buckets=_LATENCY_BUCKETS, registry=r
         )
@@ -85,23 +78,39 @@ class ServerMetrics:
         elif backend:
             self.backend_chosen.labels(backend=backend).inc()
 
-    def observe_finished(self, usage: Usage | None, finish_reason: FinishReason | None, *, started: float) -> None:
+    def observe_finished(self, usage: Usage | None, *, started: float) -> None:
         """Count one engine request that ended (``started``: its ``perf_counter`` at submit)."""
-        reason = getattr(finish_reason, "value", finish_reason) or "unknown"
-        self.finished.labels(finish_reason=str(reason)).inc()
         elapsed = time.perf_counter() - started
+        if usage is not None and usage.total_s is not None:
+            elapsed = usage.total_s
         self.e2e.observe(elapsed)
         if usage is None:
             return
         self.prompt_tokens.inc(usage.prompt_tokens)
         self.completion_tokens.inc(usage.completion_tokens)
         self.reasoning_tokens.inc(usage.reasoning_tokens)
-        self.jump_forward_tokens.inc(usage.jump_forward_tokens)
         ttft = usage.time_to_first_token_s
         if ttft is not None:
             self.ttft.observe(ttft)
             if usage.completion_tokens > 1:
                 self.per_token.observe(max(0.0, elapsed - ttft) / (usage.completion_tokens - 1))
+
+
+# engine.stats fields: (metric name, help, counter?). Levels are gauges, totals counters.
+_ENGINE_FIELDS = (
+    ("waiting", "thinkstruct_queue_length", "Requests waiting for a batch slot", False),
+    ("running", "thinkstruct_running_requests", "Requests in the running batch", False),
+    ("last_batch", "thinkstruct_batch_size", "Rows of the last decoding step", False),
+    ("last_step_s", "thinkstruct_last_step_seconds", "Seconds of the last decoding step", False),
+    ("steps", "thinkstruct_engine_steps", "Decoding steps run", True),
+    ("step_seconds", "thinkstruct_engine_step_seconds", "Seconds spent in decoding steps", True),
+    ("prefill_tokens", "thinkstruct_engine_prefill_tokens", "Prompt tokens prefilled", True),
+    ("generated_tokens", "thinkstruct_engine_generated_tokens", "Tokens generated (all requests)", True),
+    ("jump_forward_tokens", "thinkstruct_engine_jump_forward_tokens", "Tokens forced by grammar jump-forward", True),
+)
+
+# compiler.stats fields exported as gauges; the rest only grow.
+_COMPILER_GAUGES = {"entries", "bytes"}
 
 
 class _EngineCollector(Collector):
@@ -111,19 +120,32 @@ class _EngineCollector(Collector):
         self._engine = engine
 
     def describe(self) -> list[Metric]:
-        return []  # dynamic: the families depend on what the engine reports
+        return []  # collected fresh at every scrape
 
     def collect(self) -> Iterator[Metric]:
         engine = self._engine()
         ready = GaugeMetricFamily("thinkstruct_engine_ready", "1 when the model is loaded and the engine running")
-        ready.add_metric([], 0.0 if engine is None else 1.0)
+        ready.add_metric([], 1.0 if engine is not None and engine.running else 0.0)
         yield ready
         if engine is None:
             return
-        for name, value in _numbers(engine.stats).items():
-            yield _family(f"thinkstruct_engine_{name}", f"engine.stats.{name}", value, counter=_is_counter(name))
+        stats = engine.stats
+        for attr, name, doc, counter in _ENGINE_FIELDS:
+            value = getattr(stats, attr, None)
+            if isinstance(value, (int, float)):
+                yield _family(name, doc, float(value), counter=counter)
+        finished = getattr(stats, "finished", None)
+        if isinstance(finished, dict):
+            family = CounterMetricFamily(
+                "thinkstruct_engine_finished", "Engine requests finished, by finish reason", labels=["finish_reason"]
+            )
+            for reason, count in sorted(finished.items()):
+                family.add_metric([str(reason)], float(count))
+            yield family
         for name, value in _numbers(engine.compiler.stats).items():
-            yield _family(f"thinkstruct_compiler_{name}", f"compiler.stats.{name}", value, counter=name not in _COMPILER_GAUGES)
+            yield _family(
+                f"thinkstruct_grammar_{name}", f"Grammar compiler: {name}", value, counter=name not in _COMPILER_GAUGES
+            )
 
 
 def _numbers(stats: Any) -> dict[str, float]:
@@ -139,18 +161,13 @@ def _numbers(stats: Any) -> dict[str, float]:
     }
 
 
-def _is_counter(name: str) -> bool:
-    # Engine stats mix totals and current levels; levels are named for what they measure now.
-    return not any(word in name for word in ("queue", "batch", "running", "active", "waiting", "slots", "free", "kv"))
-
-
 def _family(name: str, documentation: str, value: float, *, counter: bool) -> Metric:
+    family: CounterMetricFamily | GaugeMetricFamily
     if counter:
-        family: Metric = CounterMetricFamily(name, documentation)
-        family.add_metric([], value)  # type: ignore[attr-defined]
+        family = CounterMetricFamily(name, documentation)
     else:
         family = GaugeMetricFamily(name, documentation)
-        family.add_metric([], value)  # type: ignore[attr-defined]
+    family.add_metric([], value)
     return family
 
 

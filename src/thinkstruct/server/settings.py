@@ -32,8 +32,8 @@ class ServerSettings:
         default_max_tokens: ``max_tokens`` when a request gives none, capped by the room
             left in the context.
         max_stop_sequences: most entries of ``stop``.
-        retry_after_s: the ``Retry-After`` header, in whole seconds, of a 429 answered when
-            the engine's queue is full.
+        retry_after_s: the least ``Retry-After`` of a 429 answered when the engine's queue
+            is full, in whole seconds (the engine's own estimate is used when longer).
         public_paths: paths answered without the API key.
     """
 

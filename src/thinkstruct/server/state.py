@@ -49,7 +49,7 @@ class ServerState:
 
     @property
     def ready(self) -> bool:
-        return self._engine is not None and not self.draining
+        return self._engine is not None and self._engine.running and not self.draining
 
     @property
     def model_name(self) -> str | None:
@@ -60,7 +60,7 @@ class ServerState:
     def require_engine(self) -> Engine:
         """The engine, or a 503 while the model loads or the server stops."""
         engine = self._engine
-        if self.draining:
+        if self.draining or (engine is not None and not engine.running):
             raise APIError(503, "the server is shutting down", type=UNAVAILABLE, code="shutting_down")
         if engine is None:
             message = f"the model failed to load: {self.load_error}" if self.load_error else "the model is still loading"

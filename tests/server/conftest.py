@@ -1,0 +1,70 @@
+"""Fixtures of the server tests: real servers, each engine built once per session.
+
+The tiny random-weight DeepSeek-V4 model (native ``<think>`` tokens, gibberish text, fast)
+serves the protocol tests; the embedded SmolLM2 the tests where the answers' quality
+matters. Tests talk to the servers with the official ``openai`` client and with httpx.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from server_harness import RunningServer, serving, start_engine
+
+from thinkstruct.server import ServerSettings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))  # tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir: Path) -> Iterator[Any]:
+    from thinkstruct.engine import load_model
+
+    engine = start_engine(load_model(tiny_model_dir, dtype="float32", progress=False), max_batch=8, max_queue=64)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_engine: Any) -> Iterator[RunningServer]:
+    """The tiny model behind a server with small limits (so the limits can be hit)."""
+    settings = ServerSettings(max_body_bytes=1 << 20, max_prompt_tokens=2000, max_n=4, default_max_tokens=16)
+    with serving(tiny_engine, settings) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def smol_engine() -> Iterator[Any]:
+    from thinkstruct.engine import load_model
+
+    engine = start_engine(load_model(None, progress=False), max_batch=8, max_queue=64)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session")
+def smol_server(smol_engine: Any) -> Iterator[RunningServer]:
+    with serving(smol_engine, ServerSettings(default_max_tokens=64)) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def smol(smol_server: RunningServer) -> openai.OpenAI:
+    return smol_server.openai()
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_server: RunningServer) -> openai.OpenAI:
+    return tiny_server.openai()
