@@ -4,16 +4,17 @@ One long-lived engine thread does all torch work (torch on two threads at once m
 matmuls 1.5x slower on two cores). Callers submit requests from any thread; the engine
 thread runs continuous batching over the slots of one KV cache:
 
-1. admit: queued requests take free slots; a joining request's prompt is prefilled into
-   its own slot in chunks of :attr:`EngineConfig.prefill_chunk` tokens, at most one chunk
-   between two decoding steps, so running requests keep their pace;
+1. admit: queued requests take free slots; joining requests' prompts are prefilled into
+   their own slots, several in one pass of at most :attr:`EngineConfig.prefill_chunk`
+   tokens between two decoding steps, so running requests keep their pace;
 2. decode: one forward pass over every running row (a row may feed several tokens: its
    sampled token plus those its grammar forces); while it runs, a helper thread fills the
    grammar bitmask rows (the grammar libraries release the GIL);
 3. apply the masks, sample each row with its own parameters and generator, feed the
    grammars, append forced tokens (jump-forward), detokenize, split reasoning from
    content, emit deltas;
-4. finished rows leave (their slot is reused by moving the last row into it).
+4. finished rows leave; the rows after them move down a slot (their KV rows copied), so
+   the running batch is always slots ``0..n-1``.
 
 A failure in one request's own path (its grammar, its sampling, its parser) ends that
 request with ``finish_reason="error"``; the batch and the engine go on.
@@ -146,7 +147,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._running: list[Sequence] = []
         self._waiting: collections.deque[Sequence] = collections.deque()
-        self._prefill: Sequence | None = None
+        self._prefilling: list[Sequence] = []
         self._masks: TokenBitmask | None = None
         self._mask_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="thinkstruct-masks")
         self._on_step: Callable[[], None] | None = None
@@ -302,7 +303,7 @@ class Engine:
                 self._decode_step()
         except Exception as e:  # a failure of the whole forward pass: end its rows, go on
             log.exception("engine step failed")
-            for seq in [*self._running, *([self._prefill] if self._prefill else [])]:
+            for seq in [*self._running, *self._prefilling]:
                 self._finish(seq, FinishReason.ERROR, f"internal error in the model step: {e}")
             self._compact()
         self.stats.running = len(self._running)
@@ -311,40 +312,61 @@ class Engine:
         return True
 
     def _has_work(self) -> bool:
-        return bool(self._running or self._waiting or self._prefill)
+        return bool(self._running or self._waiting or self._prefilling)
 
     # ---- admission and prefill ---------------------------------------------------------
 
     def _prefill_step(self) -> None:
+        """Admit waiting requests into free slots and feed the next prompt chunks of every
+        request still prefilling, together in one pass of at most ``prefill_chunk``
+        tokens; requests whose prompt is complete sample their first token and run."""
         runner = self._runner
         assert runner is not None
-        if self._prefill is None:
-            if not self._waiting or len(self._running) >= self.config.max_batch:
-                return
-            if self._closing:
-                return  # no new work after close(); the waiting ones are aborted at the end
+        while (
+            self._waiting
+            and not self._closing
+            and len(self._running) + len(self._prefilling) < self.config.max_batch
+        ):
             seq = self._waiting.popleft()
-            seq.slot = len(self._running)
+            seq.slot = len(self._running) + len(self._prefilling)
             seq.cached = 0
-            self._prefill = seq
-        seq = self._prefill
-        chunk = seq.pending[: self.config.prefill_chunk]
-        logits = runner.forward(seq.slot, [chunk], [seq.cached])
-        seq.cached += len(chunk)
-        del seq.pending[: len(chunk)]
-        self.stats.prefill_tokens += len(chunk)
-        if seq.pending:
-            return  # more chunks next round
-        self._prefill = None
-        if seq.matcher is not None:
-            masks = self._masks_for(1)
-            self._fill_one(seq, masks, 0)
-            if seq.finish_reason is not None:
-                self._emit_finish(seq)
-                return
-            apply_bitmask_inplace(logits, masks)
-        self._running.append(seq)
-        self._sample_and_advance([seq], logits)
+            self._prefilling.append(seq)
+        if not self._prefilling:
+            return
+        budget = self.config.prefill_chunk
+        rows: list[Sequence] = []
+        chunks: list[list[int]] = []
+        for seq in self._prefilling:  # oldest first; each pass moves at least the first one on
+            if budget <= 0:
+                break
+            chunk = seq.pending[:budget]
+            budget -= len(chunk)
+            rows.append(seq)
+            chunks.append(chunk)
+        first = rows[0].slot
+        logits = runner.forward(first, chunks, [s.cached for s in rows])
+        done: list[int] = []
+        for i, (seq, chunk) in enumerate(zip(rows, chunks)):
+            seq.cached += len(chunk)
+            del seq.pending[: len(chunk)]
+            self.stats.prefill_tokens += len(chunk)
+            if not seq.pending:
+                done.append(i)
+        if not done:
+            return
+        joining = [rows[i] for i in done]
+        logits = logits[done]
+        constrained = [j for j, seq in enumerate(joining) if seq.matcher is not None]
+        if constrained:
+            masks = self._masks_for(len(joining))
+            for j in constrained:
+                self._fill_one(joining[j], masks, j)
+            live = [j for j in constrained if joining[j].finish_reason is None]
+            if live:
+                _apply_rows(logits, masks, live)
+        self._prefilling = [s for s in self._prefilling if s not in joining]
+        self._running.extend(joining)
+        self._sample_and_advance(joining, logits)
         self._compact()
 
     # ---- decoding ----------------------------------------------------------------------
@@ -459,8 +481,6 @@ class Engine:
             seq.error = error
         if not seq.handle.finished:
             self._emit_finish(seq)
-        if seq is self._prefill:
-            self._prefill = None
 
     def _emit_finish(self, seq: Sequence) -> None:
         reason = seq.finish_reason or FinishReason.ERROR
@@ -472,38 +492,43 @@ class Engine:
         seq.handle.emit(delta)
 
     def _drop_cancelled(self) -> None:
-        for seq in [*self._running, *self._waiting, *([self._prefill] if self._prefill else [])]:
+        for seq in [*self._running, *self._waiting, *self._prefilling]:
             if seq.handle.cancelled and seq.finish_reason is None:
                 self._finish(seq, FinishReason.ABORT, "cancelled")
         self._waiting = collections.deque(s for s in self._waiting if s.finish_reason is None)
         self._compact()
 
     def _compact(self) -> None:
-        """Drop finished rows; keep the running ones in slots 0..n-1 (and a prefill after)."""
+        """Drop finished rows; lay the others out as running rows in slots ``0..n-1``, then
+        the prefilling ones.
+
+        Rows never change their relative order (prompts complete first come, first
+        served, and a row that starts running leaves the front of the prefilling ones),
+        so every row moves to a lower slot or stays: moving them in slot order never
+        overwrites a row that has yet to move.
+        """
         runner = self._runner
         assert runner is not None
-        if all(s.finish_reason is None for s in self._running):
-            return
-        kept = [s for s in self._running if s.finish_reason is None]
-        for new_slot, seq in enumerate(kept):
-            if seq.slot != new_slot:
-                runner.copy_slot(seq.slot, new_slot, seq.cached)
-                seq.slot = new_slot
-        self._running = kept
-        if self._prefill is not None and self._prefill.slot != len(kept):
-            runner.copy_slot(self._prefill.slot, len(kept), self._prefill.cached)
-            self._prefill.slot = len(kept)
+        self._running = [s for s in self._running if s.finish_reason is None]
+        self._prefilling = [s for s in self._prefilling if s.finish_reason is None]
+        self.stats.running = len(self._running)
+        for target, seq in enumerate([*self._running, *self._prefilling]):
+            if seq.slot != target:
+                if seq.slot < target:
+                    raise RuntimeError(f"row order broken: slot {seq.slot} would move up to {target}")
+                runner.copy_slot(seq.slot, target, seq.cached)
+                seq.slot = target
 
     def _abort_all(self, why: str) -> None:
         with self._lock:
             pending = list(self._submitted)
             self._submitted.clear()
-        for seq in [*self._running, *self._waiting, *pending, *([self._prefill] if self._prefill else [])]:
+        for seq in [*self._running, *self._waiting, *pending, *self._prefilling]:
             if seq.finish_reason is None:
                 self._finish(seq, FinishReason.ABORT, why)
         self._running = []
         self._waiting.clear()
-        self._prefill = None
+        self._prefilling = []
 
 
 def _apply_rows(logits: torch.Tensor, masks: torch.Tensor, rows: list[int]) -> None:
