@@ -279,3 +279,18 @@ def test_outputs_do_not_depend_on_the_schedule(tiny_model, compiler) -> None:
         handles = [e.submit(GenerationRequest(prompt_ids=r.prompt_ids, sampling=r.sampling)) for r in requests]
         together = [h.wait().token_ids for h in handles]
     assert together == alone
+
+
+def test_the_thinking_budget_holds_without_a_constraint(engine, tiny_model) -> None:
+    ids, prompt = prompt_ids(tiny_model, "think first", thinking=True)
+    out = run(
+        engine,
+        prompt_ids=ids,
+        sampling=SamplingParams(max_tokens=30, seed=11),
+        reasoning=True,
+        reasoning_parser=prompt.reasoning_parser(),
+        max_reasoning_tokens=4,
+    )
+    assert out.usage.reasoning_tokens == 5  # four thought tokens and the forced end tag
+    assert out.reasoning and out.content  # the answer after it is free text
+    assert out.finish_reason is FinishReason.LENGTH

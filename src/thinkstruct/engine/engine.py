@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from thinkstruct.engine.detokenizer import TokenTexts
+from thinkstruct.engine.free_text import thinking_budget_matcher
 from thinkstruct.engine.handle import RequestHandle
 from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest
 from thinkstruct.engine.runner import ModelRunner, TransformersRunner
@@ -248,6 +249,13 @@ class Engine:
 
     def _matcher(self, request: GenerationRequest) -> GrammarMatcher | None:
         if request.grammar is None:
+            if request.reasoning and request.max_reasoning_tokens is not None:
+                return thinking_budget_matcher(
+                    self.tokenizer,
+                    max_reasoning_tokens=request.max_reasoning_tokens,
+                    end_tag=self._end_tag,
+                    banned_ids_while_thinking=self._banned_while_thinking,
+                )
             return None
         if request.grammar.tokenizer is not self.tokenizer:
             raise ValueError("the grammar was compiled for another tokenizer")
@@ -448,7 +456,9 @@ class Engine:
             if not matcher.accept_token(token):
                 self._finish(seq, FinishReason.ERROR, f"the grammar rejected the sampled token {token}")
                 return
-            if matcher.is_terminated():
+            # A stop token ends the output even where the matcher lets the model stop
+            # inside its thought (free text under a thinking budget).
+            if matcher.is_terminated() or token in self._stop_ids:
                 stop = True
             else:
                 # Forced tokens count against max_tokens and must fit in the context.
