@@ -33,46 +33,57 @@ def sample(
 ) -> list[int]:
     """One token id per row of float32 ``logits [rows, vocab]`` (masked entries ``-inf``).
 
+    The vocabulary-wide work (max, temperature, top-k candidates, softmax) is batched over
+    the rows that need it; only the draw itself is per row (it needs the row's generator).
+
     Raises:
         ValueError: a row has no allowed token (every logit ``-inf``); its index is in the
             message as ``row N``.
     """
-    rows = logits.shape[0]
     best = logits.max(dim=-1)
     if bool(torch.isneginf(best.values).any()):
         dead = int(torch.nonzero(torch.isneginf(best.values))[0, 0])
         raise ValueError(f"row {dead}: no token is allowed")
-    greedy_ids = best.indices.tolist()
-    out: list[int] = []
-    for i in range(rows):
-        p = params[i]
-        if p.greedy:
-            out.append(greedy_ids[i])
-        else:
-            out.append(_sample_row(logits[i], p, generators[i]))
+    out: list[int] = best.indices.tolist()
+    drawn = [i for i, p in enumerate(params) if not p.greedy]
+    if not drawn:
+        return out
+    temperatures = torch.tensor([params[i].temperature for i in drawn], dtype=logits.dtype)
+    scaled = logits[drawn] / temperatures[:, None]
+    vocab = scaled.shape[1]
+    filtered = [j for j, i in enumerate(drawn) if params[i].top_k or params[i].top_p < 1.0]
+    plain = [j for j, i in enumerate(drawn) if not (params[i].top_k or params[i].top_p < 1.0)]
+    if plain:
+        probs = torch.softmax(scaled[plain], dim=-1)
+        for row, j in enumerate(plain):
+            out[drawn[j]] = int(torch.multinomial(probs[row], 1, generator=generators[drawn[j]]))
+    if filtered:
+        k = min(max(params[drawn[j]].top_k or TOP_P_CANDIDATES for j in filtered), vocab)
+        values, indices = torch.topk(scaled[filtered], k, dim=-1)
+        for row, j in enumerate(filtered):
+            i = drawn[j]
+            out[i] = _draw_filtered(scaled[j], values[row], indices[row], params[i], generators[i])
     return out
 
 
-def _sample_row(row: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
-    scaled = row / p.temperature
+def _draw_filtered(
+    scaled: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, p: SamplingParams, generator: torch.Generator
+) -> int:
+    """Draw from a row's top-k / top-p candidates (``values`` sorted descending)."""
     vocab = scaled.shape[0]
-    if p.top_k or p.top_p < 1.0:
-        k = min(p.top_k or TOP_P_CANDIDATES, vocab)
-        values, indices = torch.topk(scaled, k)
-        if p.top_p < 1.0:
-            # Mass is measured in the distribution top-k leaves (all of it without top-k).
-            total = torch.logsumexp(values if p.top_k else scaled, 0)
+    k = min(p.top_k or TOP_P_CANDIDATES, vocab)
+    values, indices = values[:k], indices[:k]
+    if p.top_p < 1.0:
+        # Mass is measured in the distribution top-k leaves (all of it without top-k).
+        total = torch.logsumexp(values if p.top_k else scaled, 0)
+        mass = torch.exp(values - total)
+        if not p.top_k and k < vocab and float(mass.sum()) < p.top_p:
+            values, indices = torch.sort(scaled, descending=True)
             mass = torch.exp(values - total)
-            if not p.top_k and k < vocab and float(mass.sum()) < p.top_p:
-                values, indices = torch.sort(scaled, descending=True)
-                mass = torch.exp(values - total)
-            # Keep the smallest prefix whose mass reaches top_p (at least one token).
-            cumulative = torch.cumsum(mass, 0)
-            keep = int(torch.searchsorted(cumulative, torch.tensor(p.top_p, dtype=cumulative.dtype))) + 1
-            keep = min(keep, values.shape[0])
-            values, indices = values[:keep], indices[:keep]
-        probs = torch.softmax(values, dim=-1)
-        choice = torch.multinomial(probs, 1, generator=generator)
-        return int(indices[choice])
-    probs = torch.softmax(scaled, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+        # Keep the smallest prefix whose mass reaches top_p (at least one token).
+        cumulative = torch.cumsum(mass, 0)
+        keep = int(torch.searchsorted(cumulative, torch.tensor(p.top_p, dtype=cumulative.dtype))) + 1
+        keep = min(keep, values.shape[0])
+        values, indices = values[:keep], indices[:keep]
+    probs = torch.softmax(values, dim=-1)
+    return int(indices[torch.multinomial(probs, 1, generator=generator)])
