@@ -1,0 +1,453 @@
+"""load_model: the embedded SmolLM2, local directories, dtypes, int8, family detection,
+clear errors, and the GGUF conversion cache surviving kills, races and truncation.
+
+Real models only: the embedded SmolLM2 GGUF and a tiny random Llama over the DeepSeek-V4
+tokenizer (tiny_model.py). The cache tests convert the real GGUF into a temporary cache.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tiny_model import EOS_ID, THINK_END_ID, THINK_START_ID, build_tiny_model
+
+from thinkstruct.engine.model_cache import MANIFEST, entry_problem, read_manifest
+from thinkstruct.engine.models import (
+    PLAIN_FAMILY,
+    LoadedModel,
+    ModelNotFoundError,
+    UnsupportedModelError,
+    detect_family,
+    load_model,
+    models_cache_dir,
+    served_model_name,
+)
+from thinkstruct.parsers import UnknownName, render_chat
+from thinkstruct.tokenizer import gguf_cache_key, smollm2_gguf_path
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+SHORT = "The capital of France is"  # bf16 prefill is slow on CPUs without AVX512-BF16: keep prompts short
+
+
+def greedy(loaded: LoadedModel, prompt_ids: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens, by plain forwards with a KV cache (no sampling code involved)."""
+    import inspect
+
+    from transformers import DynamicCache
+
+    # transformers 5.x renames past_key_values to cache
+    cache_kw = "cache" if "cache" in inspect.signature(loaded.model.forward).parameters else "past_key_values"
+    cache = DynamicCache()
+    ids = torch.tensor([prompt_ids])
+    out: list[int] = []
+    with torch.inference_mode():
+        for _ in range(n):
+            logits = loaded.model(input_ids=ids, use_cache=True, **{cache_kw: cache}).logits
+            token = int(logits[0, -1].argmax())
+            out.append(token)
+            ids = torch.tensor([[token]])
+    return out
+
+
+def chat_ids(loaded: LoadedModel, messages: list[dict], **kwargs: object) -> list[int]:
+    prompt = render_chat(messages, family=loaded.family, chat_template=loaded.chat_template, chat_template_kwargs=kwargs)
+    return loaded.tokenizer.hf.encode(prompt.text, add_special_tokens=False)
+
+
+# ---- the embedded default -----------------------------------------------------------------
+
+
+def test_the_default_is_smollm2_from_its_gguf(smollm2: LoadedModel) -> None:
+    assert smollm2.name == "SmolLM2-135M-Instruct"
+    assert smollm2.path == smollm2_gguf_path().resolve()
+    assert smollm2.family.name == "smollm2-think"
+    assert "smollm2" in smollm2.family_reason
+    assert smollm2.dtype is torch.bfloat16 and smollm2.quantize is None
+    assert next(smollm2.model.parameters()).dtype is torch.bfloat16
+    assert not smollm2.model.training
+    assert smollm2.context_length == 8192  # llama.context_length in the GGUF header
+    assert type(smollm2.model).__name__ == "LlamaForCausalLM"
+    # The vocabulary: 49,152 ids, <|im_end|> ends a turn, the think tags are plain text.
+    assert smollm2.tokenizer.vocab_size == 49152 == smollm2.model.config.vocab_size
+    assert smollm2.tokenizer.eos_token_ids == (2,)
+    assert len(smollm2.tokenizer.think_start_ids) > 1
+    # The family's built-in template (it adds the thinking instruction), not the GGUF's own.
+    assert smollm2.chat_template is not None and "smollm2-think" in smollm2.chat_template.name
+    # SmolLM2's vocabulary has StarCoder's <repo_name>/<file_sep> tokens but no <fim_*>.
+    assert smollm2.completion_template is None
+    vocab = smollm2.tokenizer.hf.get_vocab()
+    assert "<file_sep>" in vocab and not any("fim" in token.lower() for token in vocab)
+
+
+def test_the_default_answers_a_question(smollm2: LoadedModel) -> None:
+    tokens = greedy(smollm2, chat_ids(smollm2, QUESTION, enable_thinking=False), 12)
+    assert "Paris" in smollm2.tokenizer.decode(tokens)
+
+
+def test_the_cache_is_complete_and_a_second_start_reads_it(smollm2: LoadedModel) -> None:
+    entry = smollm2.weights_dir
+    assert entry is not None and entry.name == gguf_cache_key(smollm2_gguf_path())
+    assert entry_problem(entry) is None
+    manifest = read_manifest(entry)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= set(manifest["files"])
+    assert manifest["meta"]["dtype"] == "float32"  # lossless: every dtype loads from it
+    again = load_model(progress=False)
+    assert not again.converted and again.weights_dir == entry
+    ids = torch.tensor([smollm2.tokenizer.encode(SHORT)])
+    with torch.inference_mode():
+        assert torch.equal(again.model(input_ids=ids).logits, smollm2.model(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("dtype, expected", [("float32", torch.float32), ("float16", torch.float16)])
+def test_other_dtypes_load_from_the_same_cache(smollm2: LoadedModel, dtype: str, expected: torch.dtype) -> None:
+    loaded = load_model(dtype=dtype, progress=False)
+    assert loaded.dtype is expected and next(loaded.model.parameters()).dtype is expected
+    assert loaded.weights_dir == smollm2.weights_dir and not loaded.converted
+    assert loaded.tokenizer.decode(greedy(loaded, loaded.tokenizer.encode(SHORT), 1)) == " Paris"
+
+
+def test_int8_quantizes_every_linear_and_keeps_the_answer(smollm2_int8: LoadedModel) -> None:
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    model = smollm2_int8.model
+    assert smollm2_int8.quantize == "int8" and smollm2_int8.dtype is torch.float32
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    quantized = [m for m in model.modules() if isinstance(m, DynamicLinear)]
+    assert len(quantized) == 30 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the head
+    assert smollm2_int8.tokenizer.vocab_size == 49152  # read from the quantized head
+    tokens = greedy(smollm2_int8, chat_ids(smollm2_int8, QUESTION, enable_thinking=False), 12)
+    assert "Paris" in smollm2_int8.tokenizer.decode(tokens)
+
+
+# ---- a local model directory ----------------------------------------------------------------
+
+
+def test_a_tiny_deepseek_v4_directory_loads_with_native_think_tokens(tiny_model: LoadedModel, tiny_model_dir: Path) -> None:
+    assert tiny_model.name == "tiny-deepseek-v4" and tiny_model.path == tiny_model_dir.resolve()
+    assert tiny_model.family.name == "deepseek-v4"
+    assert tiny_model.weights_dir == tiny_model.path and not tiny_model.converted
+    assert tiny_model.tokenizer.vocab_size == 129280
+    assert tiny_model.tokenizer.think_start_ids == (THINK_START_ID,)
+    assert tiny_model.tokenizer.think_end_ids == (THINK_END_ID,)
+    assert tiny_model.tokenizer.eos_token_ids == (EOS_ID,)
+    assert tiny_model.context_length == 4096
+    # DeepSeek-V4's tokenizer ships no chat template: the family's built-in one.
+    assert tiny_model.chat_template is not None and "deepseek-v4" in tiny_model.chat_template.name
+    # Its vocabulary has the FIM tokens: the family's own completion template.
+    assert tiny_model.completion_template is not None and tiny_model.completion_template.name == "deepseek-v4"
+    logits = tiny_model.model(input_ids=torch.tensor([[0, 100, 200]])).logits
+    assert logits.shape == (1, 3, 129280) and logits.dtype is torch.float32
+
+
+def test_the_tiny_model_is_deterministic(tmp_path: Path, tiny_model: LoadedModel) -> None:
+    other = load_model(build_tiny_model(tmp_path), dtype="float32", progress=False)
+    ids = [0, 5, 6, 7]
+    assert greedy(other, ids, 4) == greedy(tiny_model, ids, 4)
+    different = load_model(build_tiny_model(tmp_path / "s1", seed=1), dtype="float32", progress=False)
+    first = tiny_model.model(input_ids=torch.tensor([ids])).logits
+    assert not torch.equal(different.model(input_ids=torch.tensor([ids])).logits, first)
+
+
+def test_reasoning_parser_overrides_detection(tiny_model_dir: Path) -> None:
+    loaded = load_model(tiny_model_dir, reasoning_parser="qwen3", progress=False)
+    assert loaded.family.name == "qwen3" and loaded.family_reason == "reasoning_parser='qwen3'"
+    assert loaded.chat_template is not None and "qwen3" in loaded.chat_template.name
+    assert load_model(tiny_model_dir, reasoning_parser="plain", progress=False).family is PLAIN_FAMILY
+    with pytest.raises(UnknownName, match="nonesuch.*known: .*deepseek-v4"):
+        load_model(tiny_model_dir, reasoning_parser="nonesuch", progress=False)
+
+
+def test_an_unknown_model_gets_the_plain_family_and_says_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    directory = build_tiny_model(tmp_path, name="my-model")
+    with caplog.at_level(logging.INFO, logger="thinkstruct.engine.models"):
+        loaded = load_model(directory, progress=False)
+    assert loaded.family is PLAIN_FAMILY
+    assert "'my-model'" in loaded.family_reason and "'llama'" in loaded.family_reason
+    assert any("reasoning family 'plain'" in r.getMessage() for r in caplog.records)
+    # plain: no built-in chat template and the tokenizer has none -> no chat; FIM still fits.
+    assert loaded.chat_template is None
+    assert loaded.completion_template is not None
+    # and it does not think unless asked
+    assert not PLAIN_FAMILY.enabled({}) and PLAIN_FAMILY.enabled({"enable_thinking": True})
+
+
+def test_a_hugging_face_cache_snapshot_is_named_after_its_repository(tmp_path: Path) -> None:
+    snapshot = tmp_path / "models--Qwen--Qwen3-0.6B" / "snapshots" / "0123abcd"
+    build_tiny_model(snapshot.parent, name=snapshot.name)
+    loaded = load_model(snapshot, progress=False)
+    assert loaded.name == "Qwen3-0.6B" and loaded.family.name == "qwen3"
+
+
+# ---- family detection: data in the registry, not code ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "names, architectures, family",
+    [
+        (["Qwen3-8B"], ["qwen3"], "qwen3"),
+        (["Qwen3-4B-Thinking-2507"], ["qwen3"], "qwen3-thinking"),  # the longer match wins
+        (["DeepSeek-R1-Distill-Qwen-7B"], ["qwen2"], "deepseek-r1"),
+        (["DeepSeek R1 Distill Llama 8B"], ["llama"], "deepseek-r1"),  # a GGUF general.name
+        (["DeepSeek-V3.1"], ["deepseek_v3"], "deepseek-v3"),
+        (["gpt-oss-20b"], ["gpt_oss"], "gpt-oss"),
+        (["Magistral-Small-2506"], ["mistral"], "mistral"),
+        (["GLM-4.5-Air"], ["glm4_moe"], "glm45"),
+        (["Kimi-K2-Thinking"], ["kimi_k2"], "kimi"),
+        (["c4ai-command-a-reasoning-08-2025"], ["cohere2"], "cohere-command"),
+        (["SmolLM2-360M-Instruct"], ["llama"], "smollm2-think"),
+        # no name matches: the architecture decides
+        (["my-finetune"], ["qwen3", "Qwen3ForCausalLM"], "qwen3"),
+        (["checkpoint-500"], ["gpt_oss", "GptOssForCausalLM"], "gpt-oss"),
+        # a name beats an architecture: R1 is a deepseek_v3 model
+        (["DeepSeek-R1"], ["deepseek_v3"], "deepseek-r1"),
+        # nothing matches
+        (["Llama-3.2-1B-Instruct"], ["llama", "LlamaForCausalLM"], "plain"),
+        (["SmolLM3-3B"], ["smollm3"], "plain"),
+    ],
+)
+def test_detect_family(names: list[str], architectures: list[str], family: str) -> None:
+    assert detect_family(names=names, architectures=architectures).family.name == family
+
+
+def test_every_built_in_family_has_model_patterns() -> None:
+    from thinkstruct.parsers import reasoning_families
+
+    for family in reasoning_families().values():
+        if not family.name.startswith("test-"):
+            assert family.model_patterns, f"{family.name} has no model_patterns"
+
+
+def test_a_bad_model_pattern_is_refused_naming_the_family() -> None:
+    from thinkstruct.parsers import InvalidTemplateSpec, ReasoningFamily
+
+    with pytest.raises(InvalidTemplateSpec, match="'broken'.*'qwen\\('"):
+        ReasoningFamily(name="broken", think_start="<t>", think_end="</t>", forced=False, switch=None, model_patterns=("qwen(",))
+
+
+def test_a_registered_family_with_patterns_is_detected() -> None:
+    from thinkstruct.parsers import (
+        ReasoningFamily,
+        register_reasoning_family,
+        unregister_reasoning_family,
+    )
+
+    family = ReasoningFamily(
+        name="test-acme", think_start="<t>", think_end="</t>", forced=False, switch=None, model_patterns=(r"acme-\d+b",)
+    )
+    register_reasoning_family(family)
+    try:
+        assert detect_family(names=["Acme-7B-Chat"]).family is family
+    finally:
+        unregister_reasoning_family("test-acme")
+    assert detect_family(names=["Acme-7B-Chat"]).family is PLAIN_FAMILY
+
+
+@pytest.mark.parametrize(
+    "path, name",
+    [
+        ("/m/SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct"),
+        ("/m/Qwen3-8B-Q4_K_M.gguf", "Qwen3-8B"),
+        ("/m/gpt-oss-20b-F16.gguf", "gpt-oss-20b"),
+        ("/m/model.gguf", "model"),
+        ("/m/My Model (v2)", "My-Model-v2"),
+    ],
+)
+def test_served_model_name(path: str, name: str) -> None:
+    assert served_model_name(path) == name
+
+
+@settings(max_examples=50)
+@given(st.text(min_size=1, max_size=40).filter(lambda s: "/" not in s and "\x00" not in s))
+def test_served_names_are_clean_ids(stem: str) -> None:
+    for name in (served_model_name(f"/m/{stem}.gguf"), served_model_name(f"/m/{stem}")):
+        assert name and all(c.isascii() and (c.isalnum() or c in "._-") for c in name)
+        assert name[0] not in "-." and name[-1] not in "-."
+
+
+# ---- clear errors -------------------------------------------------------------------------
+
+
+def test_a_missing_path_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(ModelNotFoundError, match=f"no model at {missing}.*never downloads"):
+        load_model(missing)
+    with pytest.raises(FileNotFoundError):  # also an ordinary FileNotFoundError
+        load_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+
+
+def test_not_a_model_is_named(tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(UnsupportedModelError, match=f"{text} is a file but not a .gguf"):
+        load_model(text)
+    with pytest.raises(UnsupportedModelError, match=f"{tmp_path} has no config.json"):
+        load_model(tmp_path)
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"not a gguf at all")
+    with pytest.raises(UnsupportedModelError, match=f"{fake}: cannot read the GGUF header"):
+        load_model(fake)
+
+
+def test_an_unknown_architecture_is_named(tmp_path: Path) -> None:
+    model = tmp_path / "strange"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    with pytest.raises(UnsupportedModelError, match=f"{model}: transformers cannot read"):
+        load_model(model)
+
+
+def test_a_model_that_is_not_a_causal_lm_is_named(tmp_path: Path) -> None:
+    from transformers import T5Config
+
+    model = tmp_path / "t5"
+    T5Config(d_model=16, num_layers=1, num_heads=1, d_ff=16, vocab_size=32).save_pretrained(model)
+    with pytest.raises(UnsupportedModelError, match=f"{model}: not a causal language model"):
+        load_model(model)
+
+
+def test_an_unsupported_gguf_architecture_is_refused_before_converting(tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "odd.gguf"
+    writer = gguf.GGUFWriter(str(path), arch="no-such-arch")
+    writer.add_name("odd")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedModelError, match=f"{path}: GGUF architecture 'no-such-arch' is not supported"):
+        load_model(path, progress=False)
+    assert not (models_cache_dir() / gguf_cache_key(path)).exists()
+
+
+@pytest.mark.parametrize("kwargs, message", [({"dtype": "int4"}, "dtype must be one of"), ({"quantize": "int4"}, "quantize must be")])
+def test_bad_options_are_named(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_model(**kwargs)
+
+
+# ---- the conversion cache: killed, raced, truncated ---------------------------------------
+
+_START = r"""
+import json, sys, torch
+from thinkstruct.engine.models import load_model
+m = load_model(progress=True)
+ids = m.tokenizer.encode(sys.argv[1])
+with torch.inference_mode():
+    out = m.model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)
+print(json.dumps({"converted": m.converted, "tokens": out[0, len(ids):].tolist(), "entry": str(m.weights_dir)}))
+"""
+
+
+def _start(cache: Path, code: str = _START) -> subprocess.Popen[str]:
+    env = {**os.environ, "THINKSTRUCT_CACHE": str(cache)}
+    return subprocess.Popen(
+        [sys.executable, "-c", code, SHORT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+@pytest.fixture(scope="module")
+def crashed_then_raced(tmp_path_factory: pytest.TempPathFactory, smollm2: LoadedModel) -> dict:
+    """In a fresh cache: a first start killed mid-conversion; then a damaged entry (a copy
+    of the user cache's with its weights cut short); then two starts at once."""
+    cache = tmp_path_factory.mktemp("cache")
+    root = cache / "models"
+    key = gguf_cache_key(smollm2_gguf_path())
+    victim = _start(cache)
+    deadline = time.monotonic() + 240
+    staging: list[Path] = []
+    while time.monotonic() < deadline and victim.poll() is None:
+        staging = [p for p in root.glob(f"{key}.staging-*") if (p / "tokenizer.json").exists()]
+        if staging:
+            break
+        time.sleep(0.2)
+    assert staging, "the first start never got to converting"
+    time.sleep(2.0)  # now inside transformers' dequantization
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(30)
+    after_kill = {
+        "entry_exists": (root / key).exists(),
+        "leftovers": [p.name for p in root.glob(f"{key}.staging-*")],
+        "problem": entry_problem(root / key),
+    }
+    # The damage: a complete-looking entry whose weights file lost all but its first MB.
+    assert smollm2.weights_dir is not None
+    damaged = root / key
+    damaged.mkdir()
+    for path in smollm2.weights_dir.iterdir():
+        if path.name != "model.safetensors":
+            shutil.copyfile(path, damaged / path.name)
+    with open(smollm2.weights_dir / "model.safetensors", "rb") as src:
+        (damaged / "model.safetensors").write_bytes(src.read(1 << 20))
+    damage = entry_problem(damaged)
+    racers = [_start(cache), _start(cache)]
+    results = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=400)
+        assert racer.returncode == 0, err[-3000:]
+        results.append({**json.loads(out.strip().splitlines()[-1]), "stderr": err})
+    return {"root": root, "key": key, "after_kill": after_kill, "damage": damage, "results": results}
+
+
+@pytest.mark.slow
+def test_a_kill_mid_conversion_leaves_no_entry(crashed_then_raced: dict) -> None:
+    after = crashed_then_raced["after_kill"]
+    assert not after["entry_exists"]
+    assert after["leftovers"]  # it was killed with a half-written staging directory
+    assert "does not exist" in after["problem"]
+
+
+@pytest.mark.slow
+def test_a_truncated_entry_is_detected_and_rebuilt(crashed_then_raced: dict) -> None:
+    entry = crashed_then_raced["root"] / crashed_then_raced["key"]
+    assert crashed_then_raced["damage"].startswith(f"{entry / 'model.safetensors'} has {1 << 20} bytes, the manifest says ")
+    converter = next(r for r in crashed_then_raced["results"] if r["converted"])
+    assert "is incomplete" in converter["stderr"] and "converting it again" in converter["stderr"]
+    assert entry_problem(entry, full=True) is None  # rebuilt: every file matches its SHA-256
+
+
+@pytest.mark.slow
+def test_concurrent_starts_convert_once_and_agree(crashed_then_raced: dict) -> None:
+    results = crashed_then_raced["results"]
+    root, key = crashed_then_raced["root"], crashed_then_raced["key"]
+    assert sorted(r["converted"] for r in results) == [False, True]
+    converter = next(r for r in results if r["converted"])
+    waiter = next(r for r in results if not r["converted"])
+    assert "converting SmolLM2-135M-Instruct.Q4_1.gguf (first start only)" in converter["stderr"]
+    assert "waiting for another process converting" in waiter["stderr"]
+    assert results[0]["tokens"] == results[1]["tokens"] and results[0]["entry"] == str(root / key)
+    assert not list(root.glob(f"{key}.staging-*"))  # the killed start's leftovers are gone
+
+
+
+@pytest.mark.slow
+def test_the_rebuilt_entry_gives_the_same_model(crashed_then_raced: dict, smollm2: LoadedModel) -> None:
+    tokens = crashed_then_raced["results"][0]["tokens"]
+    assert tokens == greedy(smollm2, smollm2.tokenizer.encode(SHORT), 4)
+    assert smollm2.tokenizer.decode(tokens).startswith(" Paris")
+
+
+def test_an_entry_without_its_manifest_is_incomplete(tmp_path: Path, smollm2: LoadedModel) -> None:
+    assert smollm2.weights_dir is not None
+    entry = tmp_path / "entry"
+    entry.mkdir()
+    for path in smollm2.weights_dir.iterdir():
+        if path.name != "model.safetensors":
+            shutil.copyfile(path, entry / path.name)
+    assert "model.safetensors is missing" in (entry_problem(entry) or "")
+    (entry / MANIFEST).unlink()
+    assert entry_problem(entry) == f"{entry} has no {MANIFEST}: its conversion did not finish"
