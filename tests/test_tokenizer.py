@@ -1,3 +1,5 @@
+import pytest
+
 from thinkstruct import Tokenizer
 from thinkstruct.tokenizer import smollm2_gguf_path
 
@@ -26,13 +28,46 @@ def test_encode_keeps_tag_text_as_text(tokenizer: Tokenizer) -> None:
 
 
 def test_backend_vocabularies_are_built_once(tokenizer: Tokenizer) -> None:
-    assert tokenizer.xgrammar_info() is tokenizer.xgrammar_info()
-    assert tokenizer.llguidance_tokenizer() is tokenizer.llguidance_tokenizer()
-    info = tokenizer.xgrammar_info()
+    from thinkstruct.grammar.backends.llguidance_backend import ll_tokenizer
+    from thinkstruct.grammar.backends.outlines_backend import vocabulary
+    from thinkstruct.grammar.backends.xgrammar_backend import tokenizer_info
+
+    assert tokenizer_info(tokenizer) is tokenizer_info(tokenizer)
+    assert ll_tokenizer(tokenizer) is ll_tokenizer(tokenizer)
+    assert vocabulary(tokenizer) is vocabulary(tokenizer)
+    info = tokenizer_info(tokenizer)
     assert info.vocab_size == 129_280
     assert set(info.special_token_ids) >= tokenizer.special_token_ids - {1}
-    ll = tokenizer.llguidance_tokenizer()
+    ll = ll_tokenizer(tokenizer)
     assert all(ll.is_special_token(i) for i in tokenizer.special_token_ids)
+
+
+@pytest.mark.parametrize("which", ["deepseek-v4", "smollm2"])
+def test_decoded_vocab_is_the_tokenizer_own_and_agrees_with_xgrammar(tokenizer: Tokenizer, which: str) -> None:
+    # Built from the tokenizer's decoder (no grammar library involved); xgrammar's reading
+    # of the same vocabulary is the reference.
+    from thinkstruct.grammar.backends.xgrammar_backend import tokenizer_info
+
+    tok = tokenizer if which == "deepseek-v4" else Tokenizer.from_pretrained(smollm2_gguf_path())
+    assert tok.vocab_type() == "byte_level"
+    ours = tok.decoded_vocab()
+    theirs = list(tokenizer_info(tok).decoded_vocab)
+    assert len(ours) == tok.vocab_size
+    assert ours == theirs
+    assert all(ours[i] == b"" for i in tok.special_token_ids)
+
+
+def test_cache_hook_builds_once_and_stays_out_of_pickles(tokenizer: Tokenizer) -> None:
+    import pickle
+
+    calls = []
+    value = tokenizer.cached("test.hook", lambda: calls.append(1) or object())
+    assert tokenizer.cached("test.hook", lambda: calls.append(1) or object()) is value
+    assert calls == [1]
+    tokenizer.decoded_vocab()
+    copy = pickle.loads(pickle.dumps(tokenizer))
+    assert copy.cached("test.hook", lambda: "rebuilt") == "rebuilt"  # library views stay behind
+    assert copy.decoded_vocab() == tokenizer.decoded_vocab()  # plain facts travel
 
 
 def test_padded_vocab(tokenizer: Tokenizer) -> None:

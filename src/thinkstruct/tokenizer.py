@@ -3,8 +3,9 @@
 It wraps a Hugging Face fast tokenizer and adds what constrained decoding needs: the
 model's vocabulary size (which may exceed the tokenizer's: padded embeddings), every stop
 id, the think start/end tags and their token ids, the set of special tokens that must never
-appear inside a constrained answer, and each grammar backend's own view of the vocabulary,
-built once, lazily, and shared.
+appear inside a constrained answer, and the bytes each token stands for. Grammar backends
+build their own views of the vocabulary from these facts and keep them here through the
+small cache hook :meth:`Tokenizer.cached`, so each is built once per tokenizer and process.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ import os
 import threading
 from copy import copy
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar
 
 if TYPE_CHECKING:  # heavy imports stay lazy: `import thinkstruct` must be cheap
-    import llguidance
-    import outlines_core
-    import xgrammar
     from transformers import PreTrainedTokenizerBase
+
+T = TypeVar("T")
+
+#: Derived values that are plain data, pickled along with a tokenizer.
+_PORTABLE = frozenset({"decoded_vocab", "vocab_type", "all_special_json"})
 
 DEFAULT_THINK_START = "<think>"
 DEFAULT_THINK_END = "</think>"
@@ -204,16 +207,19 @@ class Tokenizer:
         return self.decoded_vocab()[token_id]
 
     def __getstate__(self) -> dict[str, Any]:
-        # Pickled to start compile workers: the caches and the lock stay behind.
+        # Pickled to start compile workers: the lock and the library objects stay behind;
+        # the plain facts already derived travel (rebuilding them costs a worker seconds).
         state = self.__dict__.copy()
         for transient in ("_lock", "_cached", "_text_backend"):
             state.pop(transient, None)
+        state["_portable"] = {k: v for k, v in self._cached.items() if k in _PORTABLE}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        portable = state.pop("_portable", {})
         self.__dict__.update(state)
         self._lock = threading.RLock()
-        self._cached = {}
+        self._cached = dict(portable)
         self._text_backend = None
 
     @property
@@ -226,9 +232,12 @@ class Tokenizer:
             f"eos={list(self.eos_token_ids)}, special={len(self.special_token_ids)})"
         )
 
-    # ---- per-backend vocabularies, built once --------------------------------------
+    # ---- derived views, built once ---------------------------------------------------
 
-    def _once(self, key: str, build: Any) -> Any:
+    def cached(self, key: str, build: Callable[[], T]) -> T:
+        """The value cached under ``key``, built by ``build()`` on first use (once, even
+        when several threads ask at once). Grammar backends keep their vocabulary views
+        here; the cache is not pickled (a compile worker builds what it needs)."""
         value = self._cached.get(key)
         if value is None:
             with self._lock:
@@ -236,52 +245,60 @@ class Tokenizer:
                 if value is None:
                     value = build()
                     self._cached[key] = value
-        return value
+        return value  # type: ignore[no-any-return]
 
-    def xgrammar_info(self) -> xgrammar.TokenizerInfo:
-        """xgrammar's ``TokenizerInfo``, with every special token marked special."""
-        return self._once("xgrammar", self._build_xgrammar_info)
-
-    def llguidance_tokenizer(self) -> llguidance.LLTokenizer:
-        """llguidance's ``LLTokenizer``, with every added token marked special."""
-        return self._once("llguidance", self._build_llguidance_tokenizer)
-
-    def outlines_vocabulary(self) -> outlines_core.Vocabulary:
-        """outlines-core's ``Vocabulary``: the text tokens only, keyed by their bytes."""
-        return self._once("outlines", self._build_outlines_vocabulary)
+    def _once(self, key: str, build: Callable[[], T]) -> T:
+        return self.cached(key, build)
 
     def decoded_vocab(self) -> list[bytes]:
         """Bytes of every id below :attr:`vocab_size`; ``b""`` for special and padding ids."""
-        return self._once("decoded_vocab", lambda: list(self.xgrammar_info().decoded_vocab))
+        return self._once("decoded_vocab", self._build_decoded_vocab)
 
-    def _build_xgrammar_info(self) -> xgrammar.TokenizerInfo:
-        import xgrammar as xgr
+    def vocab_type(self) -> str:
+        """How token strings spell bytes: ``"byte_level"`` (GPT-2's byte-to-unicode map),
+        ``"byte_fallback"`` (SentencePiece: ``▁`` for space, ``<0x0A>`` for raw bytes) or
+        ``"raw"`` (the text itself), read from the tokenizer's decoder."""
+        return self._once("vocab_type", self._detect_vocab_type)
 
-        encoded: list[str] = [""] * self.vocab_size
+    def all_special_json(self) -> str:
+        """The tokenizer's JSON with every added token marked special (what plain-text
+        encoding and llguidance's tokenizer are built from)."""
+        return self._once("all_special_json", self._all_special_json)
+
+    def _detect_vocab_type(self) -> str:
+        decoder = json.loads(self.hf.backend_tokenizer.to_str()).get("decoder") or {}
+        parts = (decoder.get("decoders") or [decoder]) if isinstance(decoder, dict) else []
+        types = {p.get("type") for p in parts if isinstance(p, dict)}
+        if "ByteLevel" in types:
+            return "byte_level"
+        if "ByteFallback" in types or "Metaspace" in types or (
+            "Replace" in types and any(_replaces_metaspace(p) for p in parts)
+        ):
+            return "byte_fallback"
+        return "raw"
+
+    def _build_decoded_vocab(self) -> list[bytes]:
+        kind = self.vocab_type()
+        table = _unicode_to_byte() if kind == "byte_level" else {}
+        out = [b""] * self.vocab_size
         for token, idx in self.hf.get_vocab().items():
-            if idx < self.vocab_size and idx not in self.special_token_ids:
-                encoded[idx] = token
-        # xgrammar treats a token whose text is empty as special: it never appears in a
-        # mask, which is exactly what the added/control tokens need.
-        backend_str = self.hf.backend_tokenizer.to_str()
-        try:
-            meta = xgr.TokenizerInfo._detect_metadata_from_hf(backend_str)
-            vocab_type, add_prefix_space = meta["vocab_type"], meta["add_prefix_space"]
-        except Exception:  # private helper moved: fall back to the public, slower path
-            probe = xgr.TokenizerInfo.from_huggingface(
-                self.hf, vocab_size=self.vocab_size, stop_token_ids=list(self.eos_token_ids)
-            )
-            vocab_type, add_prefix_space = probe.vocab_type, probe.add_prefix_space
-        return xgr.TokenizerInfo(
-            encoded,
-            vocab_type,
-            vocab_size=self.vocab_size,
-            stop_token_ids=list(self.eos_token_ids),
-            add_prefix_space=add_prefix_space,
-        )
+            if idx >= self.vocab_size or idx in self.special_token_ids:
+                continue
+            if kind == "byte_level":
+                try:
+                    out[idx] = bytes(table[ch] for ch in token)
+                except KeyError:  # not a byte-level spelling: the text itself
+                    out[idx] = token.encode("utf-8")
+            elif kind == "byte_fallback":
+                if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+                    out[idx] = bytes([int(token[3:5], 16)])
+                else:
+                    out[idx] = token.replace("\u2581", " ").encode("utf-8")
+            else:
+                out[idx] = token.encode("utf-8")
+        return out
 
     def _all_special_json(self) -> str:
-        """The tokenizer's JSON with every added token marked special."""
         backend = copy(self.hf.backend_tokenizer)
         backend.no_padding()
         backend.no_truncation()
@@ -293,30 +310,10 @@ class Tokenizer:
     def _build_text_backend(self) -> Any:
         from tokenizers import Tokenizer as RustTokenizer
 
-        text = RustTokenizer.from_str(self._once("all_special_json", self._all_special_json))
+        text = RustTokenizer.from_str(self.all_special_json())
         # With every added token special, this makes their texts encode as plain text.
         text.encode_special_tokens = True
         return text
-
-    def _build_llguidance_tokenizer(self) -> llguidance.LLTokenizer:
-        import llguidance
-
-        # llguidance keeps a non-special added token (e.g. DeepSeek's "｜DSML｜") as text a
-        # grammar may produce; every added token is a control token here.
-        return llguidance.LLTokenizer(
-            self._once("all_special_json", self._all_special_json),
-            n_vocab=self.vocab_size,
-            eos_token=list(self.eos_token_ids),
-        )
-
-    def _build_outlines_vocabulary(self) -> outlines_core.Vocabulary:
-        import outlines_core
-
-        by_bytes: dict[bytes, list[int]] = {}
-        for idx, raw in enumerate(self.decoded_vocab()):
-            if raw and idx not in self.special_token_ids:
-                by_bytes.setdefault(raw, []).append(idx)
-        return outlines_core.Vocabulary(self.eos_token_ids[0], by_bytes)
 
     # ---- helpers -------------------------------------------------------------------
 
@@ -332,6 +329,26 @@ class Tokenizer:
         special = set(getattr(self.hf, "added_tokens_decoder", {}) or {})
         special.update(getattr(self.hf, "all_special_ids", []) or [])
         return {i for i in special if 0 <= i < self.vocab_size}
+
+
+@functools.cache
+def _unicode_to_byte() -> dict[str, int]:
+    """GPT-2's byte-to-unicode map, inverted: the character each byte is spelled as in a
+    byte-level BPE vocabulary, back to the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+def _replaces_metaspace(step: dict[str, Any]) -> bool:
+    pattern = step.get("pattern")
+    return isinstance(pattern, dict) and pattern.get("String") == "\u2581"
 
 
 def _load_gguf_tokenizer(path: Path) -> PreTrainedTokenizerBase:

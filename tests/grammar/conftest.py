@@ -4,8 +4,8 @@ import functools
 
 import pytest
 
-import thinkstruct
-from thinkstruct import CompiledGrammar, Constraint, Tokenizer
+from thinkstruct import CompiledGrammar, Constraint, InvalidGrammar, Tokenizer
+from thinkstruct.grammar.api import get_backend
 
 BACKENDS = ("xgrammar", "llguidance", "outlines")
 
@@ -23,8 +23,13 @@ PERSON_SCHEMA = {
 
 @functools.cache
 def compiled(backend: str, constraint: Constraint) -> CompiledGrammar:
-    """Compile once per test session (compiles over the 129k vocabulary take up to ~1 s)."""
-    return thinkstruct.compile(constraint, Tokenizer.default(), backend)
+    """Compile once per test session (compiles over the 129k vocabulary take up to ~1 s),
+    with the backend itself in this process: no time limit (outlines-core needs tens of
+    seconds for ``json_object``) and no worker processes."""
+    result = get_backend(Tokenizer.default(), backend).compile(constraint)
+    if isinstance(result, InvalidGrammar):
+        raise result.error
+    return result
 
 
 @pytest.fixture(params=BACKENDS)

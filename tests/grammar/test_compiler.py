@@ -17,6 +17,21 @@ from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 PATHOLOGICAL = {"type": "object", "properties": {"x": {}, "y": {"type": "array"}}, "required": ["x", "y"]}
 
 
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
 def _schema(n: int) -> Constraint:
     return Constraint.json_schema(
         {"type": "object", "properties": {f"k{n}": {"type": "integer"}}, "required": [f"k{n}"]}
@@ -101,16 +116,17 @@ def test_timeout_stops_the_work_and_the_compiler_carries_on(tokenizer: Tokenizer
         with pytest.raises(CompileTimeout) as info:
             c.compile(Constraint.json_schema(PATHOLOGICAL))
         assert time.monotonic() - start < 40
-        assert "too long" in str(info.value) and info.value.backend == "outlines"
-        # The worker running the compile was killed: no core stays pinned.
-        with pytest.raises(ProcessLookupError):
-            os.kill(worker, 0)
-        assert c.worker_pids() == []
+        assert "longer than 8 s" in str(info.value) and info.value.backend == "outlines"
+        # The worker running the compile was killed (and is reaped within moments): no
+        # core stays pinned.
+        _wait_until(lambda: not _exists(worker))
+        assert worker not in c.worker_pids()  # a replacement may be starting already
         cpu = time.process_time()
         time.sleep(1.0)
         assert time.process_time() - cpu < 0.5  # and this process is idle too
         assert threading.active_count() <= threads_before
-        # A later good compile works (in a fresh worker) ...
+        # A later good compile works, in the fresh worker started at once ...
+        c.warm_up()
         good = c.compile(Constraint.regex("[a-z]+@[a-z]+"))
         assert good.backend == "outlines" and first_rejected(good, "ab@cd") is None
         # ... and the timed-out key is answered from memory without compiling again.

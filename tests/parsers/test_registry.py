@@ -18,7 +18,7 @@ from thinkstruct.parsers import (
     unregister_completion_template,
     unregister_reasoning_family,
 )
-from thinkstruct.parsers.registry import Registry
+from thinkstruct.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """``backend="auto"``: which backend compiles which constraint.
 
-The order comes from ``benchmarks/coverage.py`` (MaskBench sample, 129k vocabulary),
-not from folklore: llguidance compiles in about a millisecond (xgrammar's median is
+The order (each backend's declared ``rank``) comes from ``benchmarks/coverage.py``
+(MaskBench sample, 129k vocabulary), not from folklore: llguidance compiles in about a millisecond (xgrammar's median is
 about a second) and refuses JSON Schema keywords it cannot enforce, so it goes first;
 xgrammar masks faster per token but silently ignores several keywords and compiles
 slowly, so it is tried only for schemas whose every keyword it enforces; outlines-core is
@@ -21,44 +21,43 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from thinkstruct.errors import UnsupportedConstraint
+from thinkstruct.grammar.backends import backend_classes
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.schema_keywords import assertions, normalize, subschemas
 
+# Every table below is derived from the backends' own declarations (the registry in
+# thinkstruct.grammar.backends), which are measured by tests/grammar/test_conformance.py
+# and the probes in docs/keyword_support.md.
+
 #: Assertion keywords each backend does not enforce (it refuses them or silently lets
-#: invalid instances through). Measured by tests/grammar/test_conformance.py and the
-#: probes in docs/keyword_support.md.
-_NO_BACKEND = frozenset(
-    {
-        "not", "uniqueItems", "contains", "minContains", "maxContains", "if", "then", "else",
-        "dependentRequired", "dependentSchemas", "dependencies", "propertyNames",
-        "unevaluatedProperties", "unevaluatedItems", "oneOf", "$dynamicRef", "$recursiveRef",
-    }
-)
-_XGRAMMAR_ALSO = frozenset(
-    {
-        "allOf", "multipleOf", "format", "minProperties", "maxProperties",
-        "patternProperties", "additionalItems",
-    }
-)
-INEXACT: dict[str, frozenset[str]] = {
-    "llguidance": _NO_BACKEND,
-    "xgrammar": _NO_BACKEND | _XGRAMMAR_ALSO,
-    "outlines": _NO_BACKEND
-    | _XGRAMMAR_ALSO
-    | {"additionalProperties", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
-}
+#: invalid instances through).
+INEXACT: dict[str, frozenset[str]] = {cls.name: cls.inexact_keywords for cls in backend_classes()}
+
+#: Keywords some backend cannot enforce directly (schema rewrites only pay off under them).
+HARD_KEYWORDS: frozenset[str] = frozenset().union(*INEXACT.values())
+
+
+def _order(kind: ConstraintKind) -> tuple[str, ...]:
+    ranked = [(cls.rank[kind], cls.name) for cls in backend_classes() if kind in cls.kinds and kind in cls.rank]
+    return tuple(name for _, name in sorted(ranked))
+
 
 #: Exact backends to try for JSON schemas, fastest time-to-first-mask first.
-JSON_ORDER = ("llguidance", "xgrammar", "outlines")
+JSON_ORDER = _order(ConstraintKind.JSON_SCHEMA)
 
 #: Backends per other kind, in order of preference.
 KIND_ORDER: dict[ConstraintKind, tuple[str, ...]] = {
-    ConstraintKind.JSON_OBJECT: ("llguidance", "xgrammar"),
-    ConstraintKind.REGEX: ("llguidance", "xgrammar", "outlines"),
-    ConstraintKind.CHOICE: ("llguidance", "xgrammar", "outlines"),
-    ConstraintKind.EBNF: ("llguidance", "xgrammar"),
-    ConstraintKind.STRUCTURAL_TAG: ("xgrammar", "llguidance"),
+    kind: _order(kind) for kind in ConstraintKind if kind is not ConstraintKind.JSON_SCHEMA
 }
+
+#: Backends that may compile a schema they do not enforce exactly, in lenient mode: with
+#: a lenient mode, or ignoring such keywords by themselves.
+LENIENT_ORDER = tuple(
+    name
+    for name in JSON_ORDER
+    if (cls := next(c for c in backend_classes() if c.name == name)).lenient_mode or cls.ignores_inexact
+)
+_HAS_LENIENT_MODE = frozenset(cls.name for cls in backend_classes() if cls.lenient_mode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,20 +86,21 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
         for name in KIND_ORDER[constraint.kind]:
             yield Candidate(name, constraint)
         return
-    if not _mentions(constraint.value, _REWRITE_TRIGGERS | INEXACT["llguidance"]):
-        yield Candidate("llguidance", constraint)  # nothing to rewrite, nothing inexact
+    first = JSON_ORDER[0]
+    if not _mentions(constraint.value, _REWRITE_TRIGGERS | INEXACT[first]):
+        yield Candidate(first, constraint)  # nothing to rewrite, nothing inexact
         used = assertions(constraint.document)
         rewritten = constraint
     else:
-        schema = normalize(constraint.document)
+        schema = normalize(constraint.document, hard_keywords=HARD_KEYWORDS)
         rewritten = Constraint(
             ConstraintKind.JSON_SCHEMA, json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
         )
         used = assertions(schema)
         if strict:
             _refuse_unenforceable(used)
-        if not any(keyword in INEXACT["llguidance"] for keyword, _ in used):
-            yield Candidate("llguidance", rewritten)
+        if not any(keyword in INEXACT[first] for keyword, _ in used):
+            yield Candidate(first, rewritten)
     for name in JSON_ORDER[1:]:
         if not any(keyword in INEXACT[name] for keyword, _ in used) and _typed_throughout(
             rewritten.document
@@ -108,10 +108,10 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
             yield Candidate(name, rewritten)
     if strict:
         return
-    for name in ("llguidance", "xgrammar"):
+    for name in LENIENT_ORDER:
         ignored = tuple(p for k, p in used if k in INEXACT[name])
         if ignored:
-            yield Candidate(name, rewritten, lenient=name == "llguidance", ignored=ignored)
+            yield Candidate(name, rewritten, lenient=name in _HAS_LENIENT_MODE, ignored=ignored)
 
 
 # Keywords that apply to one type of value only.

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping, Union
 
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
@@ -114,6 +114,7 @@ __all__ = [
     "GrammarBackend",
     "GrammarMatcher",
     "InvalidGrammar",
+    "NO_BACKEND_ENFORCES",
     "schema_text",
 ]
 
@@ -132,23 +133,55 @@ def schema_text(constraint: Constraint) -> str:
     return constraint.value
 
 
+#: JSON Schema assertion keywords no backend here enforces (not expressible as a grammar,
+#: or not implemented by the libraries): every backend lists them as inexact. Measured by
+#: tests/grammar/test_conformance.py (see docs/keyword_support.md).
+NO_BACKEND_ENFORCES = frozenset(
+    {
+        "not", "uniqueItems", "contains", "minContains", "maxContains", "if", "then", "else",
+        "dependentRequired", "dependentSchemas", "dependencies", "propertyNames",
+        "unevaluatedProperties", "unevaluatedItems", "oneOf", "$dynamicRef", "$recursiveRef",
+    }
+)  # fmt: skip
+
+
 class GrammarBackend(abc.ABC):
     """Compiles constraints for one tokenizer with one library.
 
     One instance per (tokenizer, backend, options). ``compile`` is safe to call from
-    several threads at once.
+    several threads at once. A subclass declares what it can do in its class attributes
+    (the one place each backend fact lives; the registry in
+    :mod:`thinkstruct.grammar.backends` and ``auto`` read them).
     """
 
     name: ClassVar[str]
+    #: Constraint kinds it compiles.
     kinds: ClassVar[frozenset[ConstraintKind]]
+    #: JSON Schema assertion keywords it does not enforce exactly (it refuses them, or
+    #: lets invalid instances through).
+    inexact_keywords: ClassVar[frozenset[str]] = NO_BACKEND_ENFORCES
+    #: It has a lenient mode that ignores the keywords it cannot enforce (``lenient=True``).
+    lenient_mode: ClassVar[bool] = False
+    #: It compiles schemas with its inexact keywords as they are, ignoring them silently,
+    #: so ``auto`` may use it as a lenient fallback without a mode.
+    ignores_inexact: ClassVar[bool] = False
     #: Compiles run in native code that cannot be interrupted and may take minutes, so
-    #: the compile service runs them in a worker process it can kill (see
-    #: :meth:`export` and :meth:`load`).
+    #: the compile service runs them in a worker process it can kill (see :meth:`export`
+    #: and :meth:`load`).
     isolated: ClassVar[bool] = False
+    #: ``auto``'s preference per kind: lower is tried first; a kind missing here is never
+    #: chosen by ``auto`` (it may still be asked for by name).
+    rank: ClassVar[Mapping[ConstraintKind, int]] = {}
 
-    def __init__(self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat()) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat(), lenient: bool = False
+    ) -> None:
+        if lenient and not self.lenient_mode:
+            raise ValueError(f"the {self.name} backend has no lenient mode")
         self.tokenizer = tokenizer
         self.json_format = json_format
+        #: Ignore the keywords it cannot enforce instead of refusing the schema.
+        self.lenient = lenient
 
     def compile(self, constraint: Constraint, *, checked: bool = False) -> CompileResult:
         """Compile, or return an :class:`InvalidGrammar` naming what is wrong.
@@ -195,4 +228,4 @@ class GrammarBackend(abc.ABC):
 
     def options_key(self) -> tuple[object, ...]:
         """The options that change what ``compile`` produces (part of the cache key)."""
-        return (self.name, self.json_format)
+        return (self.name, self.json_format, self.lenient)

@@ -1,9 +1,10 @@
 """The compile worker process: ``python -m thinkstruct.grammar.compile_worker_process``.
 
-Started by :class:`~thinkstruct.grammar.compile_workers.CompileWorkers`; reads the
-tokenizer and JSON format, says it is ready, then compiles requests until stdin closes.
-Kept apart from ``compile_workers`` so that running it does not re-run a module the
-package has already imported.
+Started by :class:`~thinkstruct.grammar.compile_workers.WorkerPool`; reads the tokenizer,
+the JSON format and the one backend it serves, builds that backend's vocabulary view
+(only that one), says it is ready, then compiles requests until stdin closes. Kept apart
+from ``compile_workers`` so that running it does not re-run a module the package has
+already imported.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.compile_workers import read_message, write_message
 
 if TYPE_CHECKING:
-    from thinkstruct.grammar.base import CompileResult
+    from thinkstruct.grammar.base import CompileResult, GrammarBackend
 
 
 def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
@@ -26,21 +27,22 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     from thinkstruct.grammar.backends import create_backend
     from thinkstruct.grammar.base import InvalidGrammar
 
-    tokenizer, json_format = pickle.loads(read_message(stdin))
-    tokenizer.outlines_vocabulary()  # builds xgrammar's view too; both are needed here
+    tokenizer, json_format, backend_name = pickle.loads(read_message(stdin))
+    backends: dict[bool, GrammarBackend] = {
+        False: create_backend(backend_name, tokenizer, json_format=json_format)
+    }
     write_message(stdout, pickle.dumps("ready"))
-    backends: dict[str, Any] = {}
     while True:
         try:
-            backend_name, constraint = pickle.loads(read_message(stdin))
+            lenient, constraint = pickle.loads(read_message(stdin))
         except EOFError:
             return
         start = time.perf_counter()
         try:
-            backend = backends.get(backend_name)
+            backend = backends.get(lenient)
             if backend is None:
-                backend = backends[backend_name] = create_backend(
-                    backend_name, tokenizer, json_format=json_format
+                backend = backends[lenient] = create_backend(
+                    backend_name, tokenizer, json_format=json_format, lenient=lenient
                 )
             result: CompileResult = backend.compile(constraint, checked=True)
             if isinstance(result, InvalidGrammar):
@@ -50,16 +52,15 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
         except Exception as e:  # one bad request must not take the worker down
             reply = (
                 "invalid",
-                InvalidConstraint(
-                    f"{backend_name} failed: {e}", backend=backend_name, kind=constraint.kind.value
-                ),
+                InvalidConstraint(f"{backend_name} failed: {e}", backend=backend_name, kind=constraint.kind.value),
                 time.perf_counter() - start,
             )
         write_message(stdout, pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 if __name__ == "__main__":
-    # Keep the protocol stream clean: anything the libraries print goes to stderr.
+    # Keep the protocol stream clean: anything the libraries print goes to stderr, which
+    # the parent forwards to its logger.
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     serve(sys.stdin.buffer, out)

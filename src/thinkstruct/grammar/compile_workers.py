@@ -1,66 +1,146 @@
-"""Compiles in worker processes that can be killed.
+"""Compiles in worker processes that can be killed: :class:`WorkerPool`.
 
-xgrammar and outlines-core compile in native code that cannot be interrupted; some
-schemas take minutes. A compile thread that runs past its time limit would pin a core
-until it finishes, so those backends compile in a separate process: on timeout the
-process is killed (its CPU is freed at once) and a fresh one is started for the next
-compile. The compiled artefact travels back serialized (xgrammar's JSON form, outlines'
-pickled index) and is rebuilt against the parent's tokenizer.
+Some compiles run in native code that cannot be interrupted and may take minutes
+(xgrammar, outlines-core, llguidance on very large grammars). A thread running past its
+time limit would pin a core until it finishes, so such compiles run in a separate process:
+at the deadline the process is killed (its CPU is freed at once) and a fresh one is
+started for the next compile. The compiled artefact travels back serialized (xgrammar's
+JSON form, outlines' pickled index) and is rebuilt against the parent's tokenizer.
+
+One pool per backend, each worker building only that backend's view of the vocabulary.
+A job carries an absolute deadline that covers every wait: the queue, a worker still
+starting, the compile. Each worker slot is served by its own dispatcher thread, so a
+caller never holds a thread while it waits, and a job whose deadline passed in the queue
+is dropped without running. A worker that dies (out of memory, a native crash) is an
+internal error, not the constraint's fault: the job is retried once on a fresh worker and
+the crash is counted.
 
 Workers are plain ``python -m thinkstruct.grammar.compile_worker_process`` subprocesses
 speaking length-prefixed pickles over stdin/stdout, so they never re-import the parent's
-``__main__`` (as multiprocessing's spawn would).
+``__main__`` (as multiprocessing's spawn would). What the libraries print to stderr (C++
+warnings, Rust panics) is forwarded line by line to the ``thinkstruct.grammar`` logger.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
+import logging
 import os
 import pickle
-import queue
 import select
 import struct
 import subprocess
 import sys
 import threading
-from typing import IO, TYPE_CHECKING, Any
+import time
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Any, Callable
 
-from thinkstruct.errors import CompileTimeout, ThinkstructError
+from thinkstruct.errors import CompileTimeout, InternalCompileError, ThinkstructError
 
 if TYPE_CHECKING:
     from thinkstruct.grammar.constraint import Constraint
     from thinkstruct.grammar.json_format import JsonFormat
     from thinkstruct.tokenizer import Tokenizer
 
+logger = logging.getLogger("thinkstruct.grammar")
+
 _HEADER = struct.Struct("<Q")
 
+#: Most seconds a new worker may take to start (imports, tokenizer, the backend's
+#: vocabulary view; measured 2-6 s on 2 cores for the 129k tokenizer) before it is taken
+#: for dead.
+STARTUP_ALLOWANCE_S = 120.0
 
-class WorkerCrashed(ThinkstructError):
-    """A compile worker process died (out of memory, a native crash)."""
+#: A worker's reply: ``("ok", payload, seconds)`` or ``("invalid", InvalidConstraint, seconds)``.
+Reply = tuple[str, Any, float]
+
+
+class WorkerCrashed(InternalCompileError):
+    """A compile worker process died twice on one job (out of memory, a native crash)."""
+
+
+class QueueTimeout(CompileTimeout):
+    """The deadline passed before a worker could take the job: a matter of load, not of the
+    constraint, so it is never remembered as the constraint's failure."""
+
+
+class WorkTimeout(CompileTimeout):
+    """The compile itself ran to the deadline and its worker was killed.
+
+    Attributes:
+        ran_s: seconds the compile had in the worker before it was stopped.
+    """
+
+    ran_s: float = 0.0
+
+
+@dataclass(eq=False)
+class _Job:
+    lenient: bool
+    constraint: Constraint
+    deadline: float
+    future: concurrent.futures.Future[Reply] = field(default_factory=concurrent.futures.Future)
+    crashes: int = 0
 
 
 class _Worker:
-    def __init__(self, setup: bytes) -> None:
+    def __init__(self, setup: bytes, backend: str) -> None:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        self.backend = backend
+        self.started = time.monotonic()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "thinkstruct.grammar.compile_worker_process"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env=env,
         )
-        assert self.process.stdin is not None and self.process.stdout is not None
+        if self.process.stdin is None or self.process.stdout is None or self.process.stderr is None:
+            raise ThinkstructError("could not open pipes to a compile worker")
         self.stdin: IO[bytes] = self.process.stdin
         self.stdout: IO[bytes] = self.process.stdout
         self.ready = False
+        # Readiness is read by one thread at a time (a dispatcher or warm-up).
+        self._ready_lock = threading.Lock()
+        threading.Thread(
+            target=_forward_stderr,
+            args=(self.process.stderr, backend),
+            name=f"thinkstruct-{backend}-stderr",
+            daemon=True,
+        ).start()
         write_message(self.stdin, setup)
 
-    def wait_ready(self) -> None:
-        """Wait for the worker's start-up (imports, tokenizer, vocabularies) to finish."""
+    def wait_ready(self, deadline: float) -> bool:
+        """Wait until the worker has started, at most until ``deadline``; whether it has.
+
+        Raises:
+            WorkerCrashed: it died while starting, or took longer than
+                :data:`STARTUP_ALLOWANCE_S`.
+        """
         if self.ready:
-            return
-        ready, _, _ = select.select([self.stdout], [], [], STARTUP_ALLOWANCE_S)
-        if not ready or pickle.loads(read_message(self.stdout)) != "ready":
-            raise WorkerCrashed("a compile worker did not start")
-        self.ready = True
+            return True
+        limit = min(deadline, self.started + STARTUP_ALLOWANCE_S)
+        if not self._ready_lock.acquire(timeout=max(limit - time.monotonic(), 0.0)):
+            return False
+        try:
+            if self.ready:
+                return True
+            ready, _, _ = select.select([self.stdout], [], [], max(limit - time.monotonic(), 0.0))
+            if not ready:
+                if time.monotonic() >= self.started + STARTUP_ALLOWANCE_S:
+                    raise WorkerCrashed(f"a {self.backend} compile worker did not start")
+                return False
+            try:
+                if pickle.loads(read_message(self.stdout)) != "ready":
+                    raise EOFError
+            except (EOFError, OSError, pickle.UnpicklingError):
+                raise WorkerCrashed(f"a {self.backend} compile worker died while starting") from None
+            self.ready = True
+            return True
+        finally:
+            self._ready_lock.release()
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -76,114 +156,212 @@ class _Worker:
                 pass
 
 
-class CompileWorkers:
-    """A small pool of compile processes for one tokenizer and JSON format.
+def _forward_stderr(stream: IO[bytes], backend: str) -> None:
+    # xgrammar writes C++ warnings ("oneOf with overlapping ...") straight to fd 2.
+    with stream:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", errors="replace").rstrip()
+            if line:
+                logger.warning("%s compile worker: %s", backend, line)
+
+
+class WorkerPool:
+    """Worker processes of one backend for one tokenizer and JSON format.
 
     Args:
+        backend: the backend every worker of this pool compiles with.
         tokenizer: pickled once into each worker.
-        json_format: the JSON format every backend in the worker uses.
+        json_format: the JSON format of the backend in each worker.
         processes: how many compiles may run at once.
+        on_crash: called once per worker that died (for the compiler's counters).
     """
 
-    def __init__(self, tokenizer: Tokenizer, json_format: JsonFormat, *, processes: int = 1) -> None:
-        self._setup = pickle.dumps((tokenizer, json_format), protocol=pickle.HIGHEST_PROTOCOL)
-        self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
-        self._all: set[_Worker] = set()
-        self._lock = threading.Lock()
+    def __init__(
+        self,
+        backend: str,
+        tokenizer: Tokenizer,
+        json_format: JsonFormat,
+        *,
+        processes: int = 1,
+        on_crash: Callable[[], None] = lambda: None,
+    ) -> None:
+        if processes < 1:
+            raise ValueError("a worker pool needs at least one process")
+        self.backend = backend
+        self._setup = pickle.dumps((tokenizer, json_format, backend), protocol=pickle.HIGHEST_PROTOCOL)
+        self._processes = processes
+        self._on_crash = on_crash
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._workers: list[_Worker | None] = [None] * processes
+        self._dispatchers: list[threading.Thread] = []
         self._closed = False
-        for _ in range(processes):
-            self._idle.put(None)  # a slot; its process starts on first use
 
-    def compile(self, backend: str, constraint: Constraint, *, timeout_s: float) -> tuple[str, Any, float]:
-        """Compile a constraint the caller has checked (``check_constraint``) in a worker:
-        ``("ok", payload, seconds)`` or ``("invalid", error, seconds)``.
+    # ---- public ----------------------------------------------------------------------
 
-        The time limit covers the compile itself; a worker that is still starting (a few
-        seconds: imports and the tokenizer's vocabularies) is waited for first.
+    def submit(self, constraint: Constraint, *, lenient: bool, deadline: float) -> concurrent.futures.Future[Reply]:
+        """Queue a compile of a checked constraint; the future holds the worker's reply.
 
-        Raises:
-            CompileTimeout: no answer in time; the worker was killed.
-            WorkerCrashed: the worker died.
+        The future fails with :class:`QueueTimeout` or :class:`WorkTimeout` at
+        ``deadline`` (a ``time.monotonic()`` value), with :class:`WorkerCrashed` after a
+        second crash, or with :class:`~thinkstruct.ThinkstructError` once the pool is closed.
         """
-        worker = self._idle.get()
-        try:
-            if worker is None or not worker.alive():
-                worker = self._start()
-            try:
-                worker.wait_ready()
-            except (WorkerCrashed, EOFError, OSError, pickle.UnpicklingError):
-                self._discard(worker)
-                worker = None
-                raise WorkerCrashed(f"the {backend} compile worker did not start") from None
-            # The caller has run thinkstruct's own checks on the constraint.
-            write_message(worker.stdin, pickle.dumps((backend, constraint), protocol=pickle.HIGHEST_PROTOCOL))
-            ready, _, _ = select.select([worker.stdout], [], [], max(timeout_s, 0.0))
-            if not ready:
-                self._discard(worker)
-                worker = None
-                raise CompileTimeout(
-                    "compiling took too long and was stopped", backend=backend, kind=constraint.kind.value
-                )
-            try:
-                reply = pickle.loads(read_message(worker.stdout))
-            except (EOFError, OSError, pickle.UnpicklingError):
-                self._discard(worker)
-                worker = None
-                raise WorkerCrashed(f"the {backend} compile worker died") from None
-            return reply
-        except BrokenPipeError:
-            if worker is not None:
-                self._discard(worker)
-                worker = None
-            raise WorkerCrashed(f"the {backend} compile worker died") from None
-        finally:
-            self._idle.put(worker)
+        job = _Job(lenient, constraint, deadline)
+        with self._cond:
+            if self._closed:
+                raise ThinkstructError("the compiler is closed")
+            self._start_dispatchers()
+            self._queue.append(job)
+            self._cond.notify()
+        return job.future
 
-    def warm_up(self) -> None:
-        """Start every worker process that is not running yet."""
-        slots = []
-        while True:
+    def warm_up(self, timeout_s: float = STARTUP_ALLOWANCE_S) -> None:
+        """Start every worker of the pool now and wait (at most ``timeout_s``) until each is ready."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            if self._closed:
+                raise ThinkstructError("the compiler is closed")
+            self._start_dispatchers()
+            starting = []
+            for slot, worker in enumerate(self._workers):
+                if worker is None or not worker.alive():
+                    worker = self._workers[slot] = _Worker(self._setup, self.backend)
+                starting.append(worker)
+        for worker in starting:
             try:
-                slots.append(self._idle.get_nowait())
-            except queue.Empty:
-                break
-        try:
-            slots = [w if w is not None and w.alive() else self._start() for w in slots]
-            for w in slots:
-                w.wait_ready()
-        finally:
-            for w in slots:
-                self._idle.put(w)
+                worker.wait_ready(deadline)
+            except WorkerCrashed:
+                self._on_crash()  # the dispatcher replaces it on its next job
 
     def pids(self) -> list[int]:
         """Process ids of the live workers."""
-        with self._lock:
-            return [w.process.pid for w in self._all if w.alive()]
+        with self._cond:
+            return [w.process.pid for w in self._workers if w is not None and w.alive()]
 
     def close(self) -> None:
-        with self._lock:
+        """Kill every worker and fail the jobs still queued."""
+        with self._cond:
             self._closed = True
-            workers = list(self._all)
+            workers = [w for w in self._workers if w is not None]
+            self._workers = [None] * self._processes
+            queued = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
         for w in workers:
-            self._discard(w)
+            w.kill()
+        for job in queued:
+            _fail(job, ThinkstructError("the compiler is closed"))
 
-    def _start(self) -> _Worker:
-        with self._lock:
+    # ---- the dispatchers -----------------------------------------------------------
+
+    def _start_dispatchers(self) -> None:
+        # The caller holds the condition.
+        while len(self._dispatchers) < self._processes:
+            slot = len(self._dispatchers)
+            thread = threading.Thread(
+                target=self._dispatch, args=(slot,), name=f"thinkstruct-{self.backend}-{slot}", daemon=True
+            )
+            self._dispatchers.append(thread)
+            thread.start()
+
+    def _next_job(self) -> _Job | None:
+        with self._cond:
+            while True:
+                if self._closed:
+                    return None
+                while self._queue:
+                    job = self._queue.popleft()
+                    if job.future.done():
+                        continue  # the caller gave up
+                    if time.monotonic() >= job.deadline:
+                        _fail(job, QueueTimeout("no compile worker was free before the deadline"))
+                        continue
+                    return job
+                self._cond.wait()
+
+    def _dispatch(self, slot: int) -> None:
+        while True:
+            job = self._next_job()
+            if job is None:
+                return
+            try:
+                self._run(slot, job)
+            except BaseException as error:  # noqa: BLE001 - a bug here must not kill the slot
+                _fail(job, error)
+
+    def _worker(self, slot: int) -> _Worker:
+        with self._cond:
             if self._closed:
                 raise ThinkstructError("the compiler is closed")
-        worker = _Worker(self._setup)
-        with self._lock:
-            self._all.add(worker)
-        return worker
+            worker = self._workers[slot]
+            if worker is None or not worker.alive():
+                if worker is not None:
+                    worker.kill()
+                worker = self._workers[slot] = _Worker(self._setup, self.backend)
+            return worker
 
-    def _discard(self, worker: _Worker) -> None:
+    def _discard(self, slot: int, worker: _Worker) -> None:
         worker.kill()
-        with self._lock:
-            self._all.discard(worker)
+        with self._cond:
+            if self._workers[slot] is worker:
+                self._workers[slot] = None
+
+    def _run(self, slot: int, job: _Job) -> None:
+        kind = job.constraint.kind.value
+        while True:
+            worker = self._worker(slot)
+            try:
+                started = worker.wait_ready(job.deadline)
+            except WorkerCrashed:
+                self._discard(slot, worker)
+                self._on_crash()
+                if self._retry(job):
+                    continue
+                raise
+            if not started:
+                # Still starting: it stays for the next job; this one ran out of time.
+                _fail(job, QueueTimeout(f"the {self.backend} compile worker was still starting at the deadline"))
+                return
+            try:
+                write_message(
+                    worker.stdin, pickle.dumps((job.lenient, job.constraint), protocol=pickle.HIGHEST_PROTOCOL)
+                )
+                sent = time.monotonic()
+                ready, _, _ = select.select([worker.stdout], [], [], max(job.deadline - sent, 0.0))
+                if not ready:
+                    timeout = WorkTimeout("compiling took too long and was stopped", backend=self.backend, kind=kind)
+                    timeout.ran_s = job.deadline - sent
+                    worker.process.kill()  # the CPU is free from here on
+                    _fail(job, timeout)  # then the caller, then reaping the process
+                    self._discard(slot, worker)
+                    self._replace(slot)
+                    return
+                reply: Reply = pickle.loads(read_message(worker.stdout))
+            except (EOFError, OSError, pickle.UnpicklingError):
+                self._discard(slot, worker)
+                self._on_crash()
+                if self._retry(job):
+                    continue
+                raise WorkerCrashed(f"the {self.backend} compile worker died twice compiling this constraint") from None
+            if not job.future.done():
+                job.future.set_result(reply)
+            return
+
+    def _replace(self, slot: int) -> None:
+        # Start the next worker now, so the next job finds it (nearly) ready.
+        try:
+            self._worker(slot)
+        except ThinkstructError:  # closed meanwhile
+            pass
+
+    def _retry(self, job: _Job) -> bool:
+        job.crashes += 1
+        return job.crashes < 2 and time.monotonic() < job.deadline and not job.future.done()
 
 
-#: Most seconds a new worker may take to start (imports, tokenizer, vocabularies).
-STARTUP_ALLOWANCE_S = 60.0
+def _fail(job: _Job, error: BaseException) -> None:
+    if not job.future.done():
+        job.future.set_exception(error)
 
 
 def write_message(stream: IO[bytes], payload: bytes) -> None:

@@ -3,13 +3,18 @@
 Compiling is the expensive part of constrained decoding (xgrammar's median is about a
 second over a 129k vocabulary, some schemas take minutes), so the service:
 
-- caches compiled grammars in a bounded LRU (by entries and approximate bytes), keyed by
-  the backend options and the constraint;
+- caches compiled grammars in a bounded LRU (by entries and measured bytes), keyed by the
+  backend, the strictness and the constraint;
 - shares one compile among all callers asking for the same cold key at once;
-- compiles off the caller's thread (a thread pool; xgrammar and outlines-core in worker
-  processes it can kill);
-- fails a compile that runs past ``timeout_s`` with :class:`~thinkstruct.CompileTimeout`,
-  stops its work, and remembers the failure only for ``failure_ttl_s``;
+- compiles off the caller's thread: small in-process work on a thread pool, everything
+  that may run long (xgrammar, outlines-core, large llguidance grammars) in worker
+  processes it can kill, so a cheap compile never waits behind an expensive one
+  (see :mod:`.compile_attempt`);
+- gives every request one absolute deadline (``timeout_s`` from the call) covering the
+  queue, worker start-up, fallbacks and the compile; at the deadline the caller gets
+  :class:`~thinkstruct.CompileTimeout` and the work is stopped;
+- remembers a constraint's failure for ``failure_ttl_s`` (never an internal error, such
+  as a worker crash, nor a timeout caused by load);
 - chooses the backend per constraint with ``backend="auto"`` (see :mod:`.auto`);
 - counts what it does (:class:`CompilerStats`) for the server's ``/metrics``.
 """
@@ -18,24 +23,28 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Callable
 
-from thinkstruct.errors import CompileTimeout, InvalidConstraint, UnsupportedConstraint
-from thinkstruct.grammar.auto import Candidate, plan
-from thinkstruct.grammar.backends import BACKEND_NAMES, backend_class
-from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend, InvalidGrammar
-from thinkstruct.grammar.compile_workers import STARTUP_ALLOWANCE_S, CompileWorkers, WorkerCrashed
-from thinkstruct.grammar.json_format import JsonFormat
-from thinkstruct.grammar.validation import check_constraint
+from thinkstruct.errors import CompileTimeout, InvalidConstraint, ThinkstructError
+from thinkstruct.grammar.backends import backend_class
+from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend
+from thinkstruct.grammar.compile_attempt import CompileAttempt, Deadlines
+from thinkstruct.grammar.compile_workers import STARTUP_ALLOWANCE_S, WorkerPool
+from thinkstruct.grammar.compiler_config import CompilerConfig, check_backend_name
 
 if TYPE_CHECKING:
     from thinkstruct.grammar.constraint import Constraint
     from thinkstruct.tokenizer import Tokenizer
+
+__all__ = ["CompilerConfig", "CompilerStats", "GrammarCompiler"]
+
+#: Seconds a blocked caller waits past its deadline for the attempt's own answer before
+#: giving up itself (the watchdog answers within milliseconds; this is a safety net).
+_CALLER_MARGIN_S = 1.0
 
 
 @dataclass
@@ -50,6 +59,10 @@ class CompilerStats:
     fallbacks: int = 0
     invalid: int = 0
     evictions: int = 0
+    #: Compile worker processes that died (each is retried once on a fresh worker).
+    worker_crashes: int = 0
+    #: Requests that failed for an internal reason (not the constraint's).
+    internal_errors: int = 0
     entries: int = 0
     bytes: int = 0
 
@@ -66,65 +79,12 @@ class _Key:
 
 @dataclass(frozen=True, slots=True)
 class _Failure:
-    error: InvalidConstraint
+    error: BaseException
     expires: float
 
 
-@dataclass(frozen=True, kw_only=True)
-class CompilerConfig:
-    """How a :class:`GrammarCompiler` compiles; the server builds one from its command line.
-
-    Args:
-        backend: ``"auto"`` (per constraint, see :mod:`thinkstruct.grammar.auto`) or one of
-            ``xgrammar``, ``llguidance``, ``outlines``; a call may ask for another.
-        strict: with ``auto``, refuse a constraint that no backend enforces exactly,
-            listing every keyword none can enforce with its JSON pointer; without it, fall
-            back to a backend that ignores those keywords (named on the result's
-            ``ignored_keywords``).
-        json_format: the JSON text format every backend is configured to.
-        cache_entries: most compiled grammars kept.
-        cache_bytes: most bytes of compiled grammars kept (as accounted by each grammar's
-            ``memory_bytes``).
-        timeout_s: seconds one compile may take in all, from the call: waiting for a
-            worker, fallbacks and checks included.
-        failure_ttl_s: seconds an invalid or timed-out constraint is answered from memory
-            before it may be tried again.
-        threads: in-process compiles (llguidance, thinkstruct's checks) that may run at once.
-        worker_processes: compile processes per backend that compiles out of process;
-            0 compiles everything in threads instead (faster to start, but a timed-out
-            compile then runs on).
-    """
-
-    backend: str = "auto"
-    strict: bool = False
-    json_format: JsonFormat = field(default_factory=JsonFormat)
-    cache_entries: int = 1024
-    cache_bytes: int = 2 << 30
-    timeout_s: float = 30.0
-    failure_ttl_s: float = 30.0
-    threads: int = 4
-    worker_processes: int = 1
-
-    def __post_init__(self) -> None:
-        check_backend_name(self.backend)
-        if self.cache_entries < 1 or self.cache_bytes < 1:
-            raise ValueError("cache_entries and cache_bytes must be positive")
-        if not self.timeout_s > 0:
-            raise ValueError("timeout_s must be positive")
-        if self.failure_ttl_s < 0:
-            raise ValueError("failure_ttl_s must not be negative")
-        if self.threads < 1 or self.worker_processes < 0:
-            raise ValueError("threads must be positive and worker_processes not negative")
-
-
-def check_backend_name(name: str) -> None:
-    """Raise ``ValueError`` listing the known names unless ``name`` is ``auto`` or a backend."""
-    if name != "auto" and name not in BACKEND_NAMES:
-        raise ValueError(f"unknown backend {name!r}; known backends: auto, {', '.join(BACKEND_NAMES)}")
-
-
 class GrammarCompiler:
-    """Compiles constraints for one tokenizer, with a cache, timeouts and backend choice.
+    """Compiles constraints for one tokenizer, with a cache, deadlines and backend choice.
 
     Args:
         tokenizer: the model's vocabulary.
@@ -132,22 +92,20 @@ class GrammarCompiler:
     """
 
     def __init__(self, tokenizer: Tokenizer, config: CompilerConfig | None = None) -> None:
-        config = config or CompilerConfig()
         self.tokenizer = tokenizer
-        self.config = config
+        self.config = config or CompilerConfig()
         self.stats = CompilerStats()
         self._cache: OrderedDict[_Key, CompiledGrammar] = OrderedDict()
         self._failures: dict[_Key, _Failure] = {}
         self._inflight: dict[_Key, concurrent.futures.Future[CompiledGrammar]] = {}
         self._lock = threading.Lock()
         self._backends: dict[tuple[str, bool], GrammarBackend] = {}
-        self._backends_lock = threading.Lock()
-        self._pool = concurrent.futures.ThreadPoolExecutor(config.threads, thread_name_prefix="thinkstruct-compile")
-        self._workers = (
-            CompileWorkers(tokenizer, config.json_format, processes=config.worker_processes)
-            if config.worker_processes > 0
-            else None
+        self._pools: dict[str, WorkerPool] = {}
+        self._inline = concurrent.futures.ThreadPoolExecutor(
+            self.config.threads, thread_name_prefix="thinkstruct-compile"
         )
+        self._deadlines = Deadlines()
+        self._closed = False
 
     # ---- public ----------------------------------------------------------------------
 
@@ -161,15 +119,17 @@ class GrammarCompiler:
 
         Raises:
             InvalidConstraint: the constraint is invalid, or no backend may enforce it.
-            CompileTimeout: compiling took longer than ``timeout_s``.
+            CompileTimeout: no grammar within ``timeout_s`` of the call.
+            InternalCompileError: compiling failed for a reason not the constraint's.
         """
         key = self._key(constraint, backend, strict)
         hit = self._lookup(key)
         if hit is not None:
             return hit
+        start = time.monotonic()
         future = self._submit(key)
         try:
-            return future.result(timeout=self._wait_limit_s)
+            return future.result(timeout=self.config.timeout_s + _CALLER_MARGIN_S - (time.monotonic() - start))
         except concurrent.futures.TimeoutError:
             raise self._waited_too_long(constraint) from None
 
@@ -183,53 +143,52 @@ class GrammarCompiler:
             return hit
         future = asyncio.wrap_future(self._submit(key))
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self._wait_limit_s)
+            return await asyncio.wait_for(asyncio.shield(future), self.config.timeout_s + _CALLER_MARGIN_S)
         except asyncio.TimeoutError:
             raise self._waited_too_long(constraint) from None
 
     def submit(
         self, constraint: Constraint, *, backend: str | None = None, strict: bool | None = None
     ) -> concurrent.futures.Future[CompiledGrammar]:
-        """A future of the compiled grammar; concurrent callers of one key share it."""
+        """A future of the compiled grammar, done by ``timeout_s`` after the call;
+        concurrent callers of one key share it."""
         return self._submit(self._key(constraint, backend, strict))
 
-    def _submit(self, key: _Key) -> concurrent.futures.Future[CompiledGrammar]:
-        with self._lock:
-            compiled = self._cached(key)
-            if compiled is not None:
-                return _done(compiled)
-            failure = self._failures.get(key)
-            if failure is not None:
-                if failure.expires > time.monotonic():
-                    self.stats.hits += 1
-                    return _failed(failure.error)
-                del self._failures[key]
-            future = self._inflight.get(key)
-            if future is not None:
-                self.stats.hits += 1
-                return future
-            self.stats.misses += 1
-            future = concurrent.futures.Future()
-            self._inflight[key] = future
-        self._pool.submit(self._run, key, future)
-        return future
+    def warm_up(self, backends: tuple[str, ...] | None = None, *, timeout_s: float = STARTUP_ALLOWANCE_S) -> None:
+        """Start the compile workers now rather than at the first compile that needs one.
 
-    @property
-    def _wait_limit_s(self) -> float:
-        # The compile itself enforces timeout_s (a worker is killed at its deadline); the
-        # caller waits longer only as a safety net, e.g. for a worker still starting.
-        return self.config.timeout_s + STARTUP_ALLOWANCE_S + 5.0
+        Args:
+            backends: whose workers to start (default: every backend that compiles in a
+                worker, and llguidance for large grammars, when the config's backend is
+                ``auto``; else that backend's).
+            timeout_s: most seconds to wait for them to be ready.
+        """
+        if self.config.worker_processes == 0:
+            return
+        if backends is None:
+            if self.config.backend == "auto":
+                from thinkstruct.grammar.backends import BACKEND_NAMES
 
-    def warm_up(self) -> None:
-        """Start the compile workers now rather than at the first compile that needs one."""
-        if self._workers is not None:
-            self._workers.warm_up()
+                backends = BACKEND_NAMES
+            else:
+                backends = (self.config.backend,)
+        for name in backends:
+            self._pool(name).warm_up(timeout_s)
 
     def close(self) -> None:
-        """Stop the compile workers and threads."""
-        if self._workers is not None:
-            self._workers.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the compile workers and threads; pending requests fail."""
+        with self._lock:
+            self._closed = True
+            pools = list(self._pools.values())
+            pending = list(self._inflight.values())
+            self._inflight.clear()
+        for pool in pools:
+            pool.close()
+        self._deadlines.close()
+        self._inline.shutdown(wait=False, cancel_futures=True)
+        for future in pending:
+            if not future.done():
+                future.set_exception(ThinkstructError("the compiler is closed"))
 
     def __enter__(self) -> GrammarCompiler:
         return self
@@ -239,9 +198,11 @@ class GrammarCompiler:
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live compile workers (for monitoring and tests)."""
-        return self._workers.pids() if self._workers is not None else []
+        with self._lock:
+            pools = list(self._pools.values())
+        return [pid for pool in pools for pid in pool.pids()]
 
-    # ---- internals -------------------------------------------------------------------
+    # ---- the cache and in-flight compiles --------------------------------------------
 
     def _key(self, constraint: Constraint, backend: str | None, strict: bool | None) -> _Key:
         if backend is None:
@@ -262,40 +223,46 @@ class GrammarCompiler:
             self.stats.hits += 1
         return compiled
 
+    def _submit(self, key: _Key) -> concurrent.futures.Future[CompiledGrammar]:
+        with self._lock:
+            if self._closed:
+                return _failed(ThinkstructError("the compiler is closed"))
+            compiled = self._cached(key)
+            if compiled is not None:
+                return _done(compiled)
+            failure = self._failures.get(key)
+            if failure is not None:
+                if failure.expires > time.monotonic():
+                    self.stats.hits += 1
+                    return _failed(failure.error)
+                del self._failures[key]
+            future = self._inflight.get(key)
+            if future is not None:
+                self.stats.hits += 1
+                return future
+            self.stats.misses += 1
+            future = concurrent.futures.Future()
+            self._inflight[key] = future
+        attempt = CompileAttempt(
+            self,
+            key,
+            key.constraint,
+            backend=key.backend,
+            strict=key.strict,
+            deadline=time.monotonic() + self.config.timeout_s,
+            future=future,
+        )
+        self._deadlines.watch(attempt)
+        self.run_inline(attempt.start)
+        return future
+
     def _waited_too_long(self, constraint: Constraint) -> CompileTimeout:
         with self._lock:
             self.stats.timeouts += 1
-        return CompileTimeout(
-            f"compiling took longer than {self.config.timeout_s:g} s", kind=constraint.kind.value
-        )
-
-    def _run(self, key: _Key, future: concurrent.futures.Future[CompiledGrammar]) -> None:
-        start = time.perf_counter()
-        try:
-            compiled = self._compile_planned(key, deadline=time.monotonic() + self.config.timeout_s)
-        except InvalidConstraint as error:
-            with self._lock:
-                self._inflight.pop(key, None)
-                self._failures[key] = _Failure(error, time.monotonic() + self.config.failure_ttl_s)
-                if isinstance(error, CompileTimeout):
-                    self.stats.timeouts += 1
-                else:
-                    self.stats.invalid += 1
-            future.set_exception(error)
-            return
-        except BaseException as error:  # a bug, not bad input: report it, cache nothing
-            with self._lock:
-                self._inflight.pop(key, None)
-            future.set_exception(error)
-            return
-        with self._lock:
-            self._inflight.pop(key, None)
-            self.stats.compiles += 1
-            self.stats.compile_seconds += time.perf_counter() - start
-            self._store(key, compiled)
-        future.set_result(compiled)
+        return CompileTimeout(f"compiling took longer than {self.config.timeout_s:g} s", kind=constraint.kind.value)
 
     def _store(self, key: _Key, compiled: CompiledGrammar) -> None:
+        # The caller holds the lock.
         self._cache[key] = compiled
         self.stats.bytes += compiled.memory_bytes
         while len(self._cache) > self.config.cache_entries or (
@@ -306,79 +273,82 @@ class GrammarCompiler:
             self.stats.evictions += 1
         self.stats.entries = len(self._cache)
 
-    def _compile_planned(self, key: _Key, *, deadline: float) -> CompiledGrammar:
-        constraint = key.constraint
-        check_constraint(constraint)  # once, before any backend: the same error for all
-        candidates = plan(constraint, backend=key.backend, strict=key.strict)
-        errors: list[InvalidGrammar] = []
-        for i, candidate in enumerate(candidates):
-            if i:
-                with self._lock:
-                    self.stats.fallbacks += 1
-            result = self._compile_with(candidate, deadline=deadline)
-            if not isinstance(result, InvalidGrammar):
-                # The key and the result name the constraint as asked, not as rewritten.
-                return dataclasses.replace(
-                    result, constraint=constraint, ignored_keywords=candidate.ignored
-                )
-            errors.append(result)
-            if isinstance(result.error, CompileTimeout):
-                break
-        if not errors:
-            raise UnsupportedConstraint(
-                "no backend enforces this schema exactly (strict mode)", kind=constraint.kind.value
-            )
-        raise _combine(constraint, errors)
+    # ---- AttemptHost -----------------------------------------------------------------
 
-    def _compile_with(self, candidate: Candidate, *, deadline: float) -> CompiledGrammar | InvalidGrammar:
-        constraint = candidate.constraint
-        backend = self._backend(candidate.backend, candidate.lenient)
-        if backend.isolated and self._workers is not None and constraint.kind in backend.kinds:
-            remaining = deadline - time.monotonic()
-            try:
-                status, payload, seconds = self._workers.compile(
-                    candidate.backend, constraint, timeout_s=max(remaining, 0.05)
-                )
-            except (CompileTimeout, WorkerCrashed) as error:
-                if not isinstance(error, CompileTimeout):
-                    error = InvalidConstraint(str(error), backend=candidate.backend, kind=constraint.kind.value)
-                return InvalidGrammar(constraint, candidate.backend, error)
-            if status == "invalid":
-                return InvalidGrammar(constraint, candidate.backend, payload)
-            return backend.load(constraint, payload, seconds)
-        return backend.compile(constraint, checked=True)
-
-    def _backend(self, name: str, lenient: bool) -> GrammarBackend:
-        with self._backends_lock:
+    def backend(self, name: str, lenient: bool) -> GrammarBackend:
+        """The shared backend instance for ``name`` in this compiler's JSON format."""
+        with self._lock:
             backend = self._backends.get((name, lenient))
-            if backend is None:
-                cls = backend_class(name)
-                if lenient:
-                    backend = cls(self.tokenizer, json_format=self.config.json_format, lenient=True)  # type: ignore[call-arg]
-                else:
-                    backend = cls(self.tokenizer, json_format=self.config.json_format)
-                self._backends[(name, lenient)] = backend
+        if backend is None:
+            # Built outside the lock: the first instance builds the backend's vocabulary
+            # view (seconds), which must not stall cache hits.
+            built = backend_class(name)(self.tokenizer, json_format=self.config.json_format, lenient=lenient)
+            with self._lock:
+                backend = self._backends.setdefault((name, lenient), built)
         return backend
 
+    def pool_for(self, backend: GrammarBackend, constraint: Constraint) -> WorkerPool | None:
+        """The worker pool a compile goes to, or ``None`` to compile it in a thread."""
+        if self.config.worker_processes == 0:
+            return None
+        if backend.isolated or len(constraint.value) > self.config.inline_compile_bytes:
+            return self._pool(backend.name)
+        return None
 
-def _combine(constraint: Constraint, errors: list[InvalidGrammar]) -> InvalidConstraint:
-    if len(errors) == 1:
-        return errors[0].error
-    timeout = next((e.error for e in errors if isinstance(e.error, CompileTimeout)), None)
-    if timeout is not None:
-        return timeout
-    # The first error is the most specific (thinkstruct's own checks run before any
-    # backend and fail every backend alike).
-    first = errors[0].error
-    if first.backend is None or all(e.error.reason == first.reason for e in errors):
-        return first
-    tried = "; ".join(f"{e.backend}: {e.error.reason}" for e in errors)
-    return InvalidConstraint(
-        f"no backend could compile it ({tried})",
-        pointer=first.pointer,
-        position=first.position,
-        kind=constraint.kind.value,
-    )
+    def run_inline(self, task: Callable[[], None]) -> None:
+        """Run a short step of an attempt on the in-process pool."""
+        try:
+            self._inline.submit(task)
+        except RuntimeError:  # shut down: the attempt's future was failed by close()
+            pass
+
+    def count(self, counter: str) -> None:
+        with self._lock:
+            setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+
+    def finish(self, attempt: CompileAttempt, outcome: CompiledGrammar | BaseException, *, remember: bool) -> None:
+        """Record an attempt's outcome and complete its future."""
+        key = attempt.key
+        with self._lock:
+            self._inflight.pop(key, None)  # type: ignore[call-overload]
+            if isinstance(outcome, CompiledGrammar):
+                self.stats.compiles += 1
+                self.stats.compile_seconds += time.monotonic() - attempt.started
+                self._store(key, outcome)
+            else:
+                if isinstance(outcome, CompileTimeout):
+                    self.stats.timeouts += 1
+                elif isinstance(outcome, InvalidConstraint):
+                    self.stats.invalid += 1
+                else:
+                    self.stats.internal_errors += 1
+                if remember and isinstance(outcome, InvalidConstraint):
+                    self._failures[key] = _Failure(outcome, time.monotonic() + self.config.failure_ttl_s)
+        future = attempt.future
+        if future.done():
+            return
+        if isinstance(outcome, CompiledGrammar):
+            future.set_result(outcome)
+        else:
+            future.set_exception(outcome)
+
+    def _pool(self, name: str) -> WorkerPool:
+        with self._lock:
+            if self._closed:
+                raise ThinkstructError("the compiler is closed")
+            pool = self._pools.get(name)
+            if pool is None:
+                # Derived once here and shipped to every worker with the tokenizer.
+                self.tokenizer.all_special_json()
+                self.tokenizer.decoded_vocab()
+                pool = self._pools[name] = WorkerPool(
+                    name,
+                    self.tokenizer,
+                    self.config.json_format,
+                    processes=self.config.worker_processes,
+                    on_crash=lambda: self.count("worker_crashes"),
+                )
+        return pool
 
 
 def _done(value: CompiledGrammar) -> concurrent.futures.Future[CompiledGrammar]:

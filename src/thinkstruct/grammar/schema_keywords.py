@@ -69,13 +69,18 @@ def assertions(schema: Any) -> list[tuple[str, str]]:
     return found
 
 
-def normalize(schema: Any) -> Any:
-    """An equivalent schema that more backends compile exactly (see the module doc)."""
+def normalize(schema: Any, *, hard_keywords: frozenset[str]) -> Any:
+    """An equivalent schema that more backends compile exactly (see the module doc).
+
+    Args:
+        hard_keywords: the keywords some backend cannot enforce (finite value sets are
+            narrowed only under them, where it pays off).
+    """
     if not isinstance(schema, dict):
         return schema
     text = json.dumps(schema)
     out = json.loads(text)  # a private copy, much faster than deepcopy
-    if _narrow_finite(out, text):
+    if _narrow_finite(out, text, hard_keywords):
         text = json.dumps(out)
     dynamic = '"$dynamicRef"' in text
     for node, _ in subschemas(out):
@@ -164,7 +169,7 @@ def _strings(value: Any) -> bool:
 # ---- finite value sets ----------------------------------------------------------------
 
 
-def _narrow_finite(root: dict[str, Any], pristine: str) -> bool:
+def _narrow_finite(root: dict[str, Any], pristine: str, hard: frozenset[str]) -> bool:
     """Replace each outermost subschema with a finite value set by its valid members;
     ``pristine`` is ``root`` as JSON text (for the validator's ``$ref``s). Whether anything
     was replaced."""
@@ -177,7 +182,7 @@ def _narrow_finite(root: dict[str, Any], pristine: str) -> bool:
         if not isinstance(node, dict):
             continue
         found = _finite_values(node)
-        if found is not None and (len(found[0]) > _MAX_NARROWED_VALUES or not _has_hard_keyword(node)):
+        if found is not None and (len(found[0]) > _MAX_NARROWED_VALUES or not _has_hard_keyword(node, hard)):
             found = None
         if found is not None:
             if refs is None:
@@ -208,19 +213,8 @@ def _narrow_finite(root: dict[str, Any], pristine: str) -> bool:
 #: Largest value set narrowed (each member is validated against the subschema).
 _MAX_NARROWED_VALUES = 256
 
-#: Keywords some backend cannot enforce directly; narrowing only pays off under them.
-_HARD_KEYWORDS = frozenset(
-    {
-        "not", "oneOf", "if", "then", "else", "uniqueItems", "contains", "minContains",
-        "maxContains", "dependencies", "dependentRequired", "dependentSchemas",
-        "propertyNames", "unevaluatedItems", "unevaluatedProperties", "allOf", "multipleOf",
-        "patternProperties", "minProperties", "maxProperties",
-    }
-)
-
-
-def _has_hard_keyword(node: dict[str, Any]) -> bool:
-    return any(_HARD_KEYWORDS.intersection(sub) for sub, _ in subschemas(node))
+def _has_hard_keyword(node: dict[str, Any], hard: frozenset[str]) -> bool:
+    return any(hard.intersection(sub) for sub, _ in subschemas(node))
 
 
 def _validator(root: Any) -> Any:

@@ -71,8 +71,13 @@ _CHECKED_KEYWORDS = (
 )
 
 
-def check_constraint(constraint: Constraint) -> None:
-    """Raise :class:`InvalidConstraint` naming the first problem found, else return."""
+def check_constraint(constraint: Constraint, *, max_answer_tokens: int | None = None) -> None:
+    """Raise :class:`InvalidConstraint` naming the first problem found, else return.
+
+    Args:
+        max_answer_tokens: also refuse a schema whose shortest valid instance provably
+            needs more tokens than this (the model's context length).
+    """
     if constraint.kind is ConstraintKind.JSON_SCHEMA:
         check_json_schema(constraint.document)
     elif constraint.kind is ConstraintKind.REGEX:

@@ -6,32 +6,16 @@ argument names the argument, a template failure names the template and the line.
 
 from __future__ import annotations
 
-from typing import Iterable
+from thinkstruct.errors import DuplicateName, ThinkstructError, UnknownName
 
-from thinkstruct.errors import ThinkstructError
-
-
-class UnknownName(ThinkstructError, KeyError):
-    """A registry lookup for a name that is not registered.
-
-    Attributes:
-        kind: what was looked up (``"reasoning family"``, ``"completion template"``).
-        name: the name asked for.
-        known: the registered names, sorted.
-    """
-
-    def __init__(self, kind: str, name: object, known: Iterable[str]) -> None:
-        self.kind = kind
-        self.name = name
-        self.known = tuple(sorted(known))
-        super().__init__(f"unknown {kind} {name!r}; known: {', '.join(self.known)}")
-
-    def __str__(self) -> str:  # KeyError would otherwise show the message in quotes
-        return str(self.args[0])
-
-
-class DuplicateName(ThinkstructError, ValueError):
-    """A registration under a name that is taken, without ``override=True``."""
+# The registry errors live beside the package-level Registry; re-exported here.
+__all__ = [
+    "ChatTemplateError",
+    "DuplicateName",
+    "InvalidChatRequest",
+    "InvalidTemplateSpec",
+    "UnknownName",
+]
 
 
 class InvalidTemplateSpec(ThinkstructError, ValueError):

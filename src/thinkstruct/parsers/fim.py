@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from thinkstruct.parsers.errors import InvalidTemplateSpec
-from thinkstruct.parsers.registry import Registry
+from thinkstruct.registry import Registry
 
 
 class FimPosition(enum.Enum):

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 from thinkstruct.parsers import builtin_chat_templates as builtin
 from thinkstruct.parsers.errors import InvalidChatRequest, InvalidTemplateSpec
-from thinkstruct.parsers.registry import Registry
+from thinkstruct.registry import Registry
 
 
 class ReasoningFormat(enum.Enum):

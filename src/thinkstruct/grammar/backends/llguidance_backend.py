@@ -8,39 +8,52 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-import llguidance
-
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
-from thinkstruct.grammar.row_pointer import row_address
-from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend, schema_text
+from thinkstruct.grammar.base import NO_BACKEND_ENFORCES, CompiledGrammar, GrammarBackend, schema_text
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import JsonFormat
 from thinkstruct.grammar.library_errors import describe_library_error, describe_message
 from thinkstruct.grammar.matcher import StopTokenMatcher
+from thinkstruct.grammar.row_pointer import row_address
 
 if TYPE_CHECKING:
+    import llguidance
     import torch
 
     from thinkstruct.tokenizer import Tokenizer
 
 
+def ll_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
+    """llguidance's ``LLTokenizer`` for ``tokenizer`` (built once per tokenizer), with every
+    added token a control token: llguidance keeps a non-special added token (DeepSeek's
+    ``｜DSML｜``) as text a grammar may produce."""
+
+    def build() -> llguidance.LLTokenizer:
+        import llguidance
+
+        return llguidance.LLTokenizer(
+            tokenizer.all_special_json(), n_vocab=tokenizer.vocab_size, eos_token=list(tokenizer.eos_token_ids)
+        )
+
+    return tokenizer.cached("llguidance.tokenizer", build)
+
+
 class LLGuidanceBackend(GrammarBackend):
     name = "llguidance"
     kinds = frozenset(ConstraintKind)
+    inexact_keywords = NO_BACKEND_ENFORCES
+    lenient_mode = True
+    rank = {kind: 0 for kind in ConstraintKind} | {ConstraintKind.STRUCTURAL_TAG: 1}
 
     def __init__(
         self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat(), lenient: bool = False
     ) -> None:
-        super().__init__(tokenizer, json_format=json_format)
-        #: With ``lenient``, llguidance ignores JSON Schema keywords it cannot enforce
-        #: instead of refusing the schema (more schemas compile, fewer are enforced exactly).
-        self.lenient = lenient
-        self._ll_tokenizer = tokenizer.llguidance_tokenizer()
-
-    def options_key(self) -> tuple[object, ...]:
-        return (*super().options_key(), self.lenient)
+        super().__init__(tokenizer, json_format=json_format, lenient=lenient)
+        self._ll_tokenizer = ll_tokenizer(tokenizer)
 
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
+        import llguidance
+
         start = time.perf_counter()
         try:
             grammar = self._grammar_text(constraint)
@@ -63,6 +76,8 @@ class LLGuidanceBackend(GrammarBackend):
         )
 
     def _grammar_text(self, constraint: Constraint) -> str:
+        import llguidance
+
         kind = constraint.kind
         if kind is ConstraintKind.JSON_SCHEMA or kind is ConstraintKind.JSON_OBJECT:
             schema = schema_text(constraint)
@@ -84,6 +99,8 @@ class LLGuidanceBackend(GrammarBackend):
         raise AssertionError(f"unhandled kind {kind}")
 
     def _structural_tag(self, constraint: Constraint) -> str:
+        import llguidance
+
         tag = constraint.document
         if "structures" not in tag:
             raise UnsupportedConstraint(

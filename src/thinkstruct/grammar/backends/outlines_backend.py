@@ -9,10 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-import outlines_core
-
 from thinkstruct.errors import InvalidConstraint
-from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend, schema_text
+from thinkstruct.grammar.base import NO_BACKEND_ENFORCES, CompiledGrammar, GrammarBackend, schema_text
 from thinkstruct.grammar.bitmask import set_allowed
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import JsonFormat
@@ -21,6 +19,7 @@ from thinkstruct.grammar.matcher import StopTokenMatcher
 from thinkstruct.grammar.row_pointer import row_address
 
 if TYPE_CHECKING:
+    import outlines_core
     import torch
 
     from thinkstruct.tokenizer import Tokenizer
@@ -30,6 +29,22 @@ MAX_ROLLBACK_TOKENS = 4096
 
 #: How deep outlines-core unrolls recursive schemas (``$ref`` cycles, free-form objects).
 MAX_RECURSION_DEPTH = 3
+
+
+def vocabulary(tokenizer: Tokenizer) -> outlines_core.Vocabulary:
+    """outlines-core's ``Vocabulary`` for ``tokenizer`` (built once per tokenizer): the
+    text tokens only, keyed by their bytes, so no special token is ever in a mask."""
+
+    def build() -> outlines_core.Vocabulary:
+        import outlines_core
+
+        by_bytes: dict[bytes, list[int]] = {}
+        for idx, raw in enumerate(tokenizer.decoded_vocab()):
+            if raw and idx not in tokenizer.special_token_ids:
+                by_bytes.setdefault(raw, []).append(idx)
+        return outlines_core.Vocabulary(tokenizer.eos_token_ids[0], by_bytes)
+
+    return tokenizer.cached("outlines.vocabulary", build)
 
 
 class OutlinesBackend(GrammarBackend):
@@ -42,17 +57,27 @@ class OutlinesBackend(GrammarBackend):
             ConstraintKind.CHOICE,
         }
     )
+    inexact_keywords = NO_BACKEND_ENFORCES | {
+        "allOf", "multipleOf", "format", "minProperties", "maxProperties",
+        "patternProperties", "additionalItems", "additionalProperties",
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    }  # fmt: skip
     isolated = True
+    # json_object is left out: a free-form value takes outlines-core minutes to index.
+    rank = {ConstraintKind.JSON_SCHEMA: 2, ConstraintKind.REGEX: 2, ConstraintKind.CHOICE: 2}
 
-    def __init__(self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat()) -> None:
-        super().__init__(tokenizer, json_format=json_format)
-        self._vocabulary = tokenizer.outlines_vocabulary()
+    def __init__(
+        self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat(), lenient: bool = False
+    ) -> None:
+        super().__init__(tokenizer, json_format=json_format, lenient=lenient)
 
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
+        import outlines_core
+
         start = time.perf_counter()
         try:
             regex = self.regex_for(constraint)
-            index = outlines_core.Index(regex, self._vocabulary)
+            index = outlines_core.Index(regex, vocabulary(self.tokenizer))
         except InvalidConstraint:
             raise
         except BaseException as e:  # a Rust panic surfaces as PanicException(BaseException)
@@ -91,6 +116,8 @@ class OutlinesBackend(GrammarBackend):
             return constraint.value
         if kind is ConstraintKind.CHOICE:
             return "(" + "|".join(_escape(o) for o in constraint.document) + ")"
+        import outlines_core
+
         schema = schema_text(constraint)
         ws = self.json_format.whitespace_regex
         regex = outlines_core.json_schema.build_regex_from_schema(
@@ -147,6 +174,8 @@ class OutlinesMatcher(StopTokenMatcher):
     def __init__(self, compiled: OutlinesCompiled) -> None:
         super().__init__(compiled.eos_ids)
         self._compiled = compiled
+        import outlines_core
+
         self._guide = outlines_core.Guide(compiled.index, max_rollback=MAX_ROLLBACK_TOKENS)
         # Bound once: fills are the hot path and most of their cost is Python overhead.
         self._write = self._guide.write_mask_into

@@ -8,10 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import xgrammar as xgr
-
 from thinkstruct.errors import InvalidConstraint
-from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend, schema_text
+from thinkstruct.grammar.base import NO_BACKEND_ENFORCES, CompiledGrammar, GrammarBackend, schema_text
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import JsonFormat
 from thinkstruct.grammar.library_errors import describe_library_error
@@ -19,24 +17,77 @@ from thinkstruct.grammar.matcher import StopTokenMatcher
 
 if TYPE_CHECKING:
     import torch
+    import xgrammar as xgr
 
     from thinkstruct.tokenizer import Tokenizer
+
+#: Threads one xgrammar compile uses (it parallelises the per-state mask cache). Two: the
+#: compile runs in a worker process beside the serving loop on small machines.
+COMPILE_THREADS = 2
+
+
+def tokenizer_info(tokenizer: Tokenizer) -> xgr.TokenizerInfo:
+    """xgrammar's ``TokenizerInfo`` for ``tokenizer`` (built once per tokenizer), with
+    every special token blanked so it is never part of a mask."""
+    return tokenizer.cached("xgrammar.tokenizer_info", lambda: _build_tokenizer_info(tokenizer))
+
+
+def _build_tokenizer_info(tokenizer: Tokenizer) -> xgr.TokenizerInfo:
+    import xgrammar as xgr
+
+    encoded: list[str] = [""] * tokenizer.vocab_size
+    for token, idx in tokenizer.hf.get_vocab().items():
+        if idx < tokenizer.vocab_size and idx not in tokenizer.special_token_ids:
+            encoded[idx] = token
+    # xgrammar treats a token whose text is empty as special: it never appears in a
+    # mask, which is exactly what the added/control tokens need.
+    try:  # xgrammar's own reading of the tokenizer (a private helper: it may move)
+        meta = xgr.TokenizerInfo._detect_metadata_from_hf(tokenizer.hf.backend_tokenizer.to_str())
+        vocab_type, add_prefix_space = meta["vocab_type"], bool(meta["add_prefix_space"])
+    except Exception:  # the tokenizer's own reading, which agrees on every tokenizer tested
+        vocab_type = {
+            "byte_level": xgr.VocabType.BYTE_LEVEL,
+            "byte_fallback": xgr.VocabType.BYTE_FALLBACK,
+            "raw": xgr.VocabType.RAW,
+        }[tokenizer.vocab_type()]
+        add_prefix_space = False
+    return xgr.TokenizerInfo(
+        encoded,
+        vocab_type,
+        vocab_size=tokenizer.vocab_size,
+        stop_token_ids=list(tokenizer.eos_token_ids),
+        add_prefix_space=add_prefix_space,
+    )
 
 
 class XGrammarBackend(GrammarBackend):
     name = "xgrammar"
     kinds = frozenset(ConstraintKind)
+    inexact_keywords = NO_BACKEND_ENFORCES | {
+        "allOf", "multipleOf", "format", "minProperties", "maxProperties",
+        "patternProperties", "additionalItems",
+    }  # fmt: skip
+    ignores_inexact = True
     isolated = True
+    rank = {kind: 1 for kind in ConstraintKind} | {ConstraintKind.STRUCTURAL_TAG: 0}
 
     def __init__(
-        self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat(), max_threads: int = 2
+        self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat(), lenient: bool = False
     ) -> None:
-        super().__init__(tokenizer, json_format=json_format)
-        # thinkstruct keeps its own compile cache (GrammarCompiler); xgrammar's would hold
-        # a second copy of every grammar.
-        self._compiler = xgr.GrammarCompiler(
-            tokenizer.xgrammar_info(), max_threads=max_threads, cache_enabled=False
-        )
+        super().__init__(tokenizer, json_format=json_format, lenient=lenient)
+        self._compiler: xgr.GrammarCompiler | None = None
+
+    def _xgr_compiler(self) -> xgr.GrammarCompiler:
+        # Built on first compile: a parent that only loads grammars compiled in a worker
+        # never needs one. thinkstruct keeps its own compile cache (GrammarCompiler);
+        # xgrammar's would hold a second copy of every grammar.
+        if self._compiler is None:
+            import xgrammar as xgr
+
+            self._compiler = xgr.GrammarCompiler(
+                tokenizer_info(self.tokenizer), max_threads=COMPILE_THREADS, cache_enabled=False
+            )
+        return self._compiler
 
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
         start = time.perf_counter()
@@ -53,7 +104,9 @@ class XGrammarBackend(GrammarBackend):
         return compiled.ctx.serialize_json()
 
     def load(self, constraint: Constraint, payload: Any, compile_seconds: float) -> XGrammarCompiled:
-        ctx = xgr.CompiledGrammar.deserialize_json(payload, self.tokenizer.xgrammar_info())
+        import xgrammar as xgr
+
+        ctx = xgr.CompiledGrammar.deserialize_json(payload, tokenizer_info(self.tokenizer))
         return self._wrap(constraint, ctx, compile_seconds)
 
     def _wrap(self, constraint: Constraint, ctx: xgr.CompiledGrammar, seconds: float) -> XGrammarCompiled:
@@ -67,18 +120,21 @@ class XGrammarBackend(GrammarBackend):
         )
 
     def _compile_ctx(self, constraint: Constraint) -> xgr.CompiledGrammar:
+        import xgrammar as xgr
+
+        compiler = self._xgr_compiler()
         kind = constraint.kind
         if kind is ConstraintKind.JSON_SCHEMA or kind is ConstraintKind.JSON_OBJECT:
             schema = schema_text(constraint)
-            return self._compiler.compile_json_schema(schema, **self._json_options())
+            return compiler.compile_json_schema(schema, **self._json_options())
         if kind is ConstraintKind.REGEX:
-            return self._compiler.compile_regex(constraint.value)
+            return compiler.compile_regex(constraint.value)
         if kind is ConstraintKind.EBNF:
-            return self._compiler.compile_grammar(constraint.value)
+            return compiler.compile_grammar(constraint.value)
         if kind is ConstraintKind.CHOICE:
             options = constraint.document
             ebnf = "root ::= " + " | ".join(_ebnf_literal(o) for o in options)
-            return self._compiler.compile_grammar(ebnf)
+            return compiler.compile_grammar(ebnf)
         if kind is ConstraintKind.STRUCTURAL_TAG:
             tag = constraint.document
             if "structures" in tag or "triggers" in tag:
@@ -88,8 +144,8 @@ class XGrammarBackend(GrammarBackend):
                     )
                     for s in tag.get("structures", [])
                 ]
-                return self._compiler.compile_structural_tag(items, tag.get("triggers", []))
-            return self._compiler.compile_structural_tag(constraint.value)
+                return compiler.compile_structural_tag(items, tag.get("triggers", []))
+            return compiler.compile_structural_tag(constraint.value)
         raise AssertionError(f"unhandled kind {kind}")
 
     def _json_options(self) -> dict[str, Any]:
@@ -128,6 +184,8 @@ class XGrammarMatcher(StopTokenMatcher):
         self._compiled = compiled
         # Stop tokens are never fed to xgrammar (see StopTokenMatcher): it would log a
         # warning for a token offered after one, and raise if asked for a mask.
+        import xgrammar as xgr
+
         self._m = xgr.GrammarMatcher(compiled.ctx)
 
     def _advance(self, token_id: int) -> bool:

@@ -1,8 +1,10 @@
-"""A small, thread-safe registry of named entries (reasoning families, completion templates).
+"""A small, thread-safe registry of named entries (grammar backends, reasoning families,
+completion templates).
 
 Entries are keyed by their ``name`` attribute. A registration under a taken name needs
-``override=True``; an unknown name raises :class:`~thinkstruct.parsers.errors.UnknownName`
+``override=True``; an unknown name raises :class:`~thinkstruct.errors.UnknownName`
 listing the known ones. The registry's *kind* (``"reasoning family"``) labels its errors.
+Package-level because every layer above the tokenizer keeps one.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Generic, Protocol, TypeVar
 
-from thinkstruct.parsers.errors import DuplicateName, UnknownName
+from thinkstruct.errors import DuplicateName, UnknownName
 
 
 class _Named(Protocol):

@@ -1,0 +1,335 @@
+"""One cold compile of one key, from the checks to the last fallback: :class:`CompileAttempt`.
+
+An attempt never holds a thread while it waits. Each step is a short task on the
+compiler's in-process pool (thinkstruct's checks and the backend plan, a small
+llguidance compile, loading what a worker compiled) or a job in a backend's worker queue
+whose reply schedules the next step; so a cheap in-process compile never waits behind
+compiles running in workers. One absolute deadline covers every step and every wait; a
+watchdog (:class:`Deadlines`) ends the attempt at the deadline whatever it is doing.
+
+When every candidate fails, the error keeps the most informative cause: thinkstruct's own
+findings first, then a backend's refusal (llguidance's "schema too large", a panic's
+message), and a timeout only when nothing else was learnt.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import heapq
+import itertools
+import threading
+import time
+from typing import TYPE_CHECKING, Callable, Hashable, Iterator, Protocol
+
+from thinkstruct.errors import CompileTimeout, InternalCompileError, InvalidConstraint, UnsupportedConstraint
+from thinkstruct.grammar.auto import Candidate, plan
+from thinkstruct.grammar.base import CompiledGrammar, InvalidGrammar
+from thinkstruct.grammar.compile_workers import WorkerCrashed, WorkTimeout
+from thinkstruct.grammar.validation import check_constraint
+
+if TYPE_CHECKING:
+    from thinkstruct.grammar.base import GrammarBackend
+    from thinkstruct.grammar.compile_workers import Reply, WorkerPool
+    from thinkstruct.grammar.compiler_config import CompilerConfig
+    from thinkstruct.grammar.constraint import Constraint
+
+#: Seconds past the deadline the watchdog waits before ending an attempt itself, so the
+#: worker pools' own, more precise timeouts (which kill the worker) are reported first.
+WATCHDOG_GRACE_S = 0.1
+
+
+class AttemptHost(Protocol):
+    """What an attempt needs from its compiler."""
+
+    config: CompilerConfig
+
+    def backend(self, name: str, lenient: bool) -> GrammarBackend: ...
+
+    def pool_for(self, backend: GrammarBackend, constraint: Constraint) -> WorkerPool | None: ...
+
+    def run_inline(self, task: Callable[[], None]) -> None: ...
+
+    def count(self, counter: str) -> None: ...
+
+    def finish(self, attempt: CompileAttempt, outcome: CompiledGrammar | BaseException, *, remember: bool) -> None: ...
+
+
+class CompileAttempt:
+    """Compile ``constraint`` with the planned backends in turn until one succeeds.
+
+    Args:
+        host: the compiler (pools, backends, counters, the cache).
+        key: the host's cache key of this attempt.
+        constraint, backend, strict: what to compile and how (``backend`` may be ``auto``).
+        deadline: ``time.monotonic()`` by which the attempt has an outcome.
+        future: completed with the compiled grammar or the error.
+    """
+
+    def __init__(
+        self,
+        host: AttemptHost,
+        key: Hashable,
+        constraint: Constraint,
+        *,
+        backend: str,
+        strict: bool,
+        deadline: float,
+        future: concurrent.futures.Future[CompiledGrammar],
+    ) -> None:
+        self.host = host
+        self.key = key
+        self.constraint = constraint
+        self.backend = backend
+        self.strict = strict
+        self.deadline = deadline
+        self.future = future
+        self.started = time.monotonic()
+        self._candidates: Iterator[Candidate] = iter(())
+        self._errors: list[InvalidGrammar] = []
+        self._tried = 0
+        self._lock = threading.Lock()
+        self._done = False
+        #: Where the attempt is (for the watchdog's message).
+        self._phase = "checking the constraint"
+        self._backend_name: str | None = None
+
+    # ---- steps -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run thinkstruct's own checks and plan the candidates (an in-process task)."""
+        try:
+            config = self.host.config
+            if len(self.constraint.value) > config.max_constraint_bytes:
+                raise InvalidConstraint(
+                    f"the constraint is {len(self.constraint.value):,} characters long; the limit "
+                    f"is {config.max_constraint_bytes:,} (CompilerConfig.max_constraint_bytes)",
+                    kind=self.constraint.kind.value,
+                )
+            # Once, before any backend: the same error for all.
+            check_constraint(self.constraint, max_answer_tokens=config.max_answer_tokens)
+            self._candidates = plan(self.constraint, backend=self.backend, strict=self.strict)
+        except InvalidConstraint as error:
+            self._finish(error, remember=True)
+            return
+        except BaseException as error:  # a bug, not bad input: report it, cache nothing
+            self._finish(error, remember=False)
+            return
+        self._next()
+
+    def _next(self) -> None:
+        if self._done:
+            return
+        try:
+            candidate = next(self._candidates, None)
+        except InvalidConstraint as error:  # strict refusal, raised when first asked
+            self._finish(error, remember=True)
+            return
+        if candidate is None:
+            self._give_up()
+            return
+        if self._tried:
+            self.host.count("fallbacks")
+        self._tried += 1
+        self._backend_name = candidate.backend
+        try:
+            backend = self.host.backend(candidate.backend, candidate.lenient)
+            pool = self.host.pool_for(backend, candidate.constraint)
+        except BaseException as error:  # a library that fails to load, a closed compiler
+            self._finish(error, remember=False)
+            return
+        if pool is None:
+            self._phase = f"compiling with {candidate.backend}"
+            self.host.run_inline(lambda: self._compile_inline(candidate, backend))
+            return
+        self._phase = f"waiting for or compiling in a {candidate.backend} worker"
+        try:
+            job = pool.submit(candidate.constraint, lenient=candidate.lenient, deadline=self.deadline)
+        except BaseException as error:  # the compiler is closing
+            self._finish(error, remember=False)
+            return
+        job.add_done_callback(lambda reply: self.host.run_inline(lambda: self._load(candidate, backend, reply)))
+
+    def _compile_inline(self, candidate: Candidate, backend: GrammarBackend) -> None:
+        if self._done:
+            return
+        try:
+            result = backend.compile(candidate.constraint, checked=True)
+        except BaseException as error:
+            self._finish(error, remember=False)
+            return
+        self._result(candidate, result)
+
+    def _load(
+        self, candidate: Candidate, backend: GrammarBackend, reply: concurrent.futures.Future[Reply]
+    ) -> None:
+        if self._done:
+            return
+        constraint = candidate.constraint
+        try:
+            status, payload, seconds = reply.result()
+        except CompileTimeout as error:
+            # The deadline has passed: nothing more can be tried.
+            waited = self.deadline - self.started
+            timeout = CompileTimeout(
+                f"compiling took longer than {self.host.config.timeout_s:g} s and was stopped"
+                if isinstance(error, WorkTimeout)
+                else f"{error.reason} ({waited:.1f} s after the request)",
+                backend=candidate.backend,
+                kind=self.constraint.kind.value,
+            )
+            self._errors.append(InvalidGrammar(constraint, candidate.backend, timeout))
+            # A compile that had most of its time is the constraint's doing; a queue wait
+            # (or a compile started late because of one) is load, and not remembered.
+            ran = getattr(error, "ran_s", 0.0)
+            self._give_up(remember=isinstance(error, WorkTimeout) and ran >= 0.5 * self.host.config.timeout_s)
+            return
+        except WorkerCrashed as error:
+            self.host.count("internal_errors")
+            self._errors.append(
+                InvalidGrammar(constraint, candidate.backend, _internal(str(error), candidate.backend, constraint))
+            )
+            self._next()
+            return
+        except BaseException as error:
+            self._finish(error, remember=False)
+            return
+        if status != "ok":
+            self._result(candidate, InvalidGrammar(constraint, candidate.backend, payload))
+            return
+        self._phase = f"loading the {candidate.backend} grammar"
+        try:
+            compiled = backend.load(constraint, payload, seconds)
+        except InvalidConstraint as error:
+            self._result(candidate, InvalidGrammar(constraint, candidate.backend, error))
+            return
+        except BaseException as error:
+            self._finish(error, remember=False)
+            return
+        self._result(candidate, compiled)
+
+    def _result(self, candidate: Candidate, result: CompiledGrammar | InvalidGrammar) -> None:
+        if isinstance(result, InvalidGrammar):
+            self._errors.append(result)
+            self._next()
+            return
+        # The key and the result name the constraint as asked, not as rewritten.
+        self._finish(
+            dataclasses.replace(result, constraint=self.constraint, ignored_keywords=candidate.ignored),
+            remember=True,
+        )
+
+    def _give_up(self, *, remember: bool = True) -> None:
+        if not self._errors:
+            self._finish(
+                UnsupportedConstraint(
+                    "no backend enforces this schema exactly (strict mode)", kind=self.constraint.kind.value
+                ),
+                remember=True,
+            )
+            return
+        error = combine_errors(self.constraint, self._errors)
+        internal = isinstance(error, InternalCompileError)
+        self._finish(error, remember=remember and not internal)
+
+    # ---- the end -----------------------------------------------------------------------
+
+    def expire(self) -> None:
+        """Called by the watchdog at the deadline: end the attempt if it has not ended."""
+        if self._done:
+            return
+        self._finish(
+            CompileTimeout(
+                f"compiling took longer than {self.host.config.timeout_s:g} s (while {self._phase})",
+                backend=self._backend_name,
+                kind=self.constraint.kind.value,
+            ),
+            remember=False,
+        )
+
+    def _finish(self, outcome: CompiledGrammar | BaseException, *, remember: bool) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self.host.finish(self, outcome, remember=remember)
+
+
+def _internal(reason: str, backend: str, constraint: Constraint) -> InvalidConstraint:
+    # Carried among the candidates' errors; combine_errors turns it back into an
+    # InternalCompileError when nothing better was learnt.
+    return _InternalFailure(reason, backend=backend, kind=constraint.kind.value)
+
+
+class _InternalFailure(InvalidConstraint):
+    """A candidate that failed for an internal reason (its worker crashed twice)."""
+
+
+def combine_errors(constraint: Constraint, errors: list[InvalidGrammar]) -> BaseException:
+    """The error to report when every candidate failed: the most informative cause."""
+
+    def weight(e: InvalidGrammar) -> int:
+        if isinstance(e.error, _InternalFailure):
+            return 3
+        if isinstance(e.error, CompileTimeout):
+            return 2
+        return 0 if e.error.backend is None else 1
+
+    ranked = sorted(errors, key=weight)
+    best = ranked[0].error
+    if isinstance(best, _InternalFailure):
+        return InternalCompileError(f"compiling failed: {best.reason}")
+    if len(errors) == 1 or best.backend is None or all(e.error.reason == best.reason for e in errors):
+        return best
+    # Several backends refused: name each, the most informative first.
+    tried = "; ".join(f"{e.backend}: {e.error.reason}" for e in ranked)
+    cls = CompileTimeout if isinstance(best, CompileTimeout) else InvalidConstraint
+    return cls(
+        f"no backend could compile it ({tried})",
+        pointer=best.pointer,
+        position=best.position,
+        kind=constraint.kind.value,
+        line=best.line,
+        column=best.column,
+    )
+
+
+class Deadlines:
+    """One watchdog thread calling ``expire()`` on attempts whose deadline passed."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, CompileAttempt]] = []
+        self._order = itertools.count()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def watch(self, attempt: CompileAttempt) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            heapq.heappush(self._heap, (attempt.deadline + WATCHDOG_GRACE_S, next(self._order), attempt))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="thinkstruct-deadlines", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._heap.clear()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and (not self._heap or self._heap[0][0] > time.monotonic()):
+                    if self._heap:
+                        self._cond.wait(self._heap[0][0] - time.monotonic())
+                    else:
+                        self._cond.wait()
+                if self._closed:
+                    return
+                _, _, attempt = heapq.heappop(self._heap)
+            if not attempt.future.done():
+                attempt.expire()
