@@ -50,14 +50,14 @@ class RunningServer:
     def state(self) -> Any:
         return self.app.state.thinkstruct
 
-    def openai(self, *, api_key: str = "none", timeout: float = 120.0) -> openai.OpenAI:
+    def openai(self, *, api_key: str = "none", timeout: float = 300.0) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=timeout)
 
-    def async_openai(self, *, api_key: str = "none", timeout: float = 120.0) -> openai.AsyncOpenAI:
+    def async_openai(self, *, api_key: str = "none", timeout: float = 300.0) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=timeout)
 
     def http(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=120.0, **kwargs)
+        return httpx.Client(base_url=self.url, timeout=300.0, **kwargs)
 
 
 @contextlib.contextmanager

@@ -185,19 +185,24 @@ async def collect(submitted: Submitted, request: Request, *, metrics: ServerMetr
     try:
         done, _ = await asyncio.wait({gathered, gone}, return_when=asyncio.FIRST_COMPLETED)
         if gathered not in done:
-            submitted.cancel()
-            gathered.cancel()
+            _abandon(submitted, gathered)
             return None
         results: list[Completion] = gathered.result()
     except BaseException:
-        submitted.cancel()
-        gathered.cancel()
+        _abandon(submitted, gathered)
         raise
     finally:
         gone.cancel()
     for result in results:
         metrics.observe_finished(result.usage, started=submitted.started)
     return results
+
+
+def _abandon(submitted: Submitted, gathered: asyncio.Future[Any]) -> None:
+    submitted.cancel()
+    gathered.cancel()
+    # Retrieve the outcome, so asyncio does not log an exception nobody asked for.
+    gathered.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 async def merged(submitted: Submitted, *, metrics: ServerMetrics) -> AsyncIterator[tuple[int, Delta]]:

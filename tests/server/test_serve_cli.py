@@ -1,0 +1,139 @@
+"""``thinkstruct serve`` and ``thinkstruct generate``, run as users run them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import jsonschema
+import pytest
+
+from thinkstruct.cli import main
+
+BOOLEAN_ANSWER = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+
+
+def _environment() -> dict[str, str]:
+    # The child imports the same thinkstruct as this process.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class _Serve:
+    """``thinkstruct serve`` in a child process; ``url`` once it listens."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "thinkstruct.cli", "serve", "--port", "0", "--log-level", "warning", *args],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env=_environment(),
+        )
+        self.lines: list[str] = []
+        self._listening = threading.Event()
+        self.url = ""
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._listening.wait(120):
+            self.proc.kill()
+            raise AssertionError("serve did not start listening:\n" + "".join(self.lines))
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            found = re.search(r"listening on (http://\S+?:\d+)", line)
+            if found:
+                self.url = found.group(1)
+                self._listening.set()
+
+    def wait_healthy(self, seconds: float = 120) -> list[int]:
+        seen = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            status = httpx.get(f"{self.url}/health", timeout=5).status_code
+            if not seen or seen[-1] != status:
+                seen.append(status)
+            if status == 200:
+                return seen
+            time.sleep(0.1)
+        raise AssertionError(f"never healthy: {seen}\n{''.join(self.lines)}")
+
+    def stop(self, sig: int) -> int:
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+def test_serve_answers_then_sigterm_ends_in_flight_requests_and_exits_0(tiny_model_dir: Path) -> None:
+    server = _Serve("--model", str(tiny_model_dir), "--dtype", "float32", "--grace", "1")
+    statuses = server.wait_healthy()
+    assert set(statuses) <= {503, 200} and statuses[-1] == 200
+    model = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["id"]
+    lines: list[str] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=120) as response:
+            for line in response.iter_lines():
+                if line:
+                    lines.append(line)
+                    started.set()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert started.wait(60)
+    assert server.stop(signal.SIGTERM) == 0
+    reader.join(30)
+    assert lines[-1] == "data: [DONE]"
+    finishes = [json.loads(l[6:])["choices"][0].get("finish_reason") for l in lines[:-1]]
+    assert finishes[-1] in ("abort", "stop", "length")
+
+
+def test_serve_exits_0_on_ctrl_c(tiny_model_dir: Path) -> None:
+    server = _Serve("--model", str(tiny_model_dir), "--dtype", "float32", "--api-key", "secret")
+    server.wait_healthy()
+    assert httpx.get(f"{server.url}/v1/models", timeout=10).status_code == 401
+    assert server.stop(signal.SIGINT) == 0
+
+
+def test_serve_usage_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["serve", "--backend", "magic"]) == 2
+    assert "unknown backend" in capsys.readouterr().err
+    assert main(["serve", "--model", str(tmp_path / "missing")]) == 2
+    assert "no model at" in capsys.readouterr().err
+
+
+def test_generate_prints_the_reasoning_and_the_validated_answer(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema = tmp_path / "answer.schema.json"
+    schema.write_text(json.dumps(BOOLEAN_ANSWER))
+    code = main(["generate", "--model", str(tiny_model_dir), "--dtype", "float32", "--schema", str(schema),
+                 "--think", "--max-reasoning-tokens", "4", "--max-tokens", "40", "--seed", "3", "Is it on?"])
+    out, err = capsys.readouterr()
+    assert "--- reasoning" in err and "--- answer" in err
+    assert code == 0, err
+    jsonschema.validate(json.loads(out), BOOLEAN_ANSWER)
+    assert "valid" in err
+
+
+def test_generate_refuses_a_bad_schema(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    schema = tmp_path / "bad.schema.json"
+    schema.write_text('{"type": "object", "properties": {"a": {"type": "strnig"}}}')
+    assert main(["generate", "--model", str(tiny_model_dir), "--schema", str(schema), "hi"]) == 1
+    assert "/properties/a/type" in capsys.readouterr().err
