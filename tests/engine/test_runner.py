@@ -94,3 +94,21 @@ def test_any_schedule_matches_the_plain_model(tiny_model, data) -> None:
                 for i, feed in enumerate(feeds):
                     live[i] = live[i] + feed
                     torch.testing.assert_close(got[i], reference_logits(plain, live[i]), rtol=1e-4, atol=1e-4)
+
+
+def test_the_model_stays_correct_outside_the_runner(tiny_model) -> None:
+    """The runner switches the model to its attention; a padded batch run the ordinary
+    way must still give each row its own logits."""
+    _runner(tiny_model)
+    rows = [[3, 4, 5, 6], [7, 8]]
+    ids = torch.tensor([rows[0], [1, 1, *rows[1]]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        out = tiny_model.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
+    import copy
+
+    plain = copy.deepcopy(tiny_model.model)
+    plain.set_attn_implementation("sdpa")
+    for i, row in enumerate(rows):
+        torch.testing.assert_close(out[i], reference_logits(plain, row), rtol=1e-4, atol=1e-4)

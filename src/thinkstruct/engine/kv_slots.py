@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 #: The attention implementation name the runner sets on models it drives.
 SLOT_ATTENTION = "thinkstruct_slots"
@@ -59,6 +60,8 @@ def slot_attention(
 
 
 AttentionInterface.register(SLOT_ATTENTION, slot_attention)
+# Used outside the runner (a 2-D padding mask, no plan), the model still gets SDPA's masks.
+ALL_MASK_ATTENTION_FUNCTIONS.register(SLOT_ATTENTION, sdpa_mask)
 
 
 class _SlotLayer(CacheLayerMixin):
