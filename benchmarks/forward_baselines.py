@@ -1,0 +1,379 @@
+"""What a model costs with no engine around it: the baselines the engine is measured against.
+
+For a :class:`~thinkstruct.engine.LoadedModel`:
+
+- **bare forward** (:func:`bare_forward`): the batched prompt set left-padded and
+  prefilled in one forward, then greedy decoding for ``new_tokens`` steps with
+  transformers' ``DynamicCache``, argmax only, logits of the last position only. No
+  scheduler, sampling, grammar, detokenization or streaming: the machine's limit for this
+  model, dtype and batch.
+- **transformers generate()** (:func:`transformers_generate`): the same prompts, left
+  padding, greedy, exactly ``new_tokens`` per row (``min_new_tokens`` keeps EOS from
+  ending a row early, as the bare loop ignores it).
+- **greedy agreement** (:func:`greedy_agreement`): two models (int8 against bf16) decode
+  the same chat prompts greedily, batch 1, up to ``new_tokens`` or EOS: the share of
+  identical completions and of tokens before the first divergence.
+
+Tokens/s counts generated tokens over wall time, prefill included (the engine's closed
+loop counts the same way); :class:`ForwardTiming` also gives the decode-only rate.
+
+``python benchmarks/forward_baselines.py`` prints both tables for bf16, fp32 and int8 on
+the embedded SmolLM2; the sides whose timings are compared are interleaved round by round
+(this machine is noisy) and each cell is the median over rounds. It asserts nothing.
+
+    python benchmarks/forward_baselines.py [--model PATH] [--variants bf16 int8 fp32]
+        [--new-tokens 32] [--rounds 3] [--threads N] [--agreement-prompts 16]
+
+Threads: torch's default (one per core) unless ``--threads``. libgomp's default wait
+policy spins; when anything else wants the cores (another process, the engine's grammar
+threads) two spinning OpenMP threads collapse (measured 6-30x slower here on 2 shared
+cores); ``OMP_WAIT_POLICY=PASSIVE`` in the environment before Python starts avoids it.
+The header prints the policy in force.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from thinkstruct.engine.models import LoadedModel
+
+# Eight timing prompts of different lengths (batch 1 uses the first); sixteen for agreement.
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in two sentences why the sky is blue.",
+    "List three uses of a paperclip.",
+    "What is 17 times 23? Show your working.",
+    "Give me a short recipe for pancakes.",
+    "Translate 'good morning, how are you?' into Spanish and German.",
+    "Summarize the plot of Romeo and Juliet in a few sentences.",
+    "Name four planets of the solar system and one fact about each.",
+    "How do I reverse a list in Python?",
+    "What causes the seasons on Earth?",
+    "Suggest a name for a small bakery and explain it.",
+    "Describe a cat to someone who has never seen one.",
+    "What is the difference between weather and climate?",
+    "Write a polite email declining a meeting invitation.",
+    "Why do we need sleep?",
+]
+
+
+def chat_prompt_ids(loaded: LoadedModel, question: str) -> list[int]:
+    """``question`` as one user turn, rendered with the model's chat template, thinking off."""
+    from thinkstruct.parsers import render_chat
+
+    prompt = render_chat(
+        [{"role": "user", "content": question}],
+        family=loaded.family,
+        tokenizer=loaded.tokenizer,
+        chat_template=loaded.chat_template,
+        chat_template_kwargs={"enable_thinking": False} if loaded.family.switch else None,
+    )
+    return loaded.tokenizer.hf.encode(prompt.text, add_special_tokens=False)
+
+
+@dataclass(frozen=True)
+class ForwardTiming:
+    """One timed run over one batch.
+
+    Attributes:
+        batch: rows in the batch.
+        new_tokens: tokens generated per row.
+        total_s: wall seconds from the prefill's start to the last token.
+        prefill_s: wall seconds of the prefill forward (first token included); ``None``
+            where the run does not expose it (``generate()``).
+        tokens: the generated ids, ``[batch][new_tokens]``.
+    """
+
+    batch: int
+    new_tokens: int
+    total_s: float
+    prefill_s: float | None
+    tokens: list[list[int]]
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens over wall time, prefill included."""
+        return self.batch * self.new_tokens / self.total_s
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first over the decode steps' wall time (the steady rate)."""
+        if self.prefill_s is None or self.new_tokens < 2:
+            return None
+        return self.batch * (self.new_tokens - 1) / (self.total_s - self.prefill_s)
+
+
+def _pad_id(loaded: LoadedModel) -> int:
+    hf = loaded.tokenizer.hf
+    return int(hf.pad_token_id if hf.pad_token_id is not None else loaded.tokenizer.eos_token_ids[0])
+
+
+def _left_padded(prompts: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
+def _cache_keyword(model: Any) -> str:
+    # transformers 5.x renames past_key_values to cache
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def bare_forward(loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int) -> ForwardTiming:
+    """Prefill ``prompts`` as one left-padded batch, then ``new_tokens`` greedy steps.
+
+    Every row runs all ``new_tokens`` steps (EOS is not special), as a full batch would.
+    """
+    from transformers import DynamicCache
+
+    model = loaded.model
+    ids, mask = _left_padded(prompts, _pad_id(loaded))
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    kw = _cache_keyword(model)
+    out: list[torch.Tensor] = []
+    with torch.inference_mode():
+        started = time.perf_counter()
+        logits = model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **{kw: cache}
+        ).logits
+        token = logits[:, -1].argmax(-1)
+        out.append(token)
+        prefilled = time.perf_counter()
+        position = positions[:, -1:]
+        for _ in range(new_tokens - 1):
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            position = position + 1
+            logits = model(
+                input_ids=token[:, None],
+                attention_mask=mask,
+                position_ids=position,
+                use_cache=True,
+                logits_to_keep=1,
+                **{kw: cache},
+            ).logits
+            token = logits[:, -1].argmax(-1)
+            out.append(token)
+        finished = time.perf_counter()
+    tokens = torch.stack(out, dim=1).tolist()
+    return ForwardTiming(len(prompts), new_tokens, finished - started, prefilled - started, tokens)
+
+
+def transformers_generate(loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int) -> ForwardTiming:
+    """``model.generate()`` on the left-padded batch: greedy, exactly ``new_tokens`` per row."""
+    from transformers import GenerationConfig
+
+    pad = _pad_id(loaded)
+    ids, mask = _left_padded(prompts, pad)
+    config = GenerationConfig(
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=pad,
+        eos_token_id=list(loaded.tokenizer.eos_token_ids),
+    )
+    with torch.inference_mode():
+        started = time.perf_counter()
+        sequences = loaded.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        finished = time.perf_counter()
+    tokens = sequences[:, ids.shape[1] :].tolist()
+    return ForwardTiming(len(prompts), new_tokens, finished - started, None, tokens)
+
+
+def bare_forward_tokens_per_s(loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int = 64) -> float:
+    """:func:`bare_forward`'s generated tokens per second, prefill included."""
+    return bare_forward(loaded, prompts, new_tokens=new_tokens).tokens_per_s
+
+
+def generate_tokens_per_s(loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int = 64) -> float:
+    """:func:`transformers_generate`'s generated tokens per second."""
+    return transformers_generate(loaded, prompts, new_tokens=new_tokens).tokens_per_s
+
+
+# ---- greedy agreement -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How often ``candidate`` decodes greedily what ``reference`` does.
+
+    Attributes:
+        prompts: prompts compared.
+        identical: completions identical token for token (up to EOS or the limit).
+        prefix_share: tokens before the first divergence over the longer completion's
+            length, averaged over prompts (1.0 = identical).
+        position_share: positions holding the same token over the longer length, averaged
+            (counts agreement that resumes after a divergence, which is mostly luck).
+        first_divergence: the index of each prompt's first differing token (``None`` when identical).
+    """
+
+    prompts: int
+    identical: int
+    prefix_share: float
+    position_share: float
+    first_divergence: tuple[int | None, ...]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.identical}/{self.prompts} identical completions, "
+            f"{self.prefix_share:.1%} of tokens before the first divergence, "
+            f"{self.position_share:.1%} position-wise"
+        )
+
+
+def greedy_completion(loaded: LoadedModel, prompt: Sequence[int], *, new_tokens: int) -> list[int]:
+    """Greedy tokens for one prompt (batch 1) until EOS (included) or ``new_tokens``."""
+    from transformers import DynamicCache
+
+    eos = set(loaded.tokenizer.eos_token_ids)
+    cache = DynamicCache()
+    kw = _cache_keyword(loaded.model)
+    ids = torch.tensor([list(prompt)])
+    out: list[int] = []
+    with torch.inference_mode():
+        for _ in range(new_tokens):
+            logits = loaded.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: cache}).logits
+            token = int(logits[0, -1].argmax())
+            out.append(token)
+            if token in eos:
+                break
+            ids = torch.tensor([[token]])
+    return out
+
+
+def greedy_agreement(
+    candidate: LoadedModel, reference: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int = 64
+) -> Agreement:
+    """Greedy agreement of ``candidate`` with ``reference`` over ``prompts`` (token ids of
+    the same tokenizer), ``new_tokens`` at most each."""
+    identical = 0
+    prefix: list[float] = []
+    position: list[float] = []
+    divergence: list[int | None] = []
+    for prompt in prompts:
+        a = greedy_completion(candidate, prompt, new_tokens=new_tokens)
+        b = greedy_completion(reference, prompt, new_tokens=new_tokens)
+        longest = max(len(a), len(b))
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        identical += a == b
+        divergence.append(None if a == b else same)
+        prefix.append(same / longest)
+        position.append(sum(x == y for x, y in zip(a, b)) / longest)
+    return Agreement(
+        len(prompts), identical, statistics.fmean(prefix), statistics.fmean(position), tuple(divergence)
+    )
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+VARIANTS = {"bf16": ("bfloat16", None), "fp32": ("float32", None), "int8": ("float32", "int8")}
+
+
+def interleaved_table(
+    models: dict[str, LoadedModel], *, batches: Sequence[int] = (1, 8), new_tokens: int = 32, rounds: int = 3
+) -> list[dict[str, Any]]:
+    """Bare forward and ``generate()`` for every model and batch, interleaved round by round.
+
+    Each round runs every (model, batch) pair, bare then generate, and the order of the
+    two flips every round. Returns one row per (model, batch) with the median tokens/s.
+    """
+    cells: dict[tuple[str, int, str], list[ForwardTiming]] = {}
+    prompt_ids = {label: [chat_prompt_ids(m, q) for q in QUESTIONS[: max(batches)]] for label, m in models.items()}
+    for label, loaded in models.items():  # warm-up: first forwards page weights in and pick kernels
+        bare_forward(loaded, prompt_ids[label][:1], new_tokens=2)
+        transformers_generate(loaded, prompt_ids[label][:1], new_tokens=2)
+    for r in range(rounds):
+        for label, loaded in models.items():
+            for batch in batches:
+                sides = [("bare", bare_forward), ("generate", transformers_generate)]
+                for side, run in sides if r % 2 == 0 else reversed(sides):
+                    timing = run(loaded, prompt_ids[label][:batch], new_tokens=new_tokens)
+                    cells.setdefault((label, batch, side), []).append(timing)
+    rows = []
+    for label in models:
+        for batch in batches:
+            bare = cells[label, batch, "bare"]
+            gen = cells[label, batch, "generate"]
+            bare_tps = statistics.median(t.tokens_per_s for t in bare)
+            gen_tps = statistics.median(t.tokens_per_s for t in gen)
+            rows.append(
+                {
+                    "variant": label,
+                    "batch": batch,
+                    "prompt_tokens": sum(len(p) for p in prompt_ids[label][:batch]),
+                    "bare_tokens_per_s": bare_tps,
+                    "bare_decode_tokens_per_s": statistics.median(t.decode_tokens_per_s or 0.0 for t in bare),
+                    "bare_prefill_s": statistics.median(t.prefill_s or 0.0 for t in bare),
+                    "generate_tokens_per_s": gen_tps,
+                    "generate_over_bare": gen_tps / bare_tps,
+                    "spread": (min(t.tokens_per_s for t in bare), max(t.tokens_per_s for t in bare)),
+                }
+            )
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="a model directory or .gguf (default: the embedded SmolLM2)")
+    parser.add_argument("--variants", nargs="+", default=["bf16", "int8", "fp32"], choices=sorted(VARIANTS))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--new-tokens", type=int, default=32, help="decode steps per timed run")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every cell")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--agreement-prompts", type=int, default=16, help="0 skips the agreement table")
+    parser.add_argument("--agreement-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+
+    from thinkstruct.engine.models import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    models: dict[str, LoadedModel] = {}
+    for label in args.variants:
+        dtype, quantize = VARIANTS[label]
+        models[label] = load_model(args.model, dtype=dtype, quantize=quantize, progress=True)
+    first = next(iter(models.values()))
+    print(
+        f"# forward baselines: {first.name}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(default: active)')}, "
+        f"CPU capability {torch.backends.cpu.get_cpu_capability()}"
+    )
+    print(f"# load: {', '.join(f'{k} {m.load_seconds:.1f} s' for k, m in models.items())}")
+    print(f"# {args.new_tokens} new tokens per row, median of {args.rounds} interleaved rounds, tokens/s incl. prefill\n")
+    rows = interleaved_table(models, batches=args.batches, new_tokens=args.new_tokens, rounds=args.rounds)
+    header = f"{'variant':8} {'batch':>5} {'prompt tok':>10} {'bare tok/s':>10} {'(decode)':>9} {'prefill s':>9} {'generate() tok/s':>16} {'gen/bare':>8}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(
+            f"{row['variant']:8} {row['batch']:5d} {row['prompt_tokens']:10d} {row['bare_tokens_per_s']:10.1f} "
+            f"{row['bare_decode_tokens_per_s']:9.1f} {row['bare_prefill_s']:9.3f} "
+            f"{row['generate_tokens_per_s']:16.1f} {row['generate_over_bare']:8.2f}"
+        )
+    if args.agreement_prompts and "int8" in models and len(models) > 1:
+        reference_label = "bf16" if "bf16" in models else next(k for k in models if k != "int8")
+        reference = models[reference_label]
+        prompts = [chat_prompt_ids(reference, q) for q in QUESTIONS[: args.agreement_prompts]]
+        print(f"\n# greedy agreement with {reference_label}, {len(prompts)} chat prompts, up to {args.agreement_tokens} tokens")
+        for label, loaded in models.items():
+            if label != reference_label:
+                print(f"{label:8} {greedy_agreement(loaded, reference, prompts, new_tokens=args.agreement_tokens)}")
+
+
+if __name__ == "__main__":
+    main()
