@@ -74,8 +74,8 @@ class InvalidConstraint(ThinkstructError, ValueError):
             where.append(self.kind)
         if self.pointer is not None:
             where.append(f"at {self.pointer or '/'}")
-        if self.line is not None and self.column is not None:
-            where.append(f"at line {self.line}, column {self.column}")
+        if self.line is not None:
+            where.append(f"at line {self.line}" + (f", column {self.column}" if self.column is not None else ""))
         elif self.position is not None:
             where.append(f"at character {self.position}")
         if self.backend:

@@ -6,6 +6,7 @@ import pytest
 
 import thinkstruct
 from thinkstruct import Constraint, InvalidConstraint, Tokenizer
+from thinkstruct.grammar.api import first_rejected
 from thinkstruct.grammar.constraint import MAX_NESTING_DEPTH
 
 from .conftest import BACKENDS
@@ -75,18 +76,57 @@ def test_ebnf_error_position_from_xgrammar() -> None:
     assert "[" not in str(error).split(":")[0]  # no raw C++ log prefix
 
 
+NUL_CASES = [
+    # (constraint, accepted answers, rejected answers); JSON writes NUL as \u0000.
+    (Constraint.json_schema({"type": "string", "pattern": "^/[^\u0000]+$"}), ['"/usr/bin"'], ['"/a\\u0000b"', '"usr"']),
+    (Constraint.json_schema({"enum": ["a\u0000b", "c"]}), ['"a\\u0000b"', '"c"'], ['"ab"']),
+    (Constraint.json_schema({"const": "x\u0000"}), ['"x\\u0000"'], ['"x"']),
+    (
+        Constraint.json_schema({"type": "object", "properties": {"a\u0000": {"type": "integer"}}, "required": ["a\u0000"]}),
+        ['{"a\\u0000":1}'],
+        ['{"a":1}'],
+    ),
+    (Constraint.regex("a[^\u0000]b"), ["axb"], ["a\u0000b"]),
+    (Constraint.regex("a\u0000b"), ["a\u0000b"], ["ab"]),
+    (Constraint.choice(["a\u0000", "b"]), ["a\u0000", "b"], ["a"]),
+    (Constraint.ebnf('root ::= "a" [^\u0000] "b"'), ["axb"], ["a\u0000b"]),
+]
+
+
+@pytest.mark.parametrize("constraint, good, bad", NUL_CASES, ids=[repr(c[0])[:40] for c in NUL_CASES])
+def test_nul_is_legal_and_enforced(constraint: Constraint, good: list[str], bad: list[str]) -> None:
+    # auto finds a backend that represents it, and it is enforced exactly ...
+    for text in good:
+        assert thinkstruct.accepts(constraint, text), text
+    for text in bad:
+        assert not thinkstruct.accepts(constraint, text), text
+    # ... and each backend either enforces it too or refuses it clearly (never compiles
+    # something that lets the forbidden NUL through or refuses the valid answer).
+    for backend in BACKENDS:
+        try:
+            compiled = thinkstruct.compile(constraint, Tokenizer.default(), backend)
+        except InvalidConstraint as e:
+            assert e.backend == backend
+            continue
+        assert all(first_rejected(compiled, t) is None for t in good), backend
+        assert all(first_rejected(compiled, t) is not None for t in bad), backend
+
+
 @pytest.mark.parametrize(
-    "make",
+    "make, pointer, position",
     [
-        lambda: Constraint.regex("ab\x00c"),
-        lambda: Constraint.json_schema('{"type": "string", "pattern": "a\\u0000"}'),
-        lambda: Constraint.json_schema('{"type":\x00 "string"}'),
-        lambda: Constraint.ebnf('root ::= "\x00"'),
+        (lambda: Constraint.json_schema('{"enum": ["ok", "\\ud800"]}'), "/enum/1", None),
+        (lambda: Constraint.json_schema({"properties": {"\ud800": {}}}), "/properties", None),
+        (lambda: Constraint.json_schema({"type": "string", "pattern": "a\udfff"}), "/pattern", None),
+        (lambda: Constraint.regex("ab\ud800"), None, 2),
+        (lambda: Constraint.choice(["x", "\ud800"]), "/1", None),
     ],
 )
-def test_nul_bytes_are_refused(make) -> None:
-    with pytest.raises(InvalidConstraint, match="NUL"):
+def test_lone_surrogates_are_refused_naming_where(make, pointer: str | None, position: int | None) -> None:
+    with pytest.raises(InvalidConstraint, match="lone surrogate") as info:
         make()
+    assert info.value.pointer == pointer and info.value.position == position
+    str(info.value).encode("utf-8")  # the message itself is printable
 
 
 def test_nesting_deeper_than_the_limit() -> None:

@@ -1,4 +1,5 @@
-"""The one-call entry points: :func:`compile` and :func:`accepts`."""
+"""The one-call entry points: :func:`compile` and :func:`accepts` (and, re-exported,
+:func:`first_rejected` and :func:`can_stop` from :mod:`.answers`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import threading
 import weakref
 from typing import TYPE_CHECKING
 
+from thinkstruct.grammar.answers import can_stop, first_rejected
 from thinkstruct.grammar.backends import create_backend
-from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend, GrammarMatcher
-from thinkstruct.grammar.bitmask import allocate_bitmask, is_allowed
+from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend
 from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 from thinkstruct.grammar.json_format import JsonFormat
 
@@ -103,35 +104,6 @@ def accepts(
     """
     compiled = compile(constraint, tokenizer, backend, strict=strict, json_format=json_format)
     return first_rejected(compiled, text) is None
-
-
-def first_rejected(compiled: CompiledGrammar, text: str) -> int | None:
-    """Character offset in ``text`` where the grammar rejects it, or ``None`` if it accepts
-    it as a complete answer (``len(text)`` when the text is a valid but unfinished prefix)."""
-    tok = compiled.tokenizer
-    grammar = compiled.matcher()
-    ids, offsets = tok.encode_with_offsets(text)
-    for token_id, (start, end) in zip(ids, offsets):
-        if not grammar.accept_token(token_id):
-            return _first_rejected_char(grammar, tok, text, start, end)
-    return None if can_stop(grammar, tok) else len(text)
-
-
-def _first_rejected_char(grammar: GrammarMatcher, tok: Tokenizer, text: str, start: int, end: int) -> int:
-    # The rejected token may begin with characters the grammar allows (" " of ' "x"');
-    # feed its span one character at a time to find the first one it does not.
-    for pos in range(start, max(end, start + 1)):
-        ids = tok.encode(text[pos])
-        if grammar.accept_tokens(ids) != len(ids):
-            return pos
-    return start
-
-
-def can_stop(grammar: GrammarMatcher, tokenizer: Tokenizer) -> bool:
-    """Whether a stop token is allowed next (the answer so far is complete)."""
-    bitmask = allocate_bitmask(1, tokenizer.vocab_size)
-    grammar.fill_bitmask(bitmask, 0)
-    return any(is_allowed(bitmask, 0, eos) for eos in tokenizer.eos_token_ids)
 
 
 __all__ = ["accepts", "can_stop", "compile", "default_compiler", "first_rejected", "get_backend"]

@@ -199,16 +199,20 @@ class GrammarBackend(abc.ABC):
                     kind=constraint.kind.value,
                 ),
             )
+        from thinkstruct.grammar.probe import probe
         from thinkstruct.grammar.validation import check_constraint
 
         try:
             if not checked:
                 check_constraint(constraint)
-            return self._compile(constraint)
+            compiled = self._compile(constraint)
         except InvalidConstraint as e:
             if e.backend is None:
                 e.backend = self.name
             return self.invalid(constraint, e)
+        # A grammar that compiles but can produce nothing valid counts as a failure.
+        problem = probe(compiled)
+        return compiled if problem is None else self.invalid(constraint, problem)
 
     def invalid(self, constraint: Constraint, error: InvalidConstraint) -> InvalidGrammar:
         return InvalidGrammar(constraint, self.name, error)

@@ -60,11 +60,14 @@ class Constraint:
                 f"constraint value must be text, got {type(self.value).__name__}",
                 kind=self.kind.value,
             )
-        nul = self.value.find("\x00")
-        if nul >= 0:
+        try:
+            self.value.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate: no backend can represent it
             raise InvalidConstraint(
-                "NUL character is not allowed", position=nul, kind=self.kind.value
-            )
+                f"lone surrogate U+{ord(self.value[e.start]):04X} is not a character (not valid UTF-8)",
+                position=e.start,
+                kind=self.kind.value,
+            ) from None
 
     # ---- constructors -------------------------------------------------------------
 
@@ -123,7 +126,7 @@ class Constraint:
                     pointer=f"/{i}",
                     kind="choice",
                 )
-        return cls(ConstraintKind.CHOICE, json.dumps(list(options), ensure_ascii=False))
+        return cls(ConstraintKind.CHOICE, _dump_json(list(options), ConstraintKind.CHOICE))
 
     # ---- views ----------------------------------------------------------------------
 
@@ -173,9 +176,6 @@ def _load_json(value: object, kind: ConstraintKind) -> Any:
             ) from None
     if not isinstance(value, str):
         return value
-    nul = value.find("\x00")
-    if nul >= 0:
-        raise InvalidConstraint("NUL character is not allowed", position=nul, kind=kind.value)
     try:
         return json.loads(value)
     except json.JSONDecodeError as e:
@@ -193,9 +193,48 @@ def _load_json(value: object, kind: ConstraintKind) -> Any:
 def _dump_json(doc: Any, kind: ConstraintKind) -> str:
     _check_depth(doc, kind)
     try:
-        return json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as e:
         raise InvalidConstraint(f"not representable as JSON: {e}", kind=kind.value) from None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        _refuse_surrogate(doc, kind)
+    return text
+
+
+def _refuse_surrogate(doc: Any, kind: ConstraintKind) -> None:
+    """Raise naming the JSON pointer of the first string (or key) with a lone surrogate
+    (``"\\ud800"`` parses to one; it is not a character, so no backend can match it)."""
+    stack: list[tuple[Any, str]] = [(doc, "")]
+    while stack:
+        node, pointer = stack.pop()
+        if isinstance(node, dict):
+            for key, child in reversed(list(node.items())):
+                if not _encodable(key):
+                    # The pointer names the object: the key itself cannot be printed.
+                    raise InvalidConstraint(
+                        f"the key {key!r} holds a lone surrogate (\\ud800-\\udfff alone is not a character)",
+                        pointer=pointer,
+                        kind=kind.value,
+                    )
+                stack.append((child, f"{pointer}/{escape_pointer(key)}"))
+        elif isinstance(node, list):
+            stack.extend((child, f"{pointer}/{i}") for i, child in reversed(list(enumerate(node))))
+        elif isinstance(node, str) and not _encodable(node):
+            raise InvalidConstraint(
+                "the string holds a lone surrogate (\\ud800-\\udfff alone is not a character)",
+                pointer=pointer,
+                kind=kind.value,
+            )
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_depth(doc: Any, kind: ConstraintKind) -> None:
@@ -215,18 +254,10 @@ def _check_depth(doc: Any, kind: ConstraintKind) -> None:
                     raise InvalidConstraint(
                         f"object keys must be strings, got {key!r}", pointer=pointer, kind=kind.value
                     )
-                if "\x00" in key:
-                    raise InvalidConstraint(
-                        "NUL character is not allowed in a key", pointer=pointer, kind=kind.value
-                    )
                 stack.append((child, f"{pointer}/{escape_pointer(key)}", depth + 1))
         elif isinstance(node, list):
             for i, child in enumerate(node):
                 stack.append((child, f"{pointer}/{i}", depth + 1))
-        elif isinstance(node, str) and "\x00" in node:
-            raise InvalidConstraint(
-                "NUL character is not allowed", pointer=pointer, kind=kind.value
-            )
 
 
 def escape_pointer(token: str) -> str:

@@ -11,21 +11,12 @@ from __future__ import annotations
 import functools
 import math
 import re
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import urldefrag, urljoin
 
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind, escape_pointer
-
-JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
-
-# Keywords whose value is one subschema / a map of subschemas / a list of subschemas.
-_SCHEMA_VALUED = (
-    "additionalProperties", "contains", "not", "if", "then", "else", "propertyNames",
-    "unevaluatedItems", "unevaluatedProperties", "additionalItems",
-)
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+from thinkstruct.grammar.schema_walk import JSON_TYPES, MISSING, SCHEMA_MAPS, resolve, walk
 
 # (lower keyword, upper keyword, strict): the schema is unsatisfiable if lower > upper
 # (or lower >= upper when strict).
@@ -44,7 +35,129 @@ _BOUND_TYPES = {
     "minItems": {"array"}, "minContains": {"array"}, "minLength": {"string"},
     "minProperties": {"object"}, "minimum": {"number", "integer"},
     "exclusiveMinimum": {"number", "integer"},
-}
+}  # fmt: skip
+
+_COUNTS = frozenset(
+    {
+        "minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties",
+        "minContains", "maxContains",
+    }
+)  # fmt: skip
+_NUMBERS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
+
+
+class _Node:
+    """One subschema being checked, and how to name its keywords in errors."""
+
+    __slots__ = ("node", "pointer", "base", "root", "ids", "anchors")
+
+    def __init__(
+        self, node: dict[str, Any], pointer: str, base: str, root: Any, ids: dict[str, Any], anchors: set[str]
+    ) -> None:
+        self.node, self.pointer, self.base = node, pointer, base
+        self.root, self.ids, self.anchors = root, ids, anchors
+
+    def fail(self, keyword: str, reason: str, *, position: int | None = None) -> None:
+        raise InvalidConstraint(
+            reason, pointer=f"{self.pointer}/{escape_pointer(keyword)}", position=position, kind="json_schema"
+        )
+
+
+def _check_type(n: _Node) -> None:
+    types = n.node["type"]
+    listed = types if isinstance(types, list) else [types]
+    if not listed:
+        n.fail("type", "type must not be an empty list")
+    for t in listed:
+        if not isinstance(t, str) or t not in JSON_TYPES:
+            n.fail("type", f"unknown type {t!r}; JSON Schema types are {', '.join(sorted(JSON_TYPES))}")
+
+
+def _check_counts(n: _Node) -> None:
+    for keyword in sorted(n.node.keys() & _COUNTS):  # sorted: the same first error every run
+        v = n.node[keyword]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+            n.fail(keyword, f"{keyword} must be a non-negative integer, got {v!r}")
+
+
+def _check_numbers(n: _Node) -> None:
+    for keyword in sorted(n.node.keys() & _NUMBERS):
+        v = n.node[keyword]
+        # draft 4's boolean exclusiveMinimum/Maximum modifies minimum/maximum
+        if keyword.startswith("exclusive") and isinstance(v, bool):
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            n.fail(keyword, f"{keyword} must be a number, got {v!r}")
+    if "multipleOf" in n.node and n.node["multipleOf"] <= 0:
+        n.fail("multipleOf", f"multipleOf must be greater than 0, got {n.node['multipleOf']!r}")
+
+
+def _check_bounds(n: _Node) -> None:
+    node = n.node
+    for low, high, strict in _BOUND_PAIRS:
+        if low not in node or high not in node or not _confined_to(node, _BOUND_TYPES[low]):
+            continue  # other types of value satisfy the schema whatever the bounds
+        lo, hi = node[low], node[high]
+        if _is_number(lo) and _is_number(hi) and (lo >= hi if strict else lo > hi):
+            n.fail(low, f"unsatisfiable: {low} {lo} {'≥' if strict else '>'} {high} {hi}")
+
+
+def _check_patterns(n: _Node) -> None:
+    node = n.node
+    if "pattern" in node:
+        if not isinstance(node["pattern"], str):
+            n.fail("pattern", "pattern must be a string")
+        _check_regex(node["pattern"], f"{n.pointer}/pattern", "invalid regex")
+    if isinstance(node.get("patternProperties"), dict):
+        for key in node["patternProperties"]:
+            _check_regex(
+                key,
+                f"{n.pointer}/patternProperties/{escape_pointer(key)}",
+                "invalid regex in a patternProperties key",
+            )
+
+
+def _check_shapes(n: _Node) -> None:
+    node = n.node
+    if "required" in node:
+        req = node["required"]
+        if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
+            n.fail("required", "required must be a list of property names")
+    if "enum" in node and not isinstance(node["enum"], list):
+        n.fail("enum", "enum must be a list")
+    for keyword in SCHEMA_MAPS:
+        if keyword in node and not isinstance(node[keyword], dict):
+            n.fail(keyword, f"{keyword} must be an object mapping names to schemas")
+    for keyword in ("allOf", "anyOf", "oneOf", "prefixItems"):
+        if keyword in node and (not isinstance(node[keyword], list) or not node[keyword]):
+            n.fail(keyword, f"{keyword} must be a non-empty list of schemas")
+
+
+def _check_refs(n: _Node) -> None:
+    for keyword in ("$ref", "$dynamicRef"):
+        if keyword in n.node:
+            ref = n.node[keyword]
+            if not isinstance(ref, str):
+                n.fail(keyword, f"{keyword} must be a string")
+            if not _ref_resolves(ref, n.base, n.root, n.ids, n.anchors):
+                n.fail(
+                    keyword,
+                    f"cannot resolve {keyword} {ref!r}: it points to nothing in this schema "
+                    "(remote references are not fetched)",
+                )
+
+
+#: One checker per keyword group, run on a node that uses any of the group's keywords.
+_CHECKERS: tuple[tuple[frozenset[str], Any], ...] = (
+    (frozenset({"type"}), _check_type),
+    (_COUNTS, _check_counts),
+    (_NUMBERS, _check_numbers),
+    (frozenset(low for low, _, _ in _BOUND_PAIRS), _check_bounds),
+    (frozenset({"pattern", "patternProperties"}), _check_patterns),
+    (frozenset({"required", "enum", "allOf", "anyOf", "oneOf", "prefixItems", *SCHEMA_MAPS}), _check_shapes),
+    (frozenset({"$ref", "$dynamicRef"}), _check_refs),
+)
+_CHECKED = frozenset().union(*(keys for keys, _ in _CHECKERS))
 
 
 def _confined_to(node: dict[str, Any], types: set[str]) -> bool:
@@ -52,23 +165,6 @@ def _confined_to(node: dict[str, Any], types: set[str]) -> bool:
     t = node.get("type")
     listed = t if isinstance(t, list) else [t]
     return bool(listed) and all(x in types for x in listed)
-
-
-_COUNTS_SET = frozenset(
-    {
-        "minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties",
-        "minContains", "maxContains",
-    }
-)
-_NUMBERS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
-# A node using none of these has nothing _check_node would look at.
-_CHECKED_KEYWORDS = (
-    _COUNTS_SET
-    | _NUMBERS
-    | {"type", "pattern", "patternProperties", "required", "enum", "$ref", "$dynamicRef"}
-    | set(_SCHEMA_MAPS)
-    | set(_SCHEMA_LISTS)
-)
 
 
 def check_constraint(constraint: Constraint, *, max_answer_tokens: int | None = None) -> None:
@@ -80,6 +176,7 @@ def check_constraint(constraint: Constraint, *, max_answer_tokens: int | None = 
     """
     if constraint.kind is ConstraintKind.JSON_SCHEMA:
         check_json_schema(constraint.document)
+        check_instances_exist(constraint.document, max_answer_tokens=max_answer_tokens)
     elif constraint.kind is ConstraintKind.REGEX:
         problem = regex_problem(constraint.value)
         if problem:
@@ -90,7 +187,7 @@ def check_constraint(constraint: Constraint, *, max_answer_tokens: int | None = 
 
 def check_json_schema(schema: Any) -> None:
     """Check a parsed JSON Schema document (see the module docstring)."""
-    nodes = list(_walk(schema))
+    nodes = list(walk(schema))
     ids, anchors = _collect_ids(nodes)
     for node, pointer, base in nodes:
         if isinstance(node, bool):
@@ -101,78 +198,40 @@ def check_json_schema(schema: Any) -> None:
                 pointer=pointer,
                 kind="json_schema",
             )
-        if node.keys() & _CHECKED_KEYWORDS:
-            _check_node(node, pointer, base, schema, ids, anchors)
+        keys = node.keys() & _CHECKED
+        if keys:
+            checked = _Node(node, pointer, base, schema, ids, anchors)
+            for group, checker in _CHECKERS:
+                if not group.isdisjoint(keys):
+                    checker(checked)
 
 
-def _check_node(
-    node: dict[str, Any], pointer: str, base: str, root: Any, ids: dict[str, Any], anchors: set[str]
-) -> None:
-    def fail(keyword: str, reason: str) -> None:
-        raise InvalidConstraint(reason, pointer=f"{pointer}/{escape_pointer(keyword)}", kind="json_schema")
+def check_instances_exist(schema: Any, *, max_answer_tokens: int | None = None) -> None:
+    """Refuse a schema no finite answer satisfies (``{"$ref": "#"}``, a recursion without
+    a base case), or whose shortest instance needs more than ``max_answer_tokens`` tokens
+    (counted generously: every token as long as the longest in any vocabulary)."""
+    from thinkstruct.grammar.schema_instances import shortest_instance
 
-    if "type" in node:
-        types = node["type"]
-        listed = types if isinstance(types, list) else [types]
-        if not listed:
-            fail("type", "type must not be an empty list")
-        for t in listed:
-            if not isinstance(t, str) or t not in JSON_TYPES:
-                fail("type", f"unknown type {t!r}; JSON Schema types are {', '.join(sorted(JSON_TYPES))}")
-    keys = node.keys()
-    for keyword in sorted(keys & _COUNTS_SET):  # sorted: the same first error every run
-        v = node[keyword]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
-            fail(keyword, f"{keyword} must be a non-negative integer, got {v!r}")
-    for keyword in sorted(keys & _NUMBERS):
-        v = node[keyword]
-        # draft 4's boolean exclusiveMinimum/Maximum modifies minimum/maximum
-        if keyword.startswith("exclusive") and isinstance(v, bool):
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            fail(keyword, f"{keyword} must be a number, got {v!r}")
-    if "multipleOf" in node and node["multipleOf"] <= 0:
-        fail("multipleOf", f"multipleOf must be greater than 0, got {node['multipleOf']!r}")
-    for low, high, strict in _BOUND_PAIRS:
-        if low not in keys or high not in keys or not _confined_to(node, _BOUND_TYPES[low]):
-            continue  # other types of value satisfy the schema whatever the bounds
-        lo, hi = node[low], node[high]
-        if _is_number(lo) and _is_number(hi) and (lo >= hi if strict else lo > hi):
-            fail(low, f"unsatisfiable: {low} {lo} {'≥' if strict else '>'} {high} {hi}")
-    if "pattern" in node:
-        if not isinstance(node["pattern"], str):
-            fail("pattern", "pattern must be a string")
-        _check_regex(node["pattern"], f"{pointer}/pattern", "invalid regex")
-    if "patternProperties" in node and isinstance(node["patternProperties"], dict):
-        for key in node["patternProperties"]:
-            _check_regex(
-                key,
-                f"{pointer}/patternProperties/{escape_pointer(key)}",
-                "invalid regex in a patternProperties key",
-            )
-    if "required" in node:
-        req = node["required"]
-        if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
-            fail("required", "required must be a list of property names")
-    if "enum" in node and not isinstance(node["enum"], list):
-        fail("enum", "enum must be a list")
-    for keyword in _SCHEMA_MAPS:
-        if keyword in node and not isinstance(node[keyword], dict):
-            fail(keyword, f"{keyword} must be an object mapping names to schemas")
-    for keyword in _SCHEMA_LISTS:
-        if keyword in node and (not isinstance(node[keyword], list) or not node[keyword]):
-            fail(keyword, f"{keyword} must be a non-empty list of schemas")
-    for keyword in ("$ref", "$dynamicRef"):
-        if keyword in node:
-            ref = node[keyword]
-            if not isinstance(ref, str):
-                fail(keyword, f"{keyword} must be a string")
-            if not _ref_resolves(ref, base, root, ids, anchors):
-                fail(
-                    keyword,
-                    f"cannot resolve {keyword} {ref!r}: it points to nothing in this schema "
-                    "(remote references are not fetched)",
-                )
+    length, pointer = shortest_instance(schema)
+    if length is None:
+        raise InvalidConstraint(
+            f"schema has no finite instance at {pointer or '/'} (a recursion without a base case, "
+            "or a subschema nothing satisfies)",
+            pointer=pointer,
+            kind="json_schema",
+        )
+    if max_answer_tokens is not None and length > max_answer_tokens * MAX_TOKEN_CHARS:
+        raise InvalidConstraint(
+            f"the shortest valid instance is at least {length:,} characters long: more than "
+            f"{max_answer_tokens:,} tokens can hold",
+            pointer=pointer,
+            kind="json_schema",
+        )
+
+
+#: Characters one token stands for at most, generously (the longest tokens of the 129k
+#: DeepSeek-V4 vocabulary are runs of 128 spaces or punctuation).
+MAX_TOKEN_CHARS = 256
 
 
 def _check_regex(pattern: str, pointer: str, what: str) -> None:
@@ -181,42 +240,6 @@ def _check_regex(pattern: str, pointer: str, what: str) -> None:
         raise InvalidConstraint(
             f"{what}: {problem[1]}", pointer=pointer, position=problem[0], kind="json_schema"
         )
-
-
-def _walk(schema: Any) -> Iterator[tuple[Any, str, str]]:
-    """Every subschema with its JSON pointer and base URI, iteratively."""
-    stack: list[tuple[Any, str, str]] = [(schema, "", "")]
-    while stack:
-        node, pointer, base = stack.pop()
-        if isinstance(node, dict) and isinstance(node.get("$id"), str):
-            base = urljoin(base, node["$id"])  # a resource's own $id is its refs' base
-        yield node, pointer, base
-        if not isinstance(node, dict):
-            continue
-        for keyword in _SCHEMA_VALUED:
-            if keyword in node:
-                stack.append((node[keyword], f"{pointer}/{keyword}", base))
-        for keyword in _SCHEMA_MAPS:
-            value = node.get(keyword)
-            if isinstance(value, dict):
-                for name, sub in value.items():
-                    stack.append((sub, f"{pointer}/{keyword}/{escape_pointer(name)}", base))
-        for keyword in _SCHEMA_LISTS:
-            value = node.get(keyword)
-            if isinstance(value, list):
-                for i, sub in enumerate(value):
-                    stack.append((sub, f"{pointer}/{keyword}/{i}", base))
-        items = node.get("items")
-        if isinstance(items, list):  # draft 7 tuple form
-            for i, sub in enumerate(items):
-                stack.append((sub, f"{pointer}/items/{i}", base))
-        elif items is not None:
-            stack.append((items, f"{pointer}/items", base))
-        deps = node.get("dependencies")
-        if isinstance(deps, dict):
-            for name, sub in deps.items():
-                if isinstance(sub, (dict, bool)):
-                    stack.append((sub, f"{pointer}/dependencies/{escape_pointer(name)}", base))
 
 
 def _collect_ids(nodes: list[tuple[Any, str, str]]) -> tuple[dict[str, Any], set[str]]:
@@ -248,23 +271,8 @@ def _ref_resolves(ref: str, base: str, root: Any, resources: dict[str, Any], anc
     if not fragment:
         return True
     if fragment.startswith("/"):
-        return _pointer_exists(resource, fragment)
+        return resolve(resource, fragment) is not MISSING
     return fragment in anchors
-
-
-def _pointer_exists(doc: Any, pointer: str) -> bool:
-    from urllib.parse import unquote
-
-    node = doc
-    for raw in pointer.split("/")[1:]:
-        token = unquote(raw).replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return False
-    return True
 
 
 def _check_structural_tag(tag: dict[str, Any]) -> None:

@@ -9,13 +9,15 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from thinkstruct.errors import InvalidConstraint
+from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
 from thinkstruct.grammar.base import NO_BACKEND_ENFORCES, CompiledGrammar, GrammarBackend, schema_text
 from thinkstruct.grammar.bitmask import set_allowed
-from thinkstruct.grammar.constraint import Constraint, ConstraintKind
+from thinkstruct.grammar.constraint import Constraint, ConstraintKind, escape_pointer
 from thinkstruct.grammar.json_format import JsonFormat
 from thinkstruct.grammar.library_errors import describe_library_error
 from thinkstruct.grammar.matcher import StopTokenMatcher
+from thinkstruct.grammar.regex_text import alternation
+from thinkstruct.grammar.schema_walk import subschemas
 from thinkstruct.grammar.row_pointer import row_address
 
 if TYPE_CHECKING:
@@ -115,9 +117,11 @@ class OutlinesBackend(GrammarBackend):
         if kind is ConstraintKind.REGEX:
             return constraint.value
         if kind is ConstraintKind.CHOICE:
-            return "(" + "|".join(_escape(o) for o in constraint.document) + ")"
+            return alternation(constraint.document)
         import outlines_core
 
+        if constraint.kind is ConstraintKind.JSON_SCHEMA:
+            _refuse_control_characters(constraint)
         schema = schema_text(constraint)
         ws = self.json_format.whitespace_regex
         regex = outlines_core.json_schema.build_regex_from_schema(
@@ -126,27 +130,40 @@ class OutlinesBackend(GrammarBackend):
         return _align_array_separators(regex, ws) if ws else regex
 
 
+# A pattern that mentions a control character, as itself or as a regex escape.
+_CONTROL = re.compile(
+    r"[\x00-\x1f]|\\(?:x[01][0-9a-fA-F]|x\{0*1?[0-9a-fA-F]\}|u00[01][0-9a-fA-F]|[0nrtfvae]|c)"
+)
+
+
+def _refuse_control_characters(constraint: Constraint) -> None:
+    """outlines-core matches a ``pattern`` and a property name against the JSON *text*,
+    where a control character can only appear escaped (``\\u0000``): it would accept
+    the escape a pattern forbids (``[^\\u0000]``) and require a raw control character in
+    a key, which is not JSON. Such schemas are refused (``auto`` uses another backend)."""
+    for node, pointer in subschemas(constraint.document):
+        where = []
+        if isinstance(node.get("pattern"), str):
+            where.append((node["pattern"], f"{pointer}/pattern"))
+        for keyword in ("properties", "patternProperties"):
+            if isinstance(node.get(keyword), dict):
+                where += [(name, f"{pointer}/{keyword}/{escape_pointer(name)}") for name in node[keyword]]
+        for text, at in where:
+            if _CONTROL.search(text):
+                raise UnsupportedConstraint(
+                    "outlines-core cannot enforce a pattern or property name with control "
+                    "characters (it matches them against the escaped JSON text)",
+                    pointer=at,
+                    kind=constraint.kind.value,
+                )
+
+
 # outlines-core writes array items as `item(,WS item)*` while objects (and xgrammar and
 # llguidance everywhere) allow `WS,WS`; add the missing run so all backends accept the same
 # whitespace. Only an unescaped "(," followed by the whitespace run is an array separator.
 def _align_array_separators(regex: str, ws: str) -> str:
     pattern = re.compile(r"(?<!\\)((?:\\\\)*)\(," + re.escape(ws))
     return pattern.sub(lambda m: m.group(1) + "(" + ws + "," + ws, regex)
-
-
-_REGEX_META = set("\\.+*?()|[]{}^$#&-~/")
-
-
-def _escape(text: str) -> str:
-    out = []
-    for ch in text:
-        if ch in _REGEX_META:
-            out.append("\\" + ch)
-        elif ch.isprintable():
-            out.append(ch)
-        else:
-            out.append(f"\\x{{{ord(ch):x}}}")
-    return "".join(out)
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,0 +1,120 @@
+"""Probing a freshly compiled grammar: can it produce anything valid at all?
+
+Some libraries report their limits only when a mask is computed, not at compile time:
+llguidance's parser refuses a row of more than 2,000 Earley items (a ``choice`` of 2,000
+options, an ``anyOf`` of 2,010 objects, an object of 500 optional properties) only when
+the first token of the answer arrives, so the compile "succeeds", its first mask allows
+``a``, and accepting ``a`` then fails. A server would return an empty answer or see a
+broken mask/accept contract. Before a compiled grammar is handed out it is therefore
+probed, cheaply (one mask and a few tokens):
+
+1. the first mask allows some token other than a stop token (for JSON; a regex or
+   grammar may legitimately match only the empty answer);
+2. the lowest and highest allowed tokens are really accepted (the mask and
+   ``accept_token`` agree);
+3. for JSON Schemas where a small instance is easy to build (:func:`.schema_instances.witness`),
+   the grammar accepts it in one of its two JSON spellings (non-ASCII raw or escaped); a
+   rejected witness is checked with the reference validator before the backend is blamed.
+
+A failed probe is that backend failing: ``auto`` falls back to the next one, or the
+constraint is refused with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING
+
+from thinkstruct.errors import InvalidConstraint
+from thinkstruct.grammar.answers import first_rejected
+from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_token_ids
+from thinkstruct.grammar.constraint import ConstraintKind
+from thinkstruct.grammar.schema_instances import NO_WITNESS, witness
+
+if TYPE_CHECKING:
+    from thinkstruct.grammar.base import CompiledGrammar
+    from thinkstruct.grammar.matcher import GrammarMatcher
+
+_JSON_KINDS = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
+_ROW_LIMIT = re.compile(r"Current row has (\d+) items; max is (\d+)")
+
+
+def probe(compiled: CompiledGrammar) -> InvalidConstraint | None:
+    """Why ``compiled`` cannot produce a valid answer, or ``None`` when the probe passes."""
+    tok = compiled.tokenizer
+    kind = compiled.constraint.kind
+    matcher = compiled.matcher()
+    bitmask = allocate_bitmask(1, tok.vocab_size)
+    matcher.fill_bitmask(bitmask, 0)
+    allowed = allowed_token_ids(bitmask, 0, tok.vocab_size).tolist()
+    stops = set(tok.eos_token_ids)
+    answer = [t for t in allowed if t not in stops]
+    if not answer and (kind in _JSON_KINDS or not allowed):
+        return _failed(compiled, "the grammar allows no answer at all", matcher)
+    for token in dict.fromkeys((answer[0], answer[-1])) if answer else ():
+        fresh = compiled.matcher()
+        if not fresh.accept_token(token):
+            return _failed(
+                compiled,
+                f"its first mask allows {tok.decode([token])!r} but accepting it fails",
+                fresh,
+            )
+    if kind is ConstraintKind.JSON_SCHEMA:
+        return _check_witness(compiled)
+    return None
+
+
+def _check_witness(compiled: CompiledGrammar) -> InvalidConstraint | None:
+    schema = compiled.constraint.document
+    instance = witness(schema)
+    if instance is NO_WITNESS:
+        return None
+    spellings = [json.dumps(instance, ensure_ascii=a, separators=(",", ":")) for a in (False, True)]
+    rejected = [first_rejected(compiled, text) for text in dict.fromkeys(spellings)]
+    if any(r is None for r in rejected) or not _valid(schema, instance):
+        return None
+    shown = spellings[0] if len(spellings[0]) <= 60 else spellings[0][:57] + "..."
+    return _failed(
+        compiled,
+        f"it rejects the valid instance {shown} at character {rejected[0]}",
+        None,
+    )
+
+
+def _valid(schema: object, instance: object) -> bool:
+    import jsonschema
+
+    try:
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        return bool(cls(schema).is_valid(instance))
+    except Exception:  # a schema the validator cannot handle: blame nobody
+        return False
+
+
+def _failed(compiled: CompiledGrammar, what: str, matcher: GrammarMatcher | None) -> InvalidConstraint:
+    detail = library_error(matcher) if matcher is not None else None
+    row = _ROW_LIMIT.search(detail or "")
+    if row:
+        reason = (
+            f"too many alternatives for {compiled.backend}: {int(row.group(1)):,} > limit "
+            f"{int(row.group(2)):,} ({what})"
+        )
+    else:
+        reason = f"{compiled.backend} compiled it, but {what}" + (f": {_first_line(detail)}" if detail else "")
+    return InvalidConstraint(reason, backend=compiled.backend, kind=compiled.constraint.kind.value)
+
+
+def library_error(matcher: GrammarMatcher) -> str | None:
+    """The library's own error text for a matcher that failed, where it keeps one."""
+    get = getattr(matcher, "library_error", None)
+    return get() if callable(get) else None
+
+
+def _first_line(text: str) -> str:
+    # llguidance appends its parser state and the grammar: keep the cause only.
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("Error:"):
+            return line[len("Error:") :].strip()[:300]
+    return text.splitlines()[0][:300] if text else text
