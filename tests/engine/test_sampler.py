@@ -112,3 +112,21 @@ def test_a_row_with_nothing_allowed_is_named() -> None:
 def test_bad_parameters_name_their_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+def test_draws_follow_the_distribution() -> None:
+    """Frequencies over many seeded draws match the softmax (every sampling path)."""
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1, 0.0]]))  # last one masked
+    draws = 4000
+    for params, expected in (
+        (SamplingParams(), [0.5, 0.25, 0.15, 0.1, 0.0]),
+        (SamplingParams(top_k=2), [2 / 3, 1 / 3, 0, 0, 0]),
+        (SamplingParams(top_p=0.7), [2 / 3, 1 / 3, 0, 0, 0]),
+    ):
+        counts = [0] * 5
+        g = new_generator(99)
+        for _ in range(draws):
+            counts[sample(logits.clone(), [params], [g])[0]] += 1
+        for token, p in enumerate(expected):
+            assert abs(counts[token] / draws - p) < 0.03, (params, counts)
+        assert counts[4] == 0

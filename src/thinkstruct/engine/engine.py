@@ -97,9 +97,13 @@ class EngineStats:
     generated_tokens: int = 0
     jump_forward_tokens: int = 0
     finished: dict[str, int] = field(default_factory=lambda: {r.value: 0 for r in FinishReason})
-    #: Seconds of the last decoding step, and of all of them.
+    #: Seconds of the last decoding step, and of all of them; of those, in the forward pass
+    #: and waiting for / applying grammar masks after it (the rest: sampling, grammars,
+    #: detokenizing, parsing, streaming).
     last_step_s: float = 0.0
     step_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    mask_seconds: float = 0.0
     last_batch: int = 0
 
 
@@ -388,6 +392,7 @@ class Engine:
         constrained = [i for i, s in enumerate(rows) if s.matcher is not None]
         fill = self._mask_pool.submit(self._fill_rows, rows, constrained, masks) if constrained else None
         logits = runner.forward(0, [s.pending for s in rows], [s.cached for s in rows])
+        forwarded = time.perf_counter()
         for s in rows:
             s.cached += len(s.pending)
         if fill is not None:
@@ -395,9 +400,12 @@ class Engine:
             live = [i for i in constrained if rows[i].finish_reason is None]
             if live:
                 _apply_rows(logits, masks, live)
+        masked = time.perf_counter()
         self._sample_and_advance(rows, logits)
         self._compact()
         elapsed = time.perf_counter() - started
+        self.stats.forward_seconds += forwarded - started
+        self.stats.mask_seconds += masked - forwarded
         self.stats.steps += 1
         self.stats.last_step_s = elapsed
         self.stats.step_seconds += elapsed

@@ -54,28 +54,37 @@ def sample(
     filtered = [j for j, i in enumerate(drawn) if params[i].top_k or params[i].top_p < 1.0]
     plain = [j for j, i in enumerate(drawn) if not (params[i].top_k or params[i].top_p < 1.0)]
     if plain:
-        probs = torch.softmax(scaled[plain], dim=-1)
-        for row, j in enumerate(plain):
-            out[drawn[j]] = int(torch.multinomial(probs[row], 1, generator=generators[drawn[j]]))
+        chosen = _inverse_cdf(torch.softmax(scaled[plain], dim=-1), [generators[drawn[j]] for j in plain])
+        for j, token in zip(plain, chosen):
+            out[drawn[j]] = token
     if filtered:
         k = min(max(params[drawn[j]].top_k or TOP_P_CANDIDATES for j in filtered), vocab)
-        values, indices = torch.topk(scaled[filtered], k, dim=-1)
+        rows = scaled[filtered]
+        values, indices = torch.topk(rows, k, dim=-1)
+        totals = torch.logsumexp(rows, dim=-1)
         for row, j in enumerate(filtered):
             i = drawn[j]
-            out[i] = _draw_filtered(scaled[j], values[row], indices[row], params[i], generators[i])
+            out[i] = _draw_filtered(scaled[j], values[row], indices[row], totals[row], params[i], generators[i])
     return out
 
 
 def _draw_filtered(
-    scaled: torch.Tensor, values: torch.Tensor, indices: torch.Tensor, p: SamplingParams, generator: torch.Generator
+    scaled: torch.Tensor,
+    values: torch.Tensor,
+    indices: torch.Tensor,
+    total: torch.Tensor,
+    p: SamplingParams,
+    generator: torch.Generator,
 ) -> int:
-    """Draw from a row's top-k / top-p candidates (``values`` sorted descending)."""
+    """Draw from a row's top-k / top-p candidates (``values`` sorted descending;
+    ``total`` is the log-sum-exp of the whole row)."""
     vocab = scaled.shape[0]
     k = min(p.top_k or TOP_P_CANDIDATES, vocab)
     values, indices = values[:k], indices[:k]
     if p.top_p < 1.0:
         # Mass is measured in the distribution top-k leaves (all of it without top-k).
-        total = torch.logsumexp(values if p.top_k else scaled, 0)
+        if p.top_k:
+            total = torch.logsumexp(values, 0)
         mass = torch.exp(values - total)
         if not p.top_k and k < vocab and float(mass.sum()) < p.top_p:
             values, indices = torch.sort(scaled, descending=True)
@@ -86,4 +95,24 @@ def _draw_filtered(
         keep = min(keep, values.shape[0])
         values, indices = values[:keep], indices[:keep]
     probs = torch.softmax(values, dim=-1)
-    return int(indices[torch.multinomial(probs, 1, generator=generator)])
+    return int(indices[_inverse_cdf(probs[None], [generator])[0]])
+
+
+def _inverse_cdf(probs: torch.Tensor, generators: Sequence[torch.Generator]) -> list[int]:
+    """One draw per row of ``probs [rows, n]`` by inverting its cumulative sum with one
+    uniform number from the row's generator (``torch.multinomial`` costs about 0.4 ms a
+    row over 49k tokens; this is one batched cumsum and search).
+
+    The search takes the first index whose cumulative mass exceeds the draw, so a token of
+    probability zero (masked) is never picked.
+    """
+    cdf = torch.cumsum(probs, dim=-1)
+    u = torch.cat([torch.rand(1, generator=g, dtype=cdf.dtype) for g in generators])
+    target = (u * cdf[:, -1]).unsqueeze(1)
+    picks = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    out = picks.tolist()
+    n = probs.shape[1]
+    for row, pick in enumerate(out):
+        if pick >= n:  # the draw rounded up to the total: the last token with any mass
+            out[row] = int(torch.nonzero(probs[row])[-1, 0])
+    return out
