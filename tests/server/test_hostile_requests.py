@@ -53,6 +53,8 @@ RAW_BODIES = {
     "not an object": (b'[1, 2, 3]', "invalid_json"),
     "empty body": (b"", "invalid_json"),
     "nested 10,000 deep": (b"[" * 10_000 + b"]" * 10_000, "invalid_json"),
+    "lone surrogate in a string": (b'{"model": "x", "messages": [{"role": "user", "content": "a\\ud800b"}]}', "invalid_json"),
+    "lone surrogate in a key": (b'{"model": "x", "messages": [], "\\udfff": 1}', "invalid_json"),
 }
 
 
@@ -157,6 +159,30 @@ def test_prompt_limits(tiny_server: RunningServer, model: str) -> None:
             code="context_length_exceeded",
         )
         assert "4096" in error["message"]
+
+
+@pytest.mark.parametrize("text", ["\x00", "a\x00b\x01\x1f\x7f", "\ufffe\uffff", "\U0001f600 ok"], ids=["nul", "controls", "nonchars", "emoji"])
+def test_odd_characters_in_every_string_field_never_fail_the_server(tiny_server: RunningServer, model: str, text: str) -> None:
+    bodies = [
+        {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 2},
+        {"model": model + text, "messages": MESSAGES},
+        {"model": model, "messages": [{"role": "user", "content": "x", "name": text}], "max_tokens": 2},
+        {"model": model, "messages": MESSAGES, "stop": [text], "max_tokens": 2},
+        {"model": model, "messages": MESSAGES, "regex": text, "max_tokens": 2},
+        {"model": model, "messages": MESSAGES, "ebnf": text, "max_tokens": 2},
+        {"model": model, "messages": MESSAGES, "choice": [text], "max_tokens": 2},
+        {"model": model, "messages": MESSAGES, "max_tokens": 2,
+         "response_format": {"type": "json_schema", "json_schema": {"name": text, "schema": {"type": "object", "properties": {text: {"const": text}}}}}},
+        {"model": model, "messages": MESSAGES, "chat_template_kwargs": {text: text}, "max_tokens": 2},
+    ]
+    with tiny_server.http() as http:
+        for body in bodies:
+            response = http.post("/v1/chat/completions", json=body)
+            assert response.status_code < 500, (body, response.text)
+            if response.status_code >= 400:
+                _assert_error(response, response.status_code)
+        completion = http.post("/v1/completions", json={"model": model, "prompt": text, "suffix": text, "max_tokens": 2})
+        assert completion.status_code < 500, completion.text
 
 
 def test_unknown_paths_and_methods_are_error_objects(tiny_server: RunningServer) -> None:

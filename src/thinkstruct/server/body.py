@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -60,7 +61,39 @@ async def read_json(request: Request, *, max_bytes: int) -> Any:
         raise bad_request("the request body is nested too deeply", code="invalid_json") from None
     if _depth_exceeds(value, MAX_JSON_DEPTH):
         raise bad_request(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
+    if _MAYBE_SURROGATE.search(text):
+        _check_unicode(value)
     return value
+
+
+# JSON may escape a lone UTF-16 surrogate ("\ud800"), which decodes to a str that is not
+# Unicode text: tokenizers and encoders fail on it deep inside. Checked only when the body
+# has such an escape (a valid pair, an emoji, passes).
+_MAYBE_SURROGATE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _check_unicode(value: Any) -> None:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            _check_text(item)
+        elif isinstance(item, dict):
+            for key, v in item.items():
+                _check_text(key)
+                stack.append(v)
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad_request(
+            f"the request body contains a lone surrogate (\\u{ord(text[e.start]):04x}), which is not Unicode text",
+            code="invalid_json",
+        ) from None
 
 
 async def read_model(request: Request, model: type[M], *, max_bytes: int) -> M:

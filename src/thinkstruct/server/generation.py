@@ -117,8 +117,10 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, choice: int) ->
             stop=request.stop_sequences(),
         )
     except ValueError as e:
-        field = str(e).split(" ", 1)[0]
-        raise bad_request(str(e), param=field if field in type(request).model_fields else None) from None
+        # The engine's messages start with the field's name ("top_p must be ...").
+        words = str(e).replace(",", " ").split()
+        field = next((w for w in words if w in type(request).model_fields), None)
+        raise bad_request(str(e), param=field) from None
 
 
 @dataclass(frozen=True, slots=True)
