@@ -273,7 +273,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _validate_answer(answer: str, schema: Any) -> int:
-    import jsonschema
+    import jsonschema  # type: ignore[import-untyped]
 
     try:
         value = json.loads(answer)

@@ -77,6 +77,9 @@ def test_constrained_answers_match(tiny: openai.OpenAI, model: str, field: str, 
     choice = answer.choices[0]
     assert choice.finish_reason == "stop", choice
     assert check(choice.message.content or ""), choice.message.content
+    info = (answer.model_extra or {})["thinkstruct"]
+    assert info["backend"] == backend if backend != "auto" else info["backend"] in ("xgrammar", "llguidance", "outlines")
+    assert info["compile_seconds"] >= 0 and info["ignored_keywords"] == []
 
 
 def test_json_schema_answers_validate(tiny: openai.OpenAI, model: str) -> None:
@@ -173,6 +176,7 @@ def test_streamed_equals_non_streamed_with_the_same_seed(tiny: openai.OpenAI, mo
     assert content[0] == message.content
     assert finish[0] == whole.choices[0].finish_reason
     (last_usage,) = usage
+    assert (whole.model_extra or {})["thinkstruct"]["backend"] is not None
     assert whole.usage is not None
     assert last_usage.completion_tokens == whole.usage.completion_tokens
     assert last_usage.prompt_tokens == whole.usage.prompt_tokens
@@ -296,6 +300,7 @@ def test_strict_refuses_what_no_backend_enforces(tiny: openai.OpenAI, model: str
         response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": False}},
     )
     assert lenient.choices[0].finish_reason in ("stop", "length")
+    assert (lenient.model_extra or {})["thinkstruct"]["ignored_keywords"] == ["/properties/tags/uniqueItems"]
 
 
 def test_queue_full_is_429_with_retry_after(tiny_engine: Any) -> None:

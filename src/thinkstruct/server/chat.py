@@ -13,10 +13,11 @@ other choices and requests go on. Engine shutdown ends choices with ``"abort"``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from starlette.concurrency import run_in_threadpool
@@ -47,10 +48,11 @@ from thinkstruct.server.protocol import (
     ChatCompletionRequest,
     ChatDelta,
     ChoiceError,
+    GenerationInfo,
 )
 from thinkstruct.server.state import ServerState
 from thinkstruct.server.streaming import DONE, EventStream, event
-from thinkstruct.server.usage import total_usage
+from thinkstruct.server.usage import generation_info, total_usage
 
 if TYPE_CHECKING:
     from thinkstruct.engine import Completion, Usage
@@ -75,7 +77,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
         default=settings.default_max_tokens,
         param="max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
     )
-    grammar = await compile_constraint(engine, requested, metrics=state.metrics)
+    grammar, compile_s = await compile_constraint(engine, requested, metrics=state.metrics)
     rendered = cast("ChatPrompt", prompt.chat)  # chat_prompt always sets it
     reasoning = rendered.reasoning_enabled
     jobs = []
@@ -92,14 +94,26 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     model = state.model_name or body.model
     if body.stream:
         return EventStream(
-            _events(submitted, state, response_id=response_id, model=model, prompt=prompt, include_usage=body.include_usage)
+            _events(
+                submitted,
+                state,
+                response_id=response_id,
+                model=model,
+                prompt=prompt,
+                include_usage=body.include_usage,
+                describe=functools.partial(generation_info, grammar, compile_s),
+            )
         )
     results = await collect(submitted, request, metrics=state.metrics)
     if results is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     choices = [_choice(i, result, reasoning=reasoning and body.separate_reasoning) for i, result in enumerate(results)]
     answer = ChatCompletion(
-        id=response_id, model=model, choices=choices, usage=total_usage([prompt], [r.usage for r in results])
+        id=response_id,
+        model=model,
+        choices=choices,
+        usage=total_usage([prompt], [r.usage for r in results]),
+        thinkstruct=generation_info(grammar, compile_s, [r.usage for r in results]),
     )
     return JSONResponse(answer.model_dump(mode="json"))
 
@@ -114,13 +128,22 @@ def _choice(index: int, result: Completion, *, reasoning: bool) -> ChatChoice:
 
 
 async def _events(
-    submitted: Submitted, state: ServerState, *, response_id: str, model: str, prompt: Prompt, include_usage: bool
+    submitted: Submitted,
+    state: ServerState,
+    *,
+    response_id: str,
+    model: str,
+    prompt: Prompt,
+    include_usage: bool,
+    describe: Callable[[list[Usage | None]], GenerationInfo],
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
     usages: list[Usage | None] = [None] * len(submitted.handles)
 
-    def chunk(choices: list[ChatChunkChoice], usage: Any = None) -> bytes:
-        return event(ChatCompletionChunk(id=response_id, created=created, model=model, choices=choices, usage=usage))
+    def chunk(choices: list[ChatChunkChoice], usage: Any = None, info: GenerationInfo | None = None) -> bytes:
+        return event(
+            ChatCompletionChunk(id=response_id, created=created, model=model, choices=choices, usage=usage, thinkstruct=info)
+        )
 
     try:
         for index in range(len(submitted.handles)):
@@ -134,7 +157,7 @@ async def _events(
                 error = ChoiceError(message=delta.error) if delta.error else None
                 yield chunk([ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=finish_reason_name(delta.finish_reason), error=error)])
         if include_usage:
-            yield chunk([], usage=total_usage([prompt], usages))
+            yield chunk([], usage=total_usage([prompt], usages), info=describe(usages))
     except Exception:  # a fault mid-stream: tell the client in-band, the status is sent already
         log.exception("streamed chat completion %s failed", response_id)
         yield event(APIError(500, "internal server error", type=SERVER, code="internal_error").body())

@@ -10,10 +10,11 @@ from the first generated token.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
@@ -38,12 +39,13 @@ from thinkstruct.server.prompts import Prompt, completion_prompt
 from thinkstruct.server.protocol import (
     ChoiceError,
     CompletionRequest,
+    GenerationInfo,
     TextChoice,
     TextCompletion,
 )
 from thinkstruct.server.state import ServerState
 from thinkstruct.server.streaming import DONE, EventStream, event
-from thinkstruct.server.usage import total_usage
+from thinkstruct.server.usage import generation_info, total_usage
 
 if TYPE_CHECKING:
     from thinkstruct.engine import Engine, Usage
@@ -72,7 +74,7 @@ async def completions(request: Request, state: ServerState) -> Response:
                 param="max_tokens",
             )
         )
-    grammar = await compile_constraint(engine, requested, metrics=state.metrics)
+    grammar, compile_s = await compile_constraint(engine, requested, metrics=state.metrics)
     jobs = []
     for prompt, budget in zip(prompts, budgets):
         for j in range(body.n):
@@ -84,8 +86,16 @@ async def completions(request: Request, state: ServerState) -> Response:
     model = state.model_name or body.model
     if body.stream:
         return EventStream(
-            _events(submitted, state, response_id=response_id, model=model, prompts=prompts, echoes=echoes,
-                    include_usage=body.include_usage)
+            _events(
+                submitted,
+                state,
+                response_id=response_id,
+                model=model,
+                prompts=prompts,
+                echoes=echoes,
+                include_usage=body.include_usage,
+                describe=functools.partial(generation_info, grammar, compile_s),
+            )
         )
     results = await collect(submitted, request, metrics=state.metrics)
     if results is None:
@@ -99,7 +109,14 @@ async def completions(request: Request, state: ServerState) -> Response:
         )
         for i, result in enumerate(results)
     ]
-    answer = TextCompletion(id=response_id, model=model, choices=choices, usage=total_usage(prompts, [r.usage for r in results]))
+    usages = [r.usage for r in results]
+    answer = TextCompletion(
+        id=response_id,
+        model=model,
+        choices=choices,
+        usage=total_usage(prompts, usages),
+        thinkstruct=generation_info(grammar, compile_s, usages),
+    )
     return JSONResponse(answer.model_dump(mode="json"))
 
 
@@ -120,12 +137,15 @@ async def _events(
     prompts: list[Prompt],
     echoes: list[str],
     include_usage: bool,
+    describe: Callable[[list[Usage | None]], GenerationInfo],
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
     usages: list[Usage | None] = [None] * len(submitted.handles)
 
-    def chunk(choices: list[TextChoice], usage: Any = None) -> bytes:
-        return event(TextCompletion(id=response_id, created=created, model=model, choices=choices, usage=usage))
+    def chunk(choices: list[TextChoice], usage: Any = None, info: GenerationInfo | None = None) -> bytes:
+        return event(
+            TextCompletion(id=response_id, created=created, model=model, choices=choices, usage=usage, thinkstruct=info)
+        )
 
     try:
         for index, echo in enumerate(echoes):
@@ -139,7 +159,7 @@ async def _events(
                 error = ChoiceError(message=delta.error) if delta.error else None
                 yield chunk([TextChoice(index=index, text=text, finish_reason=finish_reason_name(delta.finish_reason), error=error)])
         if include_usage:
-            yield chunk([], usage=total_usage(prompts, usages))
+            yield chunk([], usage=total_usage(prompts, usages), info=describe(usages))
     except Exception:  # a fault mid-stream: tell the client in-band, the status is sent already
         log.exception("streamed completion %s failed", response_id)
         yield event(APIError(500, "internal server error", type=SERVER, code="internal_error").body())

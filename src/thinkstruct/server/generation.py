@@ -48,15 +48,16 @@ _SEED_MODULUS = 2**64
 
 async def compile_constraint(
     engine: Engine, requested: RequestedConstraint | None, *, metrics: ServerMetrics
-) -> CompiledGrammar | None:
-    """The compiled grammar of a request, awaited off the event loop.
+) -> tuple[CompiledGrammar | None, float | None]:
+    """The compiled grammar of a request, awaited off the event loop, and the seconds
+    waited for it (``None, None`` without a constraint).
 
     Raises:
         APIError: 400 naming the field and JSON pointer for an invalid constraint, one no
             backend enforces exactly under strict mode, or one that timed out compiling.
     """
     if requested is None:
-        return None
+        return None, None
     start = time.perf_counter()
     try:
         compiled = await engine.compiler.compile_async(
@@ -65,8 +66,9 @@ async def compile_constraint(
     except InvalidConstraint as e:
         metrics.observe_compile(time.perf_counter() - start, backend=None, failed=True)
         raise constraint_error(e, param=requested.param) from None
-    metrics.observe_compile(time.perf_counter() - start, backend=compiled.backend, failed=False)
-    return compiled
+    waited = time.perf_counter() - start
+    metrics.observe_compile(waited, backend=compiled.backend, failed=False)
+    return compiled, waited
 
 
 def max_new_tokens(requested: int | None, *, prompt_tokens: int, context: int, default: int, param: str) -> int:
@@ -184,8 +186,9 @@ async def collect(submitted: Submitted, request: Request, *, metrics: ServerMetr
     engine requests are then cancelled)."""
     gathered = asyncio.ensure_future(asyncio.gather(*(h.result() for h in submitted.handles)))
     gone = asyncio.ensure_future(_disconnected(request))
+    waiting: set[asyncio.Future[Any]] = {gathered, gone}
     try:
-        done, _ = await asyncio.wait({gathered, gone}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if gathered not in done:
             _abandon(submitted, gathered)
             return None
@@ -233,13 +236,13 @@ async def merged(submitted: Submitted, *, metrics: ServerMetrics) -> AsyncIterat
         try:
             running = len(tasks)
             while running:
-                index, delta = await queue.get()
-                if delta is None:
+                index, item = await queue.get()
+                if item is None:
                     running -= 1
                     continue
-                if delta.finish_reason is not None:
-                    metrics.observe_finished(delta.usage, started=submitted.started)
-                yield index, delta
+                if item.finish_reason is not None:
+                    metrics.observe_finished(item.usage, started=submitted.started)
+                yield index, item
         finally:
             for task in tasks:
                 task.cancel()

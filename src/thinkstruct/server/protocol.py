@@ -303,7 +303,7 @@ class CompletionRequest(SamplingFields):
         if isinstance(value, str):
             return [value]
         if value and isinstance(value[0], int):
-            return [list(value)]  # type: ignore[arg-type]
+            return [list(value)]  # type: ignore[arg-type,unused-ignore]
         return list(value)  # type: ignore[arg-type]
 
 
@@ -319,6 +319,25 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     completion_tokens_details: CompletionTokensDetails = Field(default_factory=CompletionTokensDetails)
+
+
+class GenerationInfo(BaseModel):
+    """thinkstruct's own facts about an answer, in the extension field ``thinkstruct``.
+
+    Attributes:
+        backend: the grammar backend that held the answer (``None``: unconstrained).
+        ignored_keywords: JSON pointers of schema keywords that backend does not enforce
+            (only outside strict mode).
+        compile_seconds: how long the request waited for its compiled grammar.
+        jump_forward_tokens: tokens the grammar forced, appended without sampling.
+        time_to_first_token_s: seconds from submission to the first token (first choice).
+    """
+
+    backend: str | None = None
+    ignored_keywords: list[str] = Field(default_factory=list)
+    compile_seconds: float | None = None
+    jump_forward_tokens: int = 0
+    time_to_first_token_s: float | None = None
 
 
 class ChoiceError(BaseModel):
@@ -349,6 +368,7 @@ class ChatCompletion(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    thinkstruct: GenerationInfo | None = None
 
 
 class ChatDelta(BaseModel):
@@ -373,6 +393,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    thinkstruct: GenerationInfo | None = None
 
 
 class TextChoice(BaseModel):
@@ -393,6 +414,7 @@ class TextCompletion(BaseModel):
     choices: list[TextChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    thinkstruct: GenerationInfo | None = None
 
 
 class ModelCard(BaseModel):

@@ -1,4 +1,6 @@
-"""The ``usage`` of an answer: the engine's per-choice counts summed the OpenAI way."""
+"""What an answer reports about itself: OpenAI's ``usage`` (the engine's per-choice counts
+summed the OpenAI way) and thinkstruct's ``thinkstruct`` extension (backend, ignored
+keywords, compile wait, jump-forward tokens, time to first token)."""
 
 from __future__ import annotations
 
@@ -6,10 +8,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from thinkstruct.server.prompts import Prompt
-from thinkstruct.server.protocol import CompletionTokensDetails, Usage
+from thinkstruct.server.protocol import CompletionTokensDetails, GenerationInfo, Usage
 
 if TYPE_CHECKING:
     from thinkstruct.engine import Usage as EngineUsage
+    from thinkstruct.grammar.base import CompiledGrammar
 
 
 def total_usage(prompts: Sequence[Prompt], usages: Sequence[EngineUsage | None]) -> Usage:
@@ -23,4 +26,18 @@ def total_usage(prompts: Sequence[Prompt], usages: Sequence[EngineUsage | None])
         completion_tokens=completion,
         total_tokens=prompt_tokens + completion,
         completion_tokens_details=CompletionTokensDetails(reasoning_tokens=reasoning),
+    )
+
+
+def generation_info(
+    grammar: CompiledGrammar | None, compile_seconds: float | None, usages: Sequence[EngineUsage | None]
+) -> GenerationInfo:
+    """The ``thinkstruct`` extension object of an answer."""
+    first = next((u.time_to_first_token_s for u in usages if u is not None), None)
+    return GenerationInfo(
+        backend=None if grammar is None else grammar.backend,
+        ignored_keywords=[] if grammar is None else list(grammar.ignored_keywords),
+        compile_seconds=compile_seconds,
+        jump_forward_tokens=sum(u.jump_forward_tokens for u in usages if u is not None),
+        time_to_first_token_s=first,
     )
