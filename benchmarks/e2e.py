@@ -1,0 +1,226 @@
+"""End to end on the embedded SmolLM2-135M-Instruct: the engine against the machine's limit.
+
+One run, sides interleaved (this machine is noisy): for each dtype setting (bf16, and
+dynamic int8 with ``--quantize``),
+
+- the engine with 1 and 8 concurrent clients (closed loop: each client sends its next
+  request as soon as one finishes), unconstrained and constrained (a JSON schema), in
+  tokens generated per second over a fixed window;
+- the bare batched forward loop at the same batch size and dtype (prefill, then greedy
+  decode with transformers' DynamicCache, argmax only: what the model costs with no
+  scheduler, sampling, grammar or streaming);
+- plain transformers ``generate()`` on the same prompts, batch 1 and 8;
+- time to first token of a 50-token prompt with the engine idle;
+- decoding steps saved by jump-forward (tokens the grammar forced);
+- for int8: greedy agreement with bf16 and the valid rate of schema answers.
+
+Prints one table per dtype and the ratios the targets are stated in. Never asserts.
+
+    python benchmarks/e2e.py [--window 20] [--rounds 2] [--dtypes bf16 int8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jsonschema
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from forward_baselines import (  # noqa: E402
+    VARIANTS,
+    bare_forward_tokens_per_s,
+    chat_prompt_ids,
+    generate_tokens_per_s,
+    greedy_agreement,
+)
+
+from thinkstruct import Constraint  # noqa: E402
+from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model  # noqa: E402
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 130},
+        "city": {"type": "string", "maxLength": 40},
+        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 4},
+    },
+    "required": ["name", "age", "city", "hobbies"],
+    "additionalProperties": False,
+}
+
+QUESTIONS = [
+    "Describe a fictional person who lives in Paris.",
+    "Tell me about an old fisherman from Lisbon.",
+    "Invent a character: a young painter in Kyoto.",
+    "Describe a retired teacher living in Cairo.",
+    "Who is the baker on the corner in Vienna? Describe them.",
+    "Make up a musician from New Orleans.",
+    "Describe a scientist who works in Geneva.",
+    "Invent a chess player from Buenos Aires.",
+    "Describe a nurse in Toronto.",
+    "Tell me about a gardener in Cape Town.",
+    "Describe a pilot who lives in Sydney.",
+    "Invent a librarian from Dublin.",
+    "Describe a chef in Mumbai.",
+    "Make up a cyclist from Amsterdam.",
+    "Describe a poet living in Santiago.",
+    "Invent a carpenter from Oslo.",
+]
+
+
+@dataclass
+class Side:
+    name: str
+    samples: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+    forced: int = 0
+    tokens: int = 0
+    steps: int = 0
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.samples) if self.samples else float("nan")
+
+
+JSON_HINT = " Answer with a JSON object with name, age, city and hobbies."
+
+
+def closed_loop(engine: Engine, prompts: list[list[int]], *, clients: int, grammar, window_s: float, side: Side) -> None:
+    """``clients`` threads sending requests back to back for ``window_s``; tokens/s over the window."""
+    stop_at = time.monotonic() + window_s
+    counted = [0] * clients
+    steps0 = engine.stats.steps
+
+    def client(k: int) -> None:
+        i = k
+        while time.monotonic() < stop_at:
+            params = SamplingParams(max_tokens=128, temperature=0.7, seed=i)
+            handle = engine.submit(GenerationRequest(prompt_ids=prompts[i % len(prompts)], sampling=params, grammar=grammar))
+            for delta in handle:
+                if time.monotonic() <= stop_at:
+                    counted[k] += len(delta.token_ids)
+                if delta.usage is not None:
+                    side.forced += delta.usage.jump_forward_tokens
+                    if delta.usage.time_to_first_token_s is not None:
+                        side.ttft.append(delta.usage.time_to_first_token_s)
+            i += clients
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = min(time.monotonic(), stop_at) - started
+    side.samples.append(sum(counted) / elapsed)
+    side.tokens += sum(counted)
+    side.steps += engine.stats.steps - steps0
+
+
+def idle_ttft(engine: Engine, prompt: list[int], repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        handle = engine.submit(GenerationRequest(prompt_ids=prompt, sampling=SamplingParams(max_tokens=1, temperature=0)))
+        times.append(handle.wait().usage.time_to_first_token_s)
+    return statistics.median(times)
+
+
+def valid_rate(engine: Engine, prompts: list[list[int]], grammar) -> tuple[float, float]:
+    """(valid share of constrained answers that finished with stop, valid share without
+    a constraint when the prompt asks for the same JSON): greedy, one pass each."""
+    def share(g) -> float:
+        handles = [
+            engine.submit(GenerationRequest(prompt_ids=p, sampling=SamplingParams(max_tokens=160, temperature=0), grammar=g))
+            for p in prompts
+        ]
+        ok = 0
+        for h in handles:
+            out = h.wait()
+            try:
+                jsonschema.validate(json.loads(out.content), PERSON)
+                ok += 1
+            except (ValueError, jsonschema.ValidationError):
+                pass
+        return ok / len(prompts)
+
+    return share(grammar), share(None)
+
+
+def bench_dtype(label: str, args) -> dict[str, float]:
+    dtype, quantize = VARIANTS[label]
+    model = load_model(dtype=dtype, quantize=quantize, progress=False)
+    # The baselines get their own copy: the engine switches its model to slot attention.
+    baseline = load_model(dtype=dtype, quantize=quantize, progress=False)
+    plain_prompts = [chat_prompt_ids(model, q) for q in QUESTIONS]
+    json_prompts = [chat_prompt_ids(model, q + JSON_HINT) for q in QUESTIONS]
+    engine = Engine(model, config=EngineConfig(max_batch=8)).start()
+    grammar = engine.compiler.compile(Constraint.json_schema(PERSON))
+    sides = {
+        (c, kind): Side(f"engine {kind}, {c} client{'s' if c > 1 else ''}")
+        for c in (1, 8)
+        for kind in ("free", "json")
+    }
+    bare = {1: Side("bare forward, batch 1"), 8: Side("bare forward, batch 8")}
+    gen = {1: Side("transformers generate(), batch 1"), 8: Side("transformers generate(), batch 8")}
+    fifty = (json_prompts[0] * 4)[:50]
+    ttft = idle_ttft(engine, fifty)
+    for _ in range(args.rounds):
+        for c in (1, 8):
+            closed_loop(engine, plain_prompts, clients=c, grammar=None, window_s=args.window, side=sides[c, "free"])
+            closed_loop(engine, json_prompts, clients=c, grammar=grammar, window_s=args.window, side=sides[c, "json"])
+            bare[c].samples.append(bare_forward_tokens_per_s(baseline, plain_prompts[:c], new_tokens=64))
+            gen[c].samples.append(generate_tokens_per_s(baseline, plain_prompts[:c], new_tokens=64))
+    valid_json, valid_free = valid_rate(engine, json_prompts, grammar)
+    engine.close()
+    print(f"\n## {label}  (SmolLM2-135M-Instruct, {torch.get_num_threads()} threads)")
+    print(f"{'side':42} {'tok/s':>8} {'ttft p50 s':>11}")
+    for side in [*sides.values(), *bare.values(), *gen.values()]:
+        t = f"{statistics.median(side.ttft):.3f}" if side.ttft else "-"
+        print(f"{side.name:42} {side.value:8.1f} {t:>11}")
+    json8 = sides[8, "json"]
+    results = {
+        "constrained/unconstrained, 8 clients": json8.value / sides[8, "free"].value,
+        "engine/bare forward, batch 8 (free)": sides[8, "free"].value / bare[8].value,
+        "engine/bare forward, batch 1 (free)": sides[1, "free"].value / bare[1].value,
+        "engine 8 clients vs generate() batch 8": sides[8, "free"].value / gen[8].value,
+        "engine 8 clients, tok/s (json)": json8.value,
+        "engine 8 clients, tok/s (free)": sides[8, "free"].value,
+        "engine 1 client, tok/s (free)": sides[1, "free"].value,
+        "idle time to first token, 50-token prompt, s": ttft,
+        "jump-forward share of json tokens": json8.forced / max(json8.tokens, 1),
+        "valid json, constrained (stop)": valid_json,
+        "valid json, unconstrained": valid_free,
+    }
+    for name, value in results.items():
+        print(f"  {name:52} {value:.3f}")
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--window", type=float, default=15.0, help="seconds per closed-loop measurement")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of every side")
+    parser.add_argument("--dtypes", nargs="+", default=["int8", "bf16"], choices=["bf16", "int8", "fp32"])
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    for d in args.dtypes:
+        bench_dtype(d, args)
+    if "int8" in args.dtypes and "bf16" in args.dtypes:
+        bf16 = load_model(progress=False)
+        int8 = load_model(dtype="float32", quantize="int8", progress=False)
+        agreement = greedy_agreement(int8, bf16, [chat_prompt_ids(bf16, q) for q in QUESTIONS], new_tokens=64)
+        print(f"\nint8 vs bf16 greedy agreement over {len(QUESTIONS)} prompts x 64 tokens: {agreement}")
+
+
+if __name__ == "__main__":
+    main()
