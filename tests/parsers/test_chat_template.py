@@ -144,6 +144,8 @@ def test_builtin_templates_agree_with_their_family(family: str, switch_on: bool)
         assert tail.endswith(spec.think_start)
     else:
         assert not tail.endswith(spec.think_start)
+    # the decision is read from the prompt, and it agrees with the family's entry
+    assert prompt.starts_in_thought is (enabled and spec.forced)
     # and the parser built from the prompt reads a typical answer as the model would write it
     answer = "Four." if not (enabled and spec.forced) else f"Two plus two.{spec.think_end}Four."
     if spec.format is ReasoningFormat.HARMONY:
@@ -311,3 +313,74 @@ def test_a_file_that_is_not_gguf_is_a_clear_error(tmp_path: Path) -> None:
     truncated.write_bytes(b"GGUF\x03\x00\x00\x00\x00")
     with pytest.raises(ChatTemplateError, match="ends early"):
         ChatTemplate.from_path(truncated)
+
+
+# ---- the prompt decides where the output starts ---------------------------------------
+
+QWEN35_STYLE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking %}<think>\n{% else %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+def test_a_template_that_opens_the_thought_is_noticed() -> None:
+    """Family qwen3 writes its own <think>, but this template opens it in the prompt."""
+    prompt = render_chat(CHAT, family="qwen3", chat_template=QWEN35_STYLE)
+    assert prompt.starts_in_thought is True
+    assert prompt.reasoning_parser().parse("Let me think.\n</think>\n\nHello!") == ParseResult("Let me think.", "Hello!")
+    off = render_chat(CHAT, family="qwen3", chat_template=QWEN35_STYLE, chat_template_kwargs={"enable_thinking": False})
+    assert off.starts_in_thought is False and off.reasoning_enabled is False
+    assert off.reasoning_parser().parse("Hello!") == ParseResult("", "Hello!")
+    # and the other way: a forced family whose own template leaves the tag to the model
+    plain = "{% for m in messages %}{{ m.content }}{% endfor %}<｜Assistant｜>"
+    r1 = render_chat(CHAT, family="deepseek-r1", chat_template=plain)
+    assert r1.starts_in_thought is False
+    assert r1.reasoning_parser().parse("<think>\nHm.\n</think>\n\n4") == ParseResult("Hm.", "4")
+
+
+def test_a_thought_can_be_opened_in_the_prompt_for_a_grammar() -> None:
+    prompt = render_chat(CHAT, family="qwen3")
+    assert prompt.starts_in_thought is False and prompt.reasoning_enabled is True
+    opened = prompt.with_thought_open()
+    assert opened.text == prompt.text + "<think>\n" and opened.starts_in_thought is True
+    assert opened.reasoning_parser().parse("Hm.</think>4") == ParseResult("Hm.", "4")
+    assert opened.with_thought_open() is opened
+    off = render_chat(CHAT, family="qwen3", chat_template_kwargs={"enable_thinking": False})
+    assert off.with_thought_open() is off  # a request that does not reason opens nothing
+    harmony = render_chat(CHAT, family="gpt-oss")
+    assert harmony.with_thought_open() is harmony
+
+
+# ---- tools through the built-in templates ---------------------------------------------
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}]
+QUESTION = "What is the weather in Paris?"
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}}
+TOOL_FAMILIES = sorted(name for name, f in reasoning_families().items() if f.tool_call_syntax)
+
+
+@pytest.mark.parametrize("family", TOOL_FAMILIES)
+def test_builtin_templates_write_calls_the_tool_parser_reads(family: str) -> None:
+    """An earlier assistant call, rendered by the family's template, parses back to itself
+    with the family's tool-call parser; tools are described and results sent back."""
+    messages = [
+        {"role": "user", "content": QUESTION},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    ]
+    prompt = render_chat(messages, family=family, tools=TOOLS, add_generation_prompt=False)
+    assert "get_weather" in prompt.text.split(QUESTION)[0]  # the tool is described before the question
+    tail = prompt.text.split(QUESTION)[-1]
+    found = prompt.tool_parser(TOOLS).parse(tail)
+    assert [(c.name, json.loads(c.arguments)) for c in found.calls] == [("get_weather", {"city": "Paris", "days": 3})]
+    result = {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny, 24 C"}
+    follow = render_chat([*messages, result], family=family, tools=TOOLS)
+    assert "sunny, 24 C" in follow.text.split(QUESTION)[-1]
+    assert follow.text.index("sunny, 24 C") > follow.text.index(QUESTION)
+
+
+def test_tool_call_arguments_reach_a_models_template_as_an_object() -> None:
+    source = "{% for m in messages %}{% for tc in m.tool_calls or [] %}{{ tc.function.arguments.city }}{% endfor %}{% endfor %}"
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [CALL]}]
+    assert render_chat(messages, family="qwen3", chat_template=source, add_generation_prompt=False).text == "Paris"

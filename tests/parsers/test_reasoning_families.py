@@ -28,8 +28,16 @@ REQUIRED = {
     "deepseek-v4",
     "qwen3",
     "qwen3-thinking",
+    "qwen3.5",
     "kimi",
+    "kimi-k2",
     "glm45",
+    "glm47",
+    "hunyuan",
+    "gemma4",
+    "nemotron3",
+    "minimax-m2",
+    "granite",
     "mistral",
     "gpt-oss",
     "cohere-command",
@@ -41,26 +49,38 @@ def test_the_required_families_are_registered() -> None:
     assert REQUIRED <= set(reasoning_families())
 
 
-# (family, start, end, forced, switch kwarg or None, switch default, tool-call start)
+# (family, start, end, forced, switch kwarg or None, switch default, tool-call start, tool-call syntax)
 ENTRIES = [
-    ("deepseek-r1", "<think>", "</think>", True, None, None, None),
-    ("deepseek-v3", "<think>", "</think>", True, "thinking", False, "<｜tool▁calls▁begin｜>"),
-    ("deepseek-v4", "<think>", "</think>", True, "thinking", False, "<｜DSML｜function_calls>"),
-    ("qwen3", "<think>", "</think>", False, "enable_thinking", True, "<tool_call>"),
-    ("qwen3-thinking", "<think>", "</think>", True, None, None, "<tool_call>"),
-    ("kimi", "◁think▷", "◁/think▷", False, None, None, None),
-    ("glm45", "<think>", "</think>", False, "enable_thinking", True, "<tool_call>"),
-    ("mistral", "[THINK]", "[/THINK]", False, "reasoning_effort", True, "[TOOL_CALLS]"),
-    ("gpt-oss", "<|channel|>analysis<|message|>", "<|end|>", False, None, None, "<|channel|>commentary"),
-    ("cohere-command", "<|START_THINKING|>", "<|END_THINKING|>", True, "reasoning", True, "<|START_ACTION|>"),
-    ("smollm2-think", "<think>", "</think>", True, "enable_thinking", True, None),
+    ("deepseek-r1", "<think>", "</think>", True, None, None, "<｜tool▁calls▁begin｜>", "deepseek-v3"),
+    ("deepseek-v3", "<think>", "</think>", True, "thinking", False, "<｜tool▁calls▁begin｜>", "deepseek-v3"),
+    # V4's DSML block is <｜DSML｜tool_calls> (V3.2 wrote function_calls)
+    ("deepseek-v4", "<think>", "</think>", True, "thinking", False, "<｜DSML｜tool_calls>", "dsml"),
+    ("qwen3", "<think>", "</think>", False, "enable_thinking", True, "<tool_call>", "hermes"),
+    ("qwen3-thinking", "<think>", "</think>", True, None, None, "<tool_call>", "hermes"),
+    ("qwen3.5", "<think>", "</think>", True, "enable_thinking", True, "<tool_call>", "hermes"),
+    ("kimi", "◁think▷", "◁/think▷", False, None, None, None, None),
+    ("kimi-k2", "<think>", "</think>", False, "thinking", True, "<|tool_calls_section_begin|>", "kimi-k2"),
+    ("glm45", "<think>", "</think>", False, "enable_thinking", True, "<tool_call>", "glm45"),
+    ("glm47", "<think>", "</think>", True, "enable_thinking", True, "<tool_call>", "glm45"),
+    ("hunyuan", "<think>", "</think>", False, "enable_thinking", True, "<tool_calls>", "hunyuan"),
+    ("gemma4", "<|channel>thought", "<channel|>", False, "enable_thinking", False, "<|tool_call>", "gemma4"),
+    ("nemotron3", "<think>", "</think>", True, "enable_thinking", True, "<tool_call>", "hermes"),
+    ("minimax-m2", "<think>", "</think>", True, None, None, "<minimax:tool_call>", "minimax-m2"),
+    ("granite", "<think>", "</think>", False, "thinking", False, "<|tool_call|>", "granite"),
+    ("mistral", "[THINK]", "[/THINK]", False, "reasoning_effort", True, "[TOOL_CALLS]", "mistral"),
+    ("gpt-oss", "<|channel|>analysis<|message|>", "<|end|>", False, None, None, "<|channel|>commentary", "harmony"),
+    ("cohere-command", "<|START_THINKING|>", "<|END_THINKING|>", True, "reasoning", True, "<|START_ACTION|>", "cohere"),
+    ("smollm2-think", "<think>", "</think>", True, "enable_thinking", True, "<tool_call>", "hermes"),
 ]
 
 
-@pytest.mark.parametrize("name, start, end, forced, kwarg, default, tool", ENTRIES, ids=[e[0] for e in ENTRIES])
-def test_entry(name: str, start: str, end: str, forced: bool, kwarg: str | None, default: bool | None, tool: str | None) -> None:
+@pytest.mark.parametrize("name, start, end, forced, kwarg, default, tool, syntax", ENTRIES, ids=[e[0] for e in ENTRIES])
+def test_entry(
+    name: str, start: str, end: str, forced: bool, kwarg: str | None, default: bool | None, tool: str | None, syntax: str | None
+) -> None:
     family = get_reasoning_family(name)
     assert (family.think_start, family.think_end, family.forced, family.tool_call_start) == (start, end, forced, tool)
+    assert family.tool_call_syntax == syntax
     if kwarg is None:
         assert family.switch is None and family.always_thinks
     else:
@@ -69,8 +89,24 @@ def test_entry(name: str, start: str, end: str, forced: bool, kwarg: str | None,
     assert family.format is (ReasoningFormat.HARMONY if name == "gpt-oss" else ReasoningFormat.TAGS)
     assert family.description
     # a thought must not open another one
-    if family.format is ReasoningFormat.TAGS and name != "smollm2-think":
+    if family.format is ReasoningFormat.TAGS and name not in ("smollm2-think", "gemma4"):
         assert family.think_start in family.banned_while_thinking
+    if name == "gemma4":  # its start is <|channel> plus the word "thought": the channel token is banned
+        assert "<|channel>" in family.banned_while_thinking
+
+
+@pytest.mark.parametrize("name", sorted(reasoning_families()))
+def test_the_tool_call_start_opens_a_section_of_the_familys_syntax(name: str) -> None:
+    """The reasoning parser ends a thought at tool_call_start; the tool-call parser must
+    take a section from exactly there."""
+    from thinkstruct.parsers.tool_calls import get_tool_call_syntax
+
+    family = get_reasoning_family(name)
+    if family.tool_call_syntax is None:
+        assert family.tool_call_start is None
+        return
+    syntax = get_tool_call_syntax(family.tool_call_syntax)
+    assert any(family.tool_call_start.startswith(start) for start in syntax.starts)
 
 
 def test_deepseek_tags_are_single_tokens_of_the_default_tokenizer(tokenizer) -> None:
@@ -81,6 +117,9 @@ def test_deepseek_tags_are_single_tokens_of_the_default_tokenizer(tokenizer) -> 
             assert len(ids) == 1, f"{name}: {text!r} -> {ids}"
     tool = tokenizer.hf.encode(get_reasoning_family("deepseek-v3").tool_call_start, add_special_tokens=False)
     assert len(tool) == 1
+    # V4's DSML tags are spelled with the one ｜DSML｜ token, which is what a thought bans
+    dsml = tokenizer.hf.encode(get_reasoning_family("deepseek-v4").tool_call_start, add_special_tokens=False)
+    assert tokenizer.hf.convert_tokens_to_ids("｜DSML｜") in dsml
 
 
 @pytest.mark.parametrize(

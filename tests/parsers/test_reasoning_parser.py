@@ -30,8 +30,10 @@ SHAPES: list[tuple[str, str, str, dict, str, str]] = [
      "Need weather.", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{}<｜tool▁call▁end｜>"),
     ("deepseek-v4", "thinking on", "<think>Compute 6*7.</think>\n42", {}, "Compute 6*7.", "42"),
     ("deepseek-v4", "truncated", "Compute 6*7 = ", {}, "Compute 6*7 =", ""),
-    ("deepseek-v4", "tool call mid-thought", "Look it up.\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"s\">",
-     {}, "Look it up.", "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"s\">"),
+    ("deepseek-v4", "tool call mid-thought", "Look it up.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"s\">",
+     {}, "Look it up.", "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"s\">"),
+    ("deepseek-v4", "stray end tag after a call", "Look.<｜DSML｜tool_calls>x</｜DSML｜tool_calls></think>Done", {},
+     "Look.", "<｜DSML｜tool_calls>x</｜DSML｜tool_calls>Done"),
     ("deepseek-v4", "empty thought", "</think>Direct answer.", {}, "", "Direct answer."),
     # ---- qwen3: the model writes <think> itself
     ("qwen3", "with tags", "<think>\nThe user wants a haiku.\n</think>\n\nAn old silent pond", {},
@@ -48,6 +50,55 @@ SHAPES: list[tuple[str, str, str, dict, str, str]] = [
     ("qwen3", "leading whitespace before the tag", "\n\n<think>Hm.</think>Ok.", {}, "Hm.", "Ok."),
     ("qwen3", "start tag after text is content", "Sure. <think>not a thought</think>", {},
      "", "Sure. <think>not a thought</think>"),
+    ("qwen3", "unmatched end tag is dropped", "Hello</think>world", {}, "", "Helloworld"),
+    ("qwen3", "stray end tag after a mid-thought call",
+     f"<think>\nCheck.\n<tool_call>\n{TOOL_JSON}\n</tool_call></think>\n\nDone.", {},
+     "Check.", f"<tool_call>\n{TOOL_JSON}\n</tool_call>\n\nDone."),
+    ("qwen3", "a start tag before the end tag makes them text",
+     f"<think>a<tool_call>{{}}</tool_call> <think>b</think>", {}, "a", "<tool_call>{}</tool_call> <think>b</think>"),
+    # ---- qwen3.5: the template opens <think> unless enable_thinking=false
+    ("qwen3.5", "forced", "The user wants weather.\n</think>\n\n<tool_call>\n<function=get_weather>\n"
+     "<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>", {}, "The user wants weather.",
+     "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"),
+    ("qwen3.5", "tool call mid-thought", "Need weather.\n<tool_call>\n<function=get_weather>", {},
+     "Need weather.", "<tool_call>\n<function=get_weather>"),
+    ("qwen3.5", "thinking off", "Hello!", {"enabled": False}, "", "Hello!"),
+    # ---- kimi-k2: the model writes <think>; calls in section tokens
+    ("kimi-k2", "thought then call", "<think>Need the weather.</think><|tool_calls_section_begin|><|tool_call_begin|>"
+     "functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|>",
+     {}, "Need the weather.", "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+     "<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_calls_section_end|>"),
+    ("kimi-k2", "call mid-thought, stray end tag", "<think>Need it.<|tool_calls_section_begin|>x<|tool_calls_section_end|>"
+     "</think>ok", {}, "Need it.", "<|tool_calls_section_begin|>x<|tool_calls_section_end|>ok"),
+    ("kimi-k2", "thinking off", "<think></think>Hi", {}, "", "Hi"),
+    # ---- glm47: the template opens <think>
+    ("glm47", "forced", "Greeting.</think>Hello!", {}, "Greeting.", "Hello!"),
+    ("glm47", "tool call mid-thought", "Weather.<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+     "</tool_call>", {}, "Weather.", "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"),
+    ("glm47", "thinking off", "Hello!", {"enabled": False}, "", "Hello!"),
+    # ---- hunyuan: <think> written by the model, the answer in <answer> (left in content)
+    ("hunyuan", "with tags", "<think>\nThe user greets me.\n</think>\n<answer>\nHello!\n</answer>", {},
+     "The user greets me.", "<answer>\nHello!\n</answer>"),
+    ("hunyuan", "tool call mid-thought", '<think>Weather.\n<tool_calls>[{"name": "w", "arguments": {}}]</tool_calls>', {},
+     "Weather.", '<tool_calls>[{"name": "w", "arguments": {}}]</tool_calls>'),
+    # ---- gemma4: <|channel>thought ... <channel|>
+    ("gemma4", "with thought", "<|channel>thought\nThe user greets me.<channel|>Hello!", {}, "The user greets me.", "Hello!"),
+    ("gemma4", "no thought", "Hello!", {}, "", "Hello!"),
+    ("gemma4", "tool call mid-thought", "<|channel>thought\nCall it.<|tool_call>call:w{}<tool_call|>", {},
+     "Call it.", "<|tool_call>call:w{}<tool_call|>"),
+    # ---- nemotron3: the template opens <think>
+    ("nemotron3", "forced", "Simple greeting.\n</think>\nHi there!", {}, "Simple greeting.", "Hi there!"),
+    ("nemotron3", "empty thought when off", "Hi there!", {"enabled": False}, "", "Hi there!"),
+    # ---- minimax-m2: always thinks, the template opens <think>
+    ("minimax-m2", "forced, then a call", "The user wants weather.\n</think>\n\n<minimax:tool_call>\n<invoke name=\"w\">\n"
+     "</invoke>\n</minimax:tool_call>", {}, "The user wants weather.",
+     "<minimax:tool_call>\n<invoke name=\"w\">\n</invoke>\n</minimax:tool_call>"),
+    ("minimax-m2", "call mid-thought", "Check.<minimax:tool_call><invoke name=\"w\">", {}, "Check.",
+     "<minimax:tool_call><invoke name=\"w\">"),
+    # ---- granite: thinking=true; the answer in <response> (left in content)
+    ("granite", "with tags", "<think>Let me think.</think><response>Hello!</response>", {}, "Let me think.",
+     "<response>Hello!</response>"),
+    ("granite", "tool call", '<|tool_call|>[{"name": "w", "arguments": {}}]', {}, "", '<|tool_call|>[{"name": "w", "arguments": {}}]'),
     # ---- qwen3-thinking: forced
     ("qwen3-thinking", "forced", "Okay, the user asks for 2+2.\n</think>\n\n4", {}, "Okay, the user asks for 2+2.", "4"),
     ("qwen3-thinking", "tool call mid-thought", f"Need a tool.\n<tool_call>\n{TOOL_JSON}\n</tool_call>", {},
@@ -71,6 +122,7 @@ SHAPES: list[tuple[str, str, str, dict, str, str]] = [
      "Use the tool.", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'),
     ("mistral", "truncated", "[THINK]Simple", {}, "Simple", ""),
     ("mistral", "empty thought", "[THINK][/THINK]4", {}, "", "4"),
+    ("mistral", "stray end tag after a call", "[THINK]Use it.[TOOL_CALLS]f[ARGS]{}[/THINK]ok", {}, "Use it.", "[TOOL_CALLS]f[ARGS]{}ok"),
     # ---- cohere-command: the template opens <|START_THINKING|>
     ("cohere-command", "forced", "The user wants a joke.<|END_THINKING|><|START_RESPONSE|>Why did...<|END_RESPONSE|>", {},
      "The user wants a joke.", "<|START_RESPONSE|>Why did...<|END_RESPONSE|>"),
@@ -293,4 +345,5 @@ def test_previous_content_must_be_text() -> None:
 
 def test_force_reasoning_overrides_the_family() -> None:
     assert ReasoningParser("qwen3", force_reasoning=True).parse("a</think>b") == ParseResult("a", "b")
-    assert ReasoningParser("deepseek-r1", force_reasoning=False).parse("a</think>b") == ParseResult("", "a</think>b")
+    # not forced, the text is content; its unmatched end tag is a control tag and is dropped
+    assert ReasoningParser("deepseek-r1", force_reasoning=False).parse("a</think>b") == ParseResult("", "ab")

@@ -15,6 +15,7 @@ receive the very same value.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -199,9 +200,10 @@ class ChatTemplate:
         _check_reserved(template_kwargs)
         variables: dict[str, Any] = {**self.special_tokens, **template_kwargs}
         variables.update(add_generation_prompt=bool(add_generation_prompt), tools=tools)
+        messages = _decoded_tool_calls(messages)
         if not continue_final_message:
-            return self._render(list(messages), variables, continue_final_message=False)
-        return self._render_continuation(list(messages), variables)
+            return self._render(messages, variables, continue_final_message=False)
+        return self._render_continuation(messages, variables)
 
     def _render(self, messages: list[Mapping[str, Any]], variables: dict[str, Any], *, continue_final_message: bool) -> str:
         from jinja2 import TemplateError
@@ -258,6 +260,12 @@ class ChatPrompt:
             grammar's reasoning wrapper (the parser from :meth:`reasoning_parser` has it).
         continue_final_message: the prompt ends inside the final assistant message.
         previous_content: that message's text (``""`` otherwise).
+        starts_in_thought: the request reasons and the rendered prompt leaves a thought
+            open (it ends with the family's start tag, before any continued text), so the
+            output starts inside it. Read from the prompt, not assumed from the family: a
+            Qwen3.5-style template opens ``<think>`` for family ``qwen3`` too. The parser
+            from :meth:`reasoning_parser` starts there; a grammar's reasoning wrapper,
+            which starts inside the thought, needs it true (:meth:`with_thought_open`).
     """
 
     text: str
@@ -265,17 +273,51 @@ class ChatPrompt:
     reasoning_enabled: bool
     continue_final_message: bool = False
     previous_content: str = ""
+    starts_in_thought: bool = False
 
     def reasoning_parser(self, *, stream_reasoning: bool = True, force_reasoning: bool | None = None) -> ReasoningParser:
-        """The reasoning parser for this request's output, built from the same decision."""
+        """The reasoning parser for this request's output, built from the same decision
+        (``force_reasoning`` defaults to :attr:`starts_in_thought`)."""
         return ReasoningParser(
             self.family,
             enabled=self.reasoning_enabled,
-            force_reasoning=force_reasoning,
+            force_reasoning=self.starts_in_thought if force_reasoning is None else force_reasoning,
             stream_reasoning=stream_reasoning,
             continue_final_message=self.continue_final_message,
             previous_content=self.previous_content,
         )
+
+    def with_thought_open(self) -> ChatPrompt:
+        """This prompt, ending inside an open thought when the request reasons.
+
+        A family whose model writes its own start tag (Qwen3, GLM-4.5, Kimi) leaves the
+        thought closed in the prompt; a grammar's reasoning wrapper starts inside the
+        thought, so a constrained request writes the start tag into the prompt instead
+        (``<think>\n``), where the model would have written it. Unchanged when the
+        thought is open already, the request does not reason, the prompt continues a
+        message, or the family marks thoughts with harmony channels.
+        """
+        from thinkstruct.parsers.reasoning_families import ReasoningFormat
+
+        if (
+            self.starts_in_thought
+            or not self.reasoning_enabled
+            or self.continue_final_message
+            or self.family.format is not ReasoningFormat.TAGS
+        ):
+            return self
+        return dataclasses.replace(self, text=self.text + self.family.think_start + "\n", starts_in_thought=True)
+
+    def tool_parser(self, tools: Any = None) -> Any:
+        """A :class:`~thinkstruct.parsers.tool_calls.ToolCallParser` for this family's
+        tool-call syntax (it reads the content the reasoning parser leaves).
+
+        Raises:
+            ValueError: the family has no tool-call syntax.
+        """
+        from thinkstruct.parsers.tool_calls import ToolCallParser
+
+        return ToolCallParser(self.family, tools=tools)
 
 
 def chat_template_for(
@@ -377,7 +419,46 @@ def render_chat(
         reasoning_enabled=enabled,
         continue_final_message=continue_final_message,
         previous_content=previous,
+        starts_in_thought=enabled and prompt_opens_thought(text, spec, previous=previous),
     )
+
+
+def prompt_opens_thought(text: str, family: ReasoningFamily, *, previous: str = "") -> bool:
+    """Whether ``text`` (a rendered prompt) ends inside an open thought of ``family``: it
+    ends with the start tag, whitespace aside. With ``previous`` (the assistant text a
+    continued prompt ends with) the tag is looked for just before that text, whose own
+    tags the parser then reads."""
+    head = text.rstrip()
+    core = previous.strip()
+    if core and head.endswith(core):
+        head = head[: len(head) - len(core)].rstrip()
+    return head.endswith(family.think_start)
+
+
+def _decoded_tool_calls(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """``messages`` with each assistant tool call's ``function.arguments`` decoded from its
+    JSON string into an object, as Hugging Face chat templates expect (the OpenAI API
+    sends a string). Arguments that are not a JSON object are left as they are."""
+    out: list[Mapping[str, Any]] = []
+    for message in messages:
+        calls = message.get("tool_calls") if isinstance(message, Mapping) else None
+        if not isinstance(calls, (list, tuple)) or not calls:
+            out.append(message)
+            continue
+        decoded = []
+        for call in calls:
+            function = call.get("function") if isinstance(call, Mapping) else None
+            arguments = function.get("arguments") if isinstance(function, Mapping) else None
+            if isinstance(function, Mapping) and isinstance(arguments, str):
+                try:
+                    value = json.loads(arguments)
+                except ValueError:
+                    value = None
+                if isinstance(value, dict):
+                    call = {**call, "function": {**function, "arguments": value}}
+            decoded.append(call)
+        out.append({**message, "tool_calls": decoded})
+    return out
 
 
 def content_text(content: Any) -> str:

@@ -96,11 +96,17 @@ class ReasoningFamily:
             family always thinks.
         tool_call_start: the text that starts a tool call; met during a thought, it ends
             the thought and goes (with what follows) to content, for the tool-call parser.
+        tool_call_syntax: the name of the family's tool-call syntax in the
+            :mod:`~thinkstruct.parsers.tool_calls` registry (``None``: no tool calls).
         banned_while_thinking: special-token texts the grammar keeps out of a thought:
             the start tag (a nested thought would desynchronise the parser and the
             grammar's end detection) and protocol tokens that cannot occur inside one.
-            End-of-sequence tokens are not listed: they are the model's, not the
-            family's, and whether a thought may end the output is the grammar's policy.
+            The tool-call start is listed where it is a token: under a grammar a call can
+            then only come after the thought, where the grammar holds it, so parser and
+            grammar agree on where the thought ends (without a grammar the parser still
+            ends a thought at a call). End-of-sequence tokens are not listed: they are
+            the model's, not the family's, and whether a thought may end the output is
+            the grammar's policy.
             Multi-token plain-text tags cannot be banned as tokens and are not listed.
         format: how the output marks reasoning.
         chat_template: a built-in jinja2 chat template for models that ship none.
@@ -125,6 +131,7 @@ class ReasoningFamily:
     prefer_builtin_template: bool = False
     description: str = ""
     model_patterns: tuple[str, ...] = ()
+    tool_call_syntax: str | None = None
 
     def __post_init__(self) -> None:
         where = f"reasoning family {self.name!r}"
@@ -140,6 +147,8 @@ class ReasoningFamily:
                 raise InvalidTemplateSpec(
                     f"{where}: {label} must be a non-empty string without surrounding whitespace, got {tag!r}"
                 )
+        if self.tool_call_syntax is not None and self.tool_call_start is None:
+            raise InvalidTemplateSpec(f"{where}: tool_call_syntax needs a tool_call_start (where a call begins)")
         if self.prefer_builtin_template and not self.chat_template:
             raise InvalidTemplateSpec(f"{where}: prefer_builtin_template needs a chat_template")
         for pattern in self.model_patterns:
@@ -208,6 +217,9 @@ def reasoning_enabled(
 
 _THINK = "<think>"
 _END_THINK = "</think>"
+_TOOL_CALL = "<tool_call>"
+_DEEPSEEK_CALLS = "<｜tool▁calls▁begin｜>"
+_DSML = "｜DSML｜"  # the DSML token; every DSML tag is spelled with it
 
 for _family in (
     ReasoningFamily(
@@ -216,7 +228,9 @@ for _family in (
         think_end=_END_THINK,
         forced=True,
         switch=None,
-        banned_while_thinking=(_THINK,),
+        tool_call_start=_DEEPSEEK_CALLS,
+        tool_call_syntax="deepseek-v3",
+        banned_while_thinking=(_THINK, _DEEPSEEK_CALLS),
         chat_template=builtin.DEEPSEEK_R1,
         description="DeepSeek-R1: always thinks; the template opens <think> in the prompt.",
         model_patterns=(r"deepseek[-_ ]?r1", r"r1[-_ ]distill"),
@@ -227,8 +241,9 @@ for _family in (
         think_end=_END_THINK,
         forced=True,
         switch=ThinkingSwitch("thinking", default=False),
-        tool_call_start="<｜tool▁calls▁begin｜>",
-        banned_while_thinking=(_THINK,),
+        tool_call_start=_DEEPSEEK_CALLS,
+        tool_call_syntax="deepseek-v3",
+        banned_while_thinking=(_THINK, _DEEPSEEK_CALLS),
         chat_template=builtin.DEEPSEEK_V3,
         description="DeepSeek-V3.1+: thinks only with thinking=true; the template then opens <think>.",
         model_patterns=(r"deepseek[-_ ]?v3",),
@@ -239,10 +254,13 @@ for _family in (
         think_end=_END_THINK,
         forced=True,
         switch=ThinkingSwitch("thinking", default=False),
-        tool_call_start="<｜DSML｜function_calls>",
-        banned_while_thinking=(_THINK,),
+        # V4 writes <｜DSML｜tool_calls>; <｜DSML｜function_calls> is V3.2's (the DSML
+        # syntax reads both).
+        tool_call_start="<｜DSML｜tool_calls>",
+        tool_call_syntax="dsml",
+        banned_while_thinking=(_THINK, _DSML),
         chat_template=builtin.DEEPSEEK_V4,
-        description="DeepSeek-V4: thinks only with thinking=true; its tokenizer ships no chat template.",
+        description="DeepSeek-V4: thinks only with thinking=true; DSML tool calls; its tokenizer ships no chat template.",
         model_patterns=(r"deepseek[-_ ]?v4",),
     ),
     ReasoningFamily(
@@ -251,8 +269,9 @@ for _family in (
         think_end=_END_THINK,
         forced=False,
         switch=ThinkingSwitch("enable_thinking", default=True),
-        tool_call_start="<tool_call>",
-        banned_while_thinking=(_THINK, "</tool_call>", "<|im_start|>"),
+        tool_call_start=_TOOL_CALL,
+        tool_call_syntax="hermes",
+        banned_while_thinking=(_THINK, _TOOL_CALL, "</tool_call>", "<|im_start|>"),
         chat_template=builtin.QWEN3,
         description="Qwen3 hybrid: writes <think> itself unless enable_thinking=false.",
         model_patterns=(r"qwen3",),
@@ -263,11 +282,26 @@ for _family in (
         think_end=_END_THINK,
         forced=True,
         switch=None,
-        tool_call_start="<tool_call>",
-        banned_while_thinking=(_THINK, "</tool_call>", "<|im_start|>"),
+        tool_call_start=_TOOL_CALL,
+        tool_call_syntax="hermes",
+        banned_while_thinking=(_THINK, _TOOL_CALL, "</tool_call>", "<|im_start|>"),
         chat_template=builtin.QWEN3_THINKING,
         description="Qwen3 *-Thinking: always thinks; the template opens <think> in the prompt.",
         model_patterns=(r"qwen3.*thinking",),
+    ),
+    ReasoningFamily(
+        name="qwen3.5",
+        think_start=_THINK,
+        think_end=_END_THINK,
+        forced=True,
+        switch=ThinkingSwitch("enable_thinking", default=True),
+        tool_call_start=_TOOL_CALL,
+        tool_call_syntax="hermes",
+        banned_while_thinking=(_THINK, _TOOL_CALL, "</tool_call>", "<|im_start|>"),
+        chat_template=builtin.QWEN35,
+        description="Qwen3.5 hybrid: the template opens <think> unless enable_thinking=false; "
+        "Qwen3-Coder XML tool calls.",
+        model_patterns=(r"qwen3\.5", r"qwen3_5"),
     ),
     ReasoningFamily(
         name="kimi",
@@ -281,16 +315,112 @@ for _family in (
         model_patterns=(r"kimi",),
     ),
     ReasoningFamily(
+        name="kimi-k2",
+        think_start=_THINK,
+        think_end=_END_THINK,
+        forced=False,
+        switch=ThinkingSwitch("thinking", default=True),
+        tool_call_start="<|tool_calls_section_begin|>",
+        tool_call_syntax="kimi-k2",
+        banned_while_thinking=(_THINK, "<|tool_calls_section_begin|>", "<|im_user|>", "<|im_system|>"),
+        chat_template=builtin.KIMI_K2,
+        description="Kimi-K2 Thinking / K2.5: writes <think> itself; thinking=false closes an empty one; "
+        "tool-call section tokens.",
+        model_patterns=(r"kimi[-_ ]?k2",),
+    ),
+    ReasoningFamily(
         name="glm45",
         think_start=_THINK,
         think_end=_END_THINK,
         forced=False,
         switch=ThinkingSwitch("enable_thinking", default=True),
-        tool_call_start="<tool_call>",
-        banned_while_thinking=(_THINK, "</tool_call>", "<|user|>", "<|observation|>"),
+        tool_call_start=_TOOL_CALL,
+        tool_call_syntax="glm45",
+        banned_while_thinking=(_THINK, _TOOL_CALL, "</tool_call>", "<|user|>", "<|observation|>"),
         chat_template=builtin.GLM45,
         description="GLM-4.5: writes <think> itself unless enable_thinking=false.",
         model_patterns=(r"glm[-_ ]?4\.[56]", r"glm4_moe"),
+    ),
+    ReasoningFamily(
+        name="glm47",
+        think_start=_THINK,
+        think_end=_END_THINK,
+        forced=True,
+        switch=ThinkingSwitch("enable_thinking", default=True),
+        tool_call_start=_TOOL_CALL,
+        tool_call_syntax="glm45",
+        banned_while_thinking=(_THINK, _TOOL_CALL, "</tool_call>", "<|user|>", "<|observation|>"),
+        chat_template=builtin.GLM47,
+        description="GLM-4.7 / GLM-5: the template opens <think> (</think> with enable_thinking=false).",
+        model_patterns=(r"glm[-_ ]?4\.7", r"glm[-_ ]?5"),
+    ),
+    ReasoningFamily(
+        name="hunyuan",
+        think_start=_THINK,
+        think_end=_END_THINK,
+        forced=False,
+        switch=ThinkingSwitch("enable_thinking", default=True),
+        tool_call_start="<tool_calls>",
+        tool_call_syntax="hunyuan",
+        banned_while_thinking=(_THINK, "<tool_calls>", "<answer>"),
+        chat_template=builtin.HUNYUAN,
+        description="Hunyuan-A13B: writes <think> itself (an empty one with enable_thinking=false), "
+        "answers in <answer>…</answer>.",
+        model_patterns=(r"hunyuan",),
+    ),
+    ReasoningFamily(
+        name="gemma4",
+        think_start="<|channel>thought",
+        think_end="<channel|>",
+        forced=False,
+        switch=ThinkingSwitch("enable_thinking", default=False),
+        tool_call_start="<|tool_call>",
+        tool_call_syntax="gemma4",
+        banned_while_thinking=("<|channel>", "<|tool_call>", "<|turn>"),
+        chat_template=builtin.GEMMA4,
+        description="Gemma 4: enable_thinking=true puts <|think|> in the system turn; the model then "
+        "writes <|channel>thought…<channel|>.",
+        model_patterns=(r"gemma[-_ ]?4",),
+    ),
+    ReasoningFamily(
+        name="nemotron3",
+        think_start=_THINK,
+        think_end=_END_THINK,
+        forced=True,
+        switch=ThinkingSwitch("enable_thinking", default=True),
+        tool_call_start=_TOOL_CALL,
+        tool_call_syntax="hermes",
+        banned_while_thinking=(_THINK, _TOOL_CALL, "</tool_call>", "<|im_start|>"),
+        chat_template=builtin.NEMOTRON3,
+        description="NVIDIA Nemotron 3: the template opens <think> (closes an empty one with "
+        "enable_thinking=false); Qwen3-Coder XML tool calls.",
+        model_patterns=(r"nemotron[-_ ]?3",),
+    ),
+    ReasoningFamily(
+        name="minimax-m2",
+        think_start=_THINK,
+        think_end=_END_THINK,
+        forced=True,
+        switch=None,
+        tool_call_start="<minimax:tool_call>",
+        tool_call_syntax="minimax-m2",
+        banned_while_thinking=(_THINK, "<minimax:tool_call>"),
+        chat_template=builtin.MINIMAX_M2,
+        description="MiniMax-M2: always thinks; the template opens <think>; XML invoke tool calls.",
+        model_patterns=(r"minimax[-_ ]?m2",),
+    ),
+    ReasoningFamily(
+        name="granite",
+        think_start=_THINK,
+        think_end=_END_THINK,
+        forced=False,
+        switch=ThinkingSwitch("thinking", default=False),
+        tool_call_start="<|tool_call|>",
+        tool_call_syntax="granite",
+        banned_while_thinking=(_THINK, "<|tool_call|>", "<|start_of_role|>"),
+        chat_template=builtin.GRANITE,
+        description="IBM Granite 3.2/3.3: thinking=true asks for <think>…</think> then <response>…</response>.",
+        model_patterns=(r"granite",),
     ),
     ReasoningFamily(
         name="mistral",
@@ -299,7 +429,8 @@ for _family in (
         forced=False,
         switch=ThinkingSwitch("reasoning_effort", default=True, style=SwitchStyle.EFFORT),
         tool_call_start="[TOOL_CALLS]",
-        banned_while_thinking=("[THINK]", "[INST]"),
+        tool_call_syntax="mistral",
+        banned_while_thinking=("[THINK]", "[INST]", "[TOOL_CALLS]"),
         chat_template=builtin.MISTRAL,
         description="Magistral / Mistral reasoning models: [THINK]…[/THINK]; reasoning_effort=none turns it off.",
         model_patterns=(r"magistral",),
@@ -311,6 +442,7 @@ for _family in (
         forced=False,
         switch=None,
         tool_call_start="<|channel|>commentary",
+        tool_call_syntax="harmony",
         banned_while_thinking=("<|return|>", "<|call|>", "<|constrain|>"),
         format=ReasoningFormat.HARMONY,
         chat_template=builtin.GPT_OSS,
@@ -324,7 +456,8 @@ for _family in (
         forced=True,
         switch=ThinkingSwitch("reasoning", default=True),
         tool_call_start="<|START_ACTION|>",
-        banned_while_thinking=("<|START_THINKING|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>"),
+        tool_call_syntax="cohere",
+        banned_while_thinking=("<|START_THINKING|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_ACTION|>"),
         chat_template=builtin.COHERE_COMMAND,
         description="Cohere Command A reasoning: the template opens <|START_THINKING|> unless reasoning=false.",
         model_patterns=(r"command[-_ ]a[-_ ]reasoning",),
@@ -335,12 +468,15 @@ for _family in (
         think_end=_END_THINK,
         forced=True,
         switch=ThinkingSwitch("enable_thinking", default=True),
+        tool_call_start=_TOOL_CALL,
+        tool_call_syntax="hermes",
         # The tags are plain text (several tokens each) for SmolLM2: nothing to ban as a token.
         banned_while_thinking=(),
         chat_template=builtin.SMOLLM2_THINK,
         prefer_builtin_template=True,
         description="SmolLM2 (no thinking tokens): a system instruction and an opening '<think>\\n' "
-        "in the generation prompt make it think in plain-text tags.",
+        "in the generation prompt make it think in plain-text tags; tool calls as "
+        "<tool_call>[{...}]</tool_call>.",
         model_patterns=(r"smollm2",),
     ),
 ):

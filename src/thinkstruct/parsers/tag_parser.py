@@ -8,6 +8,10 @@ Output shapes it reads (``<think>``/``</think>`` standing for the family's tags)
     <think>thought                        truncated: all reasoning
     answer                                no thought (not forced)
 
+Content that no end tag opened (no thought at all, or one a tool call cut short) drops
+its first end tag unless a start tag comes before it: an unmatched ``</think>`` is a
+control tag, not text for the user.
+
 The streaming side is a small state machine. Its steady state, inside a thought, costs
 one ``in`` test for the first character of the tags that could end it; only a chunk that
 contains that character, or that ends in whitespace, takes the general path. Held-back
@@ -34,7 +38,9 @@ from thinkstruct.parsers.reasoning_parser import (
 # the thought. ``_OPENING``: inside a thought that has no text yet (whitespace and echoed
 # start tags are dropped). ``_THINK``: inside a thought. ``_CLOSING``: right after the end
 # tag (whitespace is dropped). ``_CONTENT``: everything from here on is content.
-_PRE, _OPENING, _THINK, _CLOSING, _CONTENT, _DONE = range(6)
+# ``_STRAY``: content that no end tag opened; its first end tag, if no start tag comes
+# first, is dropped.
+_PRE, _OPENING, _THINK, _CLOSING, _CONTENT, _DONE, _STRAY = range(7)
 
 
 class TagReasoningParser(ReasoningParser):
@@ -51,6 +57,9 @@ class TagReasoningParser(ReasoningParser):
         "_state",
         "_ws",
         "_held",
+        "_tags",
+        "_tag_firsts",
+        "_tag_hold",
     )
 
     def _setup(self) -> None:
@@ -68,6 +77,9 @@ class TagReasoningParser(ReasoningParser):
         # take the general path for every chunk that has any of them.
         self._first = self._firsts if len(self._firsts) == 1 else None
         self._hold_max = max(len(s) for s in stops) - 1
+        self._tags = (family.think_start, family.think_end)
+        self._tag_firsts = frozenset(t[0] for t in self._tags)
+        self._tag_hold = max(len(t) for t in self._tags) - 1
         if not self.enabled:
             initial = _CONTENT
         elif self.forced:
@@ -105,11 +117,13 @@ class TagReasoningParser(ReasoningParser):
             return ParseResult("", text)
         if state == _CLOSING:
             return ParseResult("", text.lstrip())
+        if state == _STRAY:
+            return ParseResult("", self._drop_stray(text))
         rest = text
         if state == _PRE:
             rest = text.lstrip()
             if not rest.startswith(start):
-                return ParseResult("", text)
+                return ParseResult("", self._drop_stray(text))
             rest = rest[len(start) :]
             state = _OPENING
         if state == _OPENING:
@@ -122,13 +136,25 @@ class TagReasoningParser(ReasoningParser):
         reasoning = rest[:cut].rstrip()
         if tag == self._end:
             return ParseResult(reasoning, rest[cut + len(tag) :].lstrip())
-        return ParseResult(reasoning, rest[cut:])
+        return ParseResult(reasoning, self._drop_stray(rest[cut:]))
+
+    def _drop_stray(self, content: str) -> str:
+        """``content`` without its first end tag, if no start tag comes before it."""
+        end = content.find(self._end)
+        if end < 0:
+            return content
+        start = content.find(self._start, 0, end)
+        if start >= 0:
+            return content
+        return content[:end] + content[end + len(self._end) :]
 
     # ---- stream ------------------------------------------------------------------------
 
     def feed(self, chunk: str) -> ParseResult:
         state = self._state
         if state == _CONTENT:
+            return _new_result(ParseResult, ("", chunk))
+        if state == _STRAY and not self._pending and not any(c in chunk for c in self._tag_firsts):
             return _new_result(ParseResult, ("", chunk))
         if state == _THINK and not self._pending:
             first = self._first
@@ -167,6 +193,8 @@ class TagReasoningParser(ReasoningParser):
             content = "".join(self._ws) + pending
             self._ws = []
             return ParseResult("", content)
+        if state == _STRAY:
+            return ParseResult("", pending)
         if state == _OPENING or state == _THINK:
             # Cut off inside the thought: what is held back was reasoning after all.
             return ParseResult(self._emit_reasoning(pending) + self._end_thought(), "")
@@ -192,10 +220,25 @@ class TagReasoningParser(ReasoningParser):
                     self._state = _CLOSING
                     text = text[cut + len(tag) :]
                 else:  # a tool call: it and all that follows is content
-                    self._state = _CONTENT
+                    self._state = _STRAY
                     text = text[cut:]
             elif state == _CONTENT:
                 content.append(text)
+                return
+            elif state == _STRAY:
+                end = text.find(self._end)
+                begin = text.find(self._start, 0, end if end >= 0 else len(text))
+                if begin >= 0:  # a start tag first: tags are text from here on
+                    self._state = _CONTENT
+                    continue
+                if end >= 0:
+                    content.append(text[:end])
+                    self._state = _CONTENT
+                    text = text[end + len(self._end) :]
+                    continue
+                hold = self._partial_tag_at_end(text)
+                content.append(text[:hold])
+                self._pending = text[hold:]
                 return
             elif state == _CLOSING:
                 rest = text.lstrip()
@@ -229,11 +272,9 @@ class TagReasoningParser(ReasoningParser):
                     self._pending = rest
                     return
                 else:
-                    self._state = _CONTENT
+                    self._state = _STRAY
                     content.append("".join(self._ws))
                     self._ws = []
-                    content.append(text)
-                    return
             else:
                 raise RuntimeError("feed() after finish(); call reset() to parse another output")
 
@@ -264,6 +305,17 @@ class TagReasoningParser(ReasoningParser):
         if self._held:
             return self._held.take().rstrip()
         return ""
+
+    def _partial_tag_at_end(self, text: str) -> int:
+        """Where the longest suffix of ``text`` that could begin the start or end tag starts."""
+        n = len(text)
+        firsts = self._tag_firsts
+        for i in range(max(0, n - self._tag_hold), n):
+            if text[i] in firsts:
+                tail = text[i:]
+                if self._start.startswith(tail) or self._end.startswith(tail):
+                    return i
+        return n
 
     def _partial_stop_at_end(self, text: str) -> int:
         """Where the longest suffix of ``text`` that could begin a stop tag starts
