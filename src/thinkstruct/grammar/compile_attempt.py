@@ -185,7 +185,6 @@ class CompileAttempt:
             self._give_up(remember=isinstance(error, WorkTimeout) and ran >= 0.5 * self.host.config.timeout_s)
             return
         except WorkerCrashed as error:
-            self.host.count("internal_errors")
             self._errors.append(
                 InvalidGrammar(constraint, candidate.backend, _internal(str(error), candidate.backend, constraint))
             )

@@ -195,28 +195,34 @@ class _Bound:
 
     def _typed(self, node: dict[str, Any], t: str, pointer: str, depth: int) -> float:
         if t == "string":
-            return self._note(2 + _count(node, "minLength"), f"{pointer}/minLength")
+            n = _count(node, "minLength")
+            self._note(n, f"{pointer}/minLength")
+            return 2 + n
         if t == "array":
             n = _count(node, "minItems")
-            items = sum(self.length(_item_schema(node, i), pointer, depth) for i in range(min(n, 64)))
+            items = sum(
+                self.length(_item_schema(node, i), _item_pointer(node, pointer, i), depth) for i in range(min(n, 64))
+            )
             if n > 64:  # the rest as long as the last one counted
-                items += (n - 64) * (self.length(_item_schema(node, n), pointer, depth))
-            return self._note(2 + items + max(n - 1, 0), f"{pointer}/minItems")
+                items += (n - 64) * self.length(_item_schema(node, n), _item_pointer(node, pointer, n), depth)
+            self._note(n, f"{pointer}/minItems")
+            return 2 + items + max(n - 1, 0)
         if t == "object":
             required = _required(node)
             members = sum(
-                len(_compact(name)) + 1 + self.length(_property_schema(node, name), pointer, depth)
+                len(_compact(name)) + 1 + self.length(_property_schema(node, name), _property_pointer(node, pointer, name), depth)
                 for name in required
             )
             extra = max(_count(node, "minProperties") - len(required), 0)
             count = len(required) + extra
-            return self._note(2 + members + 4 * extra + max(count - 1, 0), f"{pointer}/minProperties")
+            self._note(4 * extra, f"{pointer}/minProperties")
+            return 2 + members + 4 * extra + max(count - 1, 0)
         return _SCALAR_LENGTH[t]
 
-    def _note(self, value: float, pointer: str) -> float:
-        if value > self._widest_value and not math.isinf(value):
-            self._widest_value, self.widest = value, pointer
-        return value
+    def _note(self, own: float, pointer: str) -> None:
+        # The keyword whose own demand is largest is the one to name.
+        if own > self._widest_value and not math.isinf(own):
+            self._widest_value, self.widest = own, pointer
 
 
 # ---- a witness ----------------------------------------------------------------------------
@@ -360,6 +366,17 @@ def _property_schema(node: dict[str, Any], name: str) -> Any:
     if node.get("patternProperties"):
         return True  # may match a pattern: not provable here
     return node.get("additionalProperties", True)
+
+
+def _property_pointer(node: dict[str, Any], pointer: str, name: str) -> str:
+    properties = node.get("properties")
+    if isinstance(properties, dict) and name in properties:
+        return f"{pointer}/properties/{escape_pointer(name)}"
+    return f"{pointer}/additionalProperties"
+
+
+def _item_pointer(node: dict[str, Any], pointer: str, i: int) -> str:
+    return f"{pointer}/prefixItems/{i}" if i < len(_list(node, "prefixItems")) else f"{pointer}/items"
 
 
 def _item_schema(node: dict[str, Any], i: int) -> Any:

@@ -31,6 +31,7 @@ import json
 from typing import Any, Iterator
 
 from thinkstruct.grammar.constraint import escape_pointer
+from thinkstruct.grammar.schema_walk import children, local_ref, subschemas
 
 #: Formats llguidance enforces (also known to xgrammar and outlines-core).
 KNOWN_FORMATS = frozenset(
@@ -46,12 +47,6 @@ _NON_ASSERTIONS = frozenset(
         "format",
     }
 )
-_SUBSCHEMA = ("additionalProperties", "contains", "not", "if", "then", "else", "propertyNames",
-              "unevaluatedItems", "unevaluatedProperties", "additionalItems", "items")
-_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-
-
 def assertions(schema: Any) -> list[tuple[str, str]]:
     """``(keyword, pointer)`` for every assertion keyword in ``schema`` and its subschemas.
 
@@ -205,8 +200,7 @@ def _narrow_finite(root: dict[str, Any], pristine: str, hard: frozenset[str]) ->
                 node["enum"] = valid
                 changed = True
                 continue
-        for child, child_pointer in _children(node, pointer):
-            stack.append((child, child_pointer))
+        stack.extend(children(node, pointer))
     return changed
 
 
@@ -263,44 +257,12 @@ def _ref_targets(root: Any) -> list[str]:
     return targets
 
 
-def _children(node: dict[str, Any], pointer: str) -> Iterator[tuple[Any, str]]:
-    for keyword in _SUBSCHEMA:
-        value = node.get(keyword)
-        if isinstance(value, dict):
-            yield value, f"{pointer}/{keyword}"
-    for keyword in _SUBSCHEMA_MAPS:
-        value = node.get(keyword)
-        if isinstance(value, dict):
-            for name, sub in value.items():
-                yield sub, f"{pointer}/{keyword}/{escape_pointer(name)}"
-    for keyword in _SUBSCHEMA_LISTS:
-        value = node.get(keyword)
-        if isinstance(value, list):
-            for i, sub in enumerate(value):
-                yield sub, f"{pointer}/{keyword}/{i}"
-
-
 def _is_noop(keyword: str, value: Any) -> bool:
     if keyword == "uniqueItems":
         return value is False
     if keyword in ("minItems", "minLength", "minProperties", "minContains"):
         return value == 0 and keyword != "minContains"
     return False
-
-
-def subschemas(schema: Any) -> Iterator[tuple[dict[str, Any], str]]:
-    stack: list[tuple[Any, str]] = [(schema, "")]
-    while stack:
-        node, pointer = stack.pop()
-        if not isinstance(node, dict):
-            continue
-        yield node, pointer
-        stack.extend(_children(node, pointer))
-        deps = node.get("dependencies")
-        if isinstance(deps, dict):
-            for name, sub in deps.items():
-                if isinstance(sub, dict):
-                    stack.append((sub, f"{pointer}/dependencies/{escape_pointer(name)}"))
 
 
 # ---- oneOf disjointness -----------------------------------------------------------------
@@ -346,18 +308,15 @@ def _forbids_required(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return any(props.get(p) is False or (closed and p not in props) for p in required)
 
 
-def _resolve(schema: Any, root: Any, depth: int = 0) -> Any:
-    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and depth < 16:
-        ref = schema["$ref"]
-        if not ref.startswith("#/") or len(schema) > 1:
+def _resolve(schema: Any, root: Any) -> Any:
+    """Follow a bare ``$ref`` (one without sibling keywords) to what it points to."""
+    for _ in range(16):
+        if not isinstance(schema, dict) or len(schema) != 1:
             return schema
-        node = root
-        for raw in ref[2:].split("/"):
-            token = raw.replace("~1", "/").replace("~0", "~")
-            if not isinstance(node, dict) or token not in node:
-                return schema
-            node = node[token]
-        schema, depth = node, depth + 1
+        found = local_ref(schema, root)
+        if found is None:
+            return schema
+        schema = found[0]
     return schema
 
 
