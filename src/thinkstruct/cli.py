@@ -231,6 +231,8 @@ def _generate(args: argparse.Namespace) -> int:
         ]
         prompt = render_chat(messages, family=model.family, tokenizer=model.tokenizer,
                              chat_template=model.chat_template, chat_template_kwargs=kwargs)
+        if schema is not None:
+            prompt = prompt.with_thought_open()  # the grammar starts inside the thought
         try:
             grammar = engine.compiler.compile(constraint) if schema is not None else None
         except InvalidConstraint as e:

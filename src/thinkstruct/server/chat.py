@@ -68,7 +68,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     state.check_model(body.model)
     check_request_limits(body, settings)
     requested = requested_constraint(body)
-    prompt = await run_in_threadpool(chat_prompt, engine.model, body)
+    prompt = await run_in_threadpool(functools.partial(chat_prompt, engine.model, body, constrained=requested is not None))
     check_prompt_length(len(prompt.ids), settings, param="messages")
     max_tokens = max_new_tokens(
         body.requested_max_tokens,
@@ -102,7 +102,8 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
                 prompt=prompt,
                 include_usage=body.include_usage,
                 describe=functools.partial(generation_info, grammar, compile_s),
-            )
+            ),
+            on_close=submitted.cancel,
         )
     results = await collect(submitted, request, metrics=state.metrics)
     if results is None:

@@ -95,7 +95,8 @@ async def completions(request: Request, state: ServerState) -> Response:
                 echoes=echoes,
                 include_usage=body.include_usage,
                 describe=functools.partial(generation_info, grammar, compile_s),
-            )
+            ),
+            on_close=submitted.cancel,
         )
     results = await collect(submitted, request, metrics=state.metrics)
     if results is None:

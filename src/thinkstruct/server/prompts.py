@@ -50,8 +50,13 @@ class Prompt:
         return self.chat is not None and self.chat.reasoning_enabled
 
 
-def chat_prompt(model: LoadedModel, request: ChatCompletionRequest) -> Prompt:
+def chat_prompt(model: LoadedModel, request: ChatCompletionRequest, *, constrained: bool) -> Prompt:
     """Render and encode a chat request.
+
+    A constrained request that reasons starts inside the thought (the grammar's reasoning
+    wrapper does): when the template leaves the start tag to the model (Qwen3, GLM-4.5),
+    the tag is written into the prompt instead (``ChatPrompt.with_thought_open``), so the
+    model, the parser and the grammar agree on where the answer begins.
 
     Raises:
         APIError: 400 for a bad ``chat_template_kwargs`` value, messages the template
@@ -72,6 +77,8 @@ def chat_prompt(model: LoadedModel, request: ChatCompletionRequest) -> Prompt:
         raise bad_request(str(e), param="chat_template_kwargs" if "chat_template_kwargs" in str(e) else "messages") from None
     except ChatTemplateError as e:
         raise bad_request(f"the chat template failed: {e}", param="messages", code="chat_template_error") from None
+    if constrained:
+        rendered = rendered.with_thought_open()
     # The template writes the special tokens (and BOS) itself.
     return Prompt(ids=encode(model.tokenizer, rendered.text, add_special_tokens=False), text=rendered.text, chat=rendered)
 

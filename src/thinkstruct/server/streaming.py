@@ -8,11 +8,12 @@ Each event is one ``data: <json>`` line and a blank line; the stream ends with
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from pydantic import BaseModel
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 DONE = b"data: [DONE]\n\n"
 
@@ -27,11 +28,23 @@ def event(payload: BaseModel | dict[str, Any]) -> bytes:
 
 
 class EventStream(StreamingResponse):
-    """A ``text/event-stream`` response over an async iterator of encoded events."""
+    """A ``text/event-stream`` response over an async iterator of encoded events.
 
-    def __init__(self, events: AsyncIterator[bytes]) -> None:
+    ``on_close`` runs once the response is over, however it ended: finished, or the
+    client gone before the iterator even started (when its own ``finally`` never runs).
+    """
+
+    def __init__(self, events: AsyncIterator[bytes], *, on_close: Callable[[], None] | None = None) -> None:
         super().__init__(
             events,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self._on_close is not None:
+                self._on_close()
