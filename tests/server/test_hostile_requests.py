@@ -161,7 +161,7 @@ def test_prompt_limits(tiny_server: RunningServer, model: str) -> None:
         assert "4096" in error["message"]
 
 
-@pytest.mark.parametrize("text", ["\x00", "a\x00b\x01\x1f\x7f", "\ufffe\uffff", "\U0001f600 ok"], ids=["nul", "controls", "nonchars", "emoji"])
+@pytest.mark.parametrize("text", ["\x00a\x00b\x01\x1f\x7f", "\ufffe\uffff \U0001f600"], ids=["nul-and-controls", "noncharacters-and-emoji"])
 def test_odd_characters_in_every_string_field_never_fail_the_server(tiny_server: RunningServer, model: str, text: str) -> None:
     bodies = [
         {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 2},
