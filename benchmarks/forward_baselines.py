@@ -261,22 +261,74 @@ def greedy_agreement(
 ) -> Agreement:
     """Greedy agreement of ``candidate`` with ``reference`` over ``prompts`` (token ids of
     the same tokenizer), ``new_tokens`` at most each."""
+    return compare_completions(
+        [greedy_completion(candidate, p, new_tokens=new_tokens) for p in prompts],
+        [greedy_completion(reference, p, new_tokens=new_tokens) for p in prompts],
+    )
+
+
+def compare_completions(candidate: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> Agreement:
+    """The :class:`Agreement` of two lists of completions of the same prompts."""
     identical = 0
     prefix: list[float] = []
     position: list[float] = []
     divergence: list[int | None] = []
-    for prompt in prompts:
-        a = greedy_completion(candidate, prompt, new_tokens=new_tokens)
-        b = greedy_completion(reference, prompt, new_tokens=new_tokens)
+    for a_seq, b_seq in zip(candidate, reference, strict=True):
+        a, b = list(a_seq), list(b_seq)
         longest = max(len(a), len(b))
         same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         identical += a == b
         divergence.append(None if a == b else same)
-        prefix.append(same / longest)
-        position.append(sum(x == y for x, y in zip(a, b)) / longest)
+        prefix.append(same / longest if longest else 1.0)
+        position.append(sum(x == y for x, y in zip(a, b)) / longest if longest else 1.0)
     return Agreement(
-        len(prompts), identical, statistics.fmean(prefix), statistics.fmean(position), tuple(divergence)
+        len(divergence), identical, statistics.fmean(prefix), statistics.fmean(position), tuple(divergence)
     )
+
+
+@dataclass(frozen=True)
+class TeacherForced:
+    """``candidate``'s next-token predictions along ``reference``'s own greedy answers.
+
+    Attributes:
+        positions: answer tokens scored.
+        top1: share of positions where both models' argmax agree.
+        kl: mean KL(reference || candidate) per position, in nats.
+    """
+
+    positions: int
+    top1: float
+    kl: float
+
+    def __str__(self) -> str:
+        return f"top-1 {self.top1:.1%}, KL {self.kl:.4f} nats over {self.positions} positions"
+
+
+def teacher_forced(
+    candidate: LoadedModel,
+    reference: LoadedModel,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+) -> TeacherForced:
+    """Score ``candidate`` on ``reference``'s completions (one forward per prompt).
+
+    Unlike greedy agreement, one early difference does not make every later token count
+    as a miss: each position is scored on the same prefix.
+    """
+    same = total = 0
+    kl = 0.0
+    with torch.inference_mode():
+        for prompt, completion in zip(prompts, completions, strict=True):
+            if not completion:
+                continue
+            ids = torch.tensor([[*prompt, *completion]])
+            span = slice(len(prompt) - 1, len(prompt) + len(completion) - 1)
+            ref = reference.model(input_ids=ids).logits[0, span].float().log_softmax(-1)
+            cand = candidate.model(input_ids=ids).logits[0, span].float().log_softmax(-1)
+            same += int((ref.argmax(-1) == cand.argmax(-1)).sum())
+            total += len(completion)
+            kl += float(torch.nn.functional.kl_div(cand, ref, log_target=True, reduction="sum"))
+    return TeacherForced(total, same / max(total, 1), kl / max(total, 1))
 
 
 # ---- the table ---------------------------------------------------------------------------------
@@ -365,14 +417,30 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"{row['bare_decode_tokens_per_s']:9.1f} {row['bare_prefill_s']:9.3f} "
             f"{row['generate_tokens_per_s']:16.1f} {row['generate_over_bare']:8.2f}"
         )
-    if args.agreement_prompts and "int8" in models and len(models) > 1:
-        reference_label = "bf16" if "bf16" in models else next(k for k in models if k != "int8")
-        reference = models[reference_label]
-        prompts = [chat_prompt_ids(reference, q) for q in QUESTIONS[: args.agreement_prompts]]
-        print(f"\n# greedy agreement with {reference_label}, {len(prompts)} chat prompts, up to {args.agreement_tokens} tokens")
+    if args.agreement_prompts and len(models) > 1:
+        # int8 is quantized from the float32 weights: compare it with fp32 as well as bf16,
+        # and fp32 with bf16 for the divergence that rounding alone gives.
+        prompts = [chat_prompt_ids(first, q) for q in QUESTIONS[: args.agreement_prompts]]
+        completions = {
+            label: [greedy_completion(m, p, new_tokens=args.agreement_tokens) for p in prompts]
+            for label, m in models.items()
+        }
+        print(f"\n# greedy agreement, {len(prompts)} chat prompts, up to {args.agreement_tokens} tokens or EOS, batch 1")
+        order = list(VARIANTS)
+        for reference in order:
+            for candidate in order:
+                if reference in completions and candidate in completions and order.index(candidate) > order.index(reference):
+                    agreement = compare_completions(completions[candidate], completions[reference])
+                    print(f"{candidate} vs {reference}: {agreement}")
+        reference = "fp32" if "fp32" in models else order[0]
+        print(f"\n# teacher-forced on {reference}'s answers to the same prompts")
         for label, loaded in models.items():
-            if label != reference_label:
-                print(f"{label:8} {greedy_agreement(loaded, reference, prompts, new_tokens=args.agreement_tokens)}")
+            if label != reference:
+                scored = teacher_forced(loaded, models[reference], prompts, completions[reference])
+                print(f"{label} vs {reference}: {scored}")
+        if "int8" in models:
+            kept = models["int8"].float_modules
+            print(f"# int8 keeps {len(kept)} Linear layers in float32 (outlier inputs): {', '.join(kept)}")
 
 
 if __name__ == "__main__":

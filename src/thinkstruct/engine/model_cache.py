@@ -94,11 +94,11 @@ def cached_entry(
     if entry_problem(entry) is None:
         return entry, False
     root.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(root / f"{key}.lock", on_wait=on_wait):
+    with _exclusive_lock(root / f"{key}.lock", on_wait=on_wait) as locked:
         problem = entry_problem(entry)
         if problem is None:  # another process built it while we waited
             return entry, False
-        _remove_leftovers(root, key, entry if entry.exists() else None, problem)
+        _remove_leftovers(root, key, entry if entry.exists() else None, problem, staging_is_stale=locked)
         staging = root / f"{key}{_STAGING}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         staging.mkdir()
         try:
@@ -113,10 +113,10 @@ def cached_entry(
     return entry, True
 
 
-def _remove_leftovers(root: Path, key: str, broken: Path | None, problem: str) -> None:
+def _remove_leftovers(root: Path, key: str, broken: Path | None, problem: str, *, staging_is_stale: bool) -> None:
     # Under the lock nobody else is building this key: every staging directory of it
-    # is what a killed process left behind.
-    for stale in root.glob(f"{key}{_STAGING}*"):
+    # is what a killed process left behind. Without a lock (no flock) one may be live.
+    for stale in root.glob(f"{key}{_STAGING}*") if staging_is_stale else ():
         log.info("removing %s, left by an interrupted conversion", stale)
         shutil.rmtree(stale, ignore_errors=True)
     if broken is not None:
@@ -167,12 +167,13 @@ def _fsync_dir(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _exclusive_lock(path: Path, *, on_wait: Callable[[], None] | None) -> Iterator[None]:
-    """An inter-process lock on ``path``, released when the holder exits or dies."""
+def _exclusive_lock(path: Path, *, on_wait: Callable[[], None] | None) -> Iterator[bool]:
+    """An inter-process lock on ``path``, released when the holder exits or dies; yields
+    whether a lock is held (``False`` where ``flock`` does not exist)."""
     try:
         import fcntl
     except ImportError:  # Windows: no flock; the staging rename still keeps entries whole
-        yield
+        yield False
         return
     with open(path, "a+b") as f:
         try:
@@ -182,6 +183,6 @@ def _exclusive_lock(path: Path, *, on_wait: Callable[[], None] | None) -> Iterat
                 on_wait()
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
