@@ -345,13 +345,18 @@ class Engine:
             self._prefilling.append(seq)
         if not self._prefilling:
             return
-        budget = self.config.prefill_chunk
+        # Each prompt is cut at multiples of prefill_chunk whatever else is prefilling, so
+        # a request's own computation never depends on the others (with batch-invariant
+        # kernels, a seed then gives the same tokens in any batch); rows join a pass, oldest
+        # first, while their next chunk fits the pass's token budget.
+        size = self.config.prefill_chunk
+        budget = size
         rows: list[Sequence] = []
         chunks: list[list[int]] = []
-        for seq in self._prefilling:  # oldest first; each pass moves at least the first one on
-            if budget <= 0:
+        for seq in self._prefilling:
+            chunk = seq.pending[:size]
+            if rows and len(chunk) > budget:
                 break
-            chunk = seq.pending[:budget]
             budget -= len(chunk)
             rows.append(seq)
             chunks.append(chunk)
