@@ -52,25 +52,25 @@ def test_the_required_families_are_registered() -> None:
 # (family, start, end, forced, switch kwarg or None, switch default, tool-call start, tool-call syntax)
 ENTRIES = [
     ("deepseek-r1", "<think>", "</think>", True, None, None, "<｜tool▁calls▁begin｜>", "deepseek-v3"),
-    ("deepseek-v3", "<think>", "</think>", True, "thinking", False, "<｜tool▁calls▁begin｜>", "deepseek-v3"),
+    ("deepseek-v3", "<think>", "</think>", True, "thinking", False, "<｜tool▁calls▁begin｜>", "deepseek-v3.1"),
     # V4's DSML block is <｜DSML｜tool_calls> (V3.2 wrote function_calls)
     ("deepseek-v4", "<think>", "</think>", True, "thinking", False, "<｜DSML｜tool_calls>", "dsml"),
     ("qwen3", "<think>", "</think>", False, "enable_thinking", True, "<tool_call>", "hermes"),
     ("qwen3-thinking", "<think>", "</think>", True, None, None, "<tool_call>", "hermes"),
-    ("qwen3.5", "<think>", "</think>", True, "enable_thinking", True, "<tool_call>", "hermes"),
+    ("qwen3.5", "<think>", "</think>", True, "enable_thinking", True, "<tool_call>", "qwen3-coder"),
     ("kimi", "◁think▷", "◁/think▷", False, None, None, None, None),
     ("kimi-k2", "<think>", "</think>", False, "thinking", True, "<|tool_calls_section_begin|>", "kimi-k2"),
     ("glm45", "<think>", "</think>", False, "enable_thinking", True, "<tool_call>", "glm45"),
-    ("glm47", "<think>", "</think>", True, "enable_thinking", True, "<tool_call>", "glm45"),
+    ("glm47", "<think>", "</think>", True, "enable_thinking", True, "<tool_call>", "glm47"),
     ("hunyuan", "<think>", "</think>", False, "enable_thinking", True, "<tool_calls>", "hunyuan"),
     ("gemma4", "<|channel>thought", "<channel|>", False, "enable_thinking", False, "<|tool_call>", "gemma4"),
-    ("nemotron3", "<think>", "</think>", True, "enable_thinking", True, "<tool_call>", "hermes"),
+    ("nemotron3", "<think>", "</think>", True, "enable_thinking", True, "<tool_call>", "qwen3-coder"),
     ("minimax-m2", "<think>", "</think>", True, None, None, "<minimax:tool_call>", "minimax-m2"),
     ("granite", "<think>", "</think>", False, "thinking", False, "<|tool_call|>", "granite"),
     ("mistral", "[THINK]", "[/THINK]", False, "reasoning_effort", True, "[TOOL_CALLS]", "mistral"),
     ("gpt-oss", "<|channel|>analysis<|message|>", "<|end|>", False, None, None, "<|channel|>commentary", "harmony"),
     ("cohere-command", "<|START_THINKING|>", "<|END_THINKING|>", True, "reasoning", True, "<|START_ACTION|>", "cohere"),
-    ("smollm2-think", "<think>", "</think>", True, "enable_thinking", True, "<tool_call>", "hermes"),
+    ("smollm2-think", "<think>", "</think>", True, "enable_thinking", True, "<tool_call>", "hermes-list"),
 ]
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from thinkstruct.parsers.tool_calls import forms
+from thinkstruct.parsers.tool_calls.forms import CallForm
 from thinkstruct.parsers.tool_calls.json_scan import (
     CallObject,
     call_arguments,
@@ -111,6 +113,7 @@ class JsonSectionSyntax(ToolCallSyntax):
         name_keys: tuple[str, ...] = NAME_KEYS,
         argument_keys: tuple[str, ...] = ARGUMENT_KEYS,
         description: str = "",
+        form: CallForm | None = None,
     ) -> None:
         self.name = name
         self.starts = (start,)
@@ -118,6 +121,7 @@ class JsonSectionSyntax(ToolCallSyntax):
         self.name_keys = name_keys
         self.argument_keys = argument_keys
         self.description = description
+        self.form = form
 
     def scan(self, text: str, *, final: bool, schemas: ToolSchemas) -> SectionScan:
         marker = self.starts[0]
@@ -167,12 +171,13 @@ class HermesSyntax(JsonSectionSyntax):
     ``<tool_call><function=f><parameter=p>v</parameter></function></tool_call>`` (Qwen3.5,
     Nemotron 3): one family's model may write any of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "hermes", *, form: CallForm | None = forms.HERMES, description: str = "") -> None:
         super().__init__(
-            "hermes",
+            name,
             "<tool_call>",
             "</tool_call>",
-            description="<tool_call> with a JSON call (or list), or Qwen3-Coder's <function=...> XML body",
+            description=description or "<tool_call> with a JSON call (or list), or Qwen3-Coder's <function=...> XML body",
+            form=form,
         )
 
     def _other(self, text: str, i: int, *, final: bool, schemas: ToolSchemas) -> SectionScan:
@@ -198,6 +203,7 @@ class Llama3JsonSyntax(ToolCallSyntax):
     starts = ("<|python_tag|>",)
     leading_starts = ("{",)
     description = 'Llama 3 JSON: {"name": ..., "parameters": {...}} at the start, ";"-separated'
+    form = forms.LLAMA3_JSON
 
     def scan(self, text: str, *, final: bool, schemas: ToolSchemas) -> SectionScan:
         marker = self.starts[0] if text.startswith(self.starts[0]) else "{"
@@ -239,6 +245,7 @@ class MistralSyntax(ToolCallSyntax):
     name = "mistral"
     starts = ("[TOOL_CALLS]",)
     description = "[TOOL_CALLS] then a JSON list, or name[ARGS]{json} per call"
+    form = forms.MISTRAL
 
     def scan(self, text: str, *, final: bool, schemas: ToolSchemas) -> SectionScan:
         marker = self.starts[0]
@@ -286,6 +293,7 @@ class KimiK2Syntax(ToolCallSyntax):
     name = "kimi-k2"
     starts = ("<|tool_calls_section_begin|>",)
     description = "Kimi-K2 tool-call section tokens, id functions.NAME:N, JSON arguments"
+    form = forms.KIMI_K2
 
     CALL = "<|tool_call_begin|>"
     ARGS = "<|tool_call_argument_begin|>"
@@ -344,6 +352,7 @@ class DeepSeekV3Syntax(ToolCallSyntax):
     name = "deepseek-v3"
     starts = ("<｜tool▁calls▁begin｜>",)
     description = "DeepSeek-V3/R1 (function<sep>name ```json) and V3.1 (name<sep>{json}) tool-call tokens"
+    form = forms.DEEPSEEK_V3
 
     CALL = "<｜tool▁call▁begin｜>"
     SEP = "<｜tool▁sep｜>"

@@ -20,9 +20,11 @@ INVALID = -2
 """The text cannot begin a JSON value at this point."""
 
 _WS = re.compile(r"[ \t\n\r]*")
-_STRING = re.compile(r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')
+# Raw control characters are let through inside strings (a grammar backend may let a model
+# write them); the argument text reported escapes them (see escape_controls).
+_STRING = re.compile(r'"(?:[^"\\]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')
 # A string cut off by the end of the text (possibly inside an escape).
-_STRING_START = re.compile(r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*(?:\\(?:u[0-9a-fA-F]{0,3})?)?\Z')
+_STRING_START = re.compile(r'"(?:[^"\\]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*(?:\\(?:u[0-9a-fA-F]{0,3})?)?\Z')
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _NUMBER_START = re.compile(r"-?(?:(?:0|[1-9][0-9]*)(?:\.[0-9]*)?(?:[eE][+-]?[0-9]*)?)?\Z")
 _LITERALS = ("true", "false", "null")
@@ -191,7 +193,7 @@ def scan_call_object(
             if key_end == INVALID:
                 found.error = i
             return found
-        key = json.loads(text[i:key_end])
+        key = json.loads(text[i:key_end], strict=False)
         i = skip_ws(text, key_end)
         if i >= n:
             return found
@@ -211,7 +213,7 @@ def scan_call_object(
                 if end == INVALID:
                     found.error = start
                 return found
-            found.name = json.loads(text[start:end])
+            found.name = json.loads(text[start:end], strict=False)
         elif key in argument_keys and found.arguments is None and not found.arguments_done:
             if end == INVALID:
                 found.error = start
@@ -219,10 +221,10 @@ def scan_call_object(
             if text[start] == '"':  # stringified JSON: only usable once complete
                 if end < 0:
                     return found
-                decoded = json.loads(text[start:end])
-                found.arguments = decoded if _is_json(decoded) else text[start:end]
+                decoded = json.loads(text[start:end], strict=False)
+                found.arguments = escape_controls(decoded if _is_json(decoded) else text[start:end])
             else:
-                found.arguments = text[start:] if end < 0 else text[start:end]
+                found.arguments = escape_controls(text[start:] if end < 0 else text[start:end])
                 if end < 0:
                     return found
             found.arguments_done = True
@@ -262,11 +264,11 @@ def scan_arguments(text: str, i: int, closers: tuple[str, ...]) -> tuple[str, in
     """
     end = scan_json(text, i)
     if end >= 0:
-        return text[i:end], end, None
+        return escape_controls(text[i:end]), end, None
     if end == PARTIAL:
         # Trailing whitespace is held: if the text turns out not to be JSON, the raw
         # reading below may end it there, before a closer.
-        return text[i:].rstrip(), None, None
+        return escape_controls(text[i:].rstrip()), None, None
     best = -1
     for closer in closers:
         at = text.find(closer, i)
@@ -282,3 +284,40 @@ def scan_arguments(text: str, i: int, closers: tuple[str, ...]) -> tuple[str, in
                 hold = k
                 break
     return rest[: len(rest) - hold], None, None
+
+
+_CONTROL = re.compile(r"[\x00-\x1f]")
+_STRING_EVENTS = re.compile(r'["\\\x00-\x1f]')
+_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r", "\b": "\\b", "\f": "\\f"}
+
+
+def escape_controls(text: str) -> str:
+    """``text`` (JSON, possibly cut short) with raw control characters inside its strings
+    escaped, so that it parses under strict JSON. Outside strings they are whitespace and
+    stay. Works left to right, so the result for a prefix is a prefix of the result for
+    the whole."""
+    if not _CONTROL.search(text):
+        return text
+    out: list[str] = []
+    pos = 0
+    i = 0
+    inside = False
+    while True:
+        m = _STRING_EVENTS.search(text, i)
+        if m is None:
+            break
+        j = m.start()
+        c = text[j]
+        if c == '"':
+            inside = not inside
+            i = j + 1
+        elif c == "\\":
+            i = j + 2  # the escaped character is not an event
+        else:
+            if inside:
+                out.append(text[pos:j])
+                out.append(_ESCAPES.get(c) or f"\\u{ord(c):04x}")
+                pos = j + 1
+            i = j + 1
+    out.append(text[pos:])
+    return "".join(out)

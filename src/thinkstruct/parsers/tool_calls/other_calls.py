@@ -7,6 +7,7 @@ import ast
 import json
 import re
 
+from thinkstruct.parsers.tool_calls import forms
 from thinkstruct.parsers.tool_calls.json_scan import scan_arguments, skip_ws
 from thinkstruct.parsers.tool_calls.syntax import (
     ArgumentsWriter,
@@ -300,6 +301,7 @@ class Gemma4Syntax(ToolCallSyntax):
     name = "gemma4"
     starts = ("<|tool_call>",)
     description = 'Gemma 4: <|tool_call>call:NAME{key:<|"|>v<|"|>,...}<tool_call|>'
+    form = forms.GEMMA4
 
     END = "<tool_call|>"
 

@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from thinkstruct.parsers.tool_calls.forms import CallForm
 from thinkstruct.parsers.tool_calls.types import ToolSchemas
 from thinkstruct.registry import Registry
 
@@ -63,12 +64,16 @@ class ToolCallSyntax:
         leading_starts: texts that open a section only at the very beginning of the
             content (after whitespace): Llama 3's bare ``{`` and the pythonic ``[``.
         description: one line for docs.
+        form: how a grammar writes a call of this syntax
+            (:class:`~thinkstruct.parsers.tool_calls.forms.CallForm`); ``None`` when calls
+            cannot be constrained (the answer is then only parsed).
     """
 
     name: str = ""
     starts: tuple[str, ...] = ()
     leading_starts: tuple[str, ...] = ()
     description: str = ""
+    form: CallForm | None = None
 
     def scan(self, text: str, *, final: bool, schemas: ToolSchemas) -> SectionScan:
         """Read the section at the start of ``text`` (which begins with one of the

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from thinkstruct.parsers.tool_calls import forms
+from thinkstruct.parsers.tool_calls.forms import CallForm
 from thinkstruct.parsers.tool_calls.json_scan import skip_ws
 from thinkstruct.parsers.tool_calls.syntax import (
     ArgumentsWriter,
@@ -35,8 +37,8 @@ class XmlDialect:
         invoke_open, name_end, invoke_close: ``<function=`` NAME ``>`` … ``</function>``.
         param_open, param_close: ``<parameter=`` HEADER ``>`` VALUE ``</parameter>``.
         quoted: the header is ``name="p" attr="v"`` (else the bare name).
-        strip_newlines: one newline right after the opening and one right before the
-            closing element belong to the layout, not the value.
+        strip_newlines: whitespace right after the opening and right before the closing
+            element is layout, not the value.
     """
 
     invoke_open: str
@@ -59,13 +61,12 @@ _STRING_ATTR = re.compile(r'\bstring="(true|false)"')
 
 
 def settled_value(raw: str, *, complete: bool, strip_newlines: bool) -> str:
-    """The part of a raw value that is settled: layout newlines dropped, and while the value
-    is open a trailing newline held (it may be the layout one)."""
+    """The part of a raw value that is settled: with ``strip_newlines``, whitespace around
+    the value is layout, as the grammars of these syntaxes read it (Qwen writes
+    ``<parameter=p>\nvalue\n</parameter>``), so it is dropped, and while the value is
+    open trailing whitespace is held (more text may follow it)."""
     if strip_newlines:
-        if raw.startswith("\n"):
-            raw = raw[1:]
-        if raw.endswith("\n"):
-            raw = raw[:-1]
+        return raw.strip()
     return raw
 
 
@@ -158,13 +159,21 @@ class XmlSectionSyntax(ToolCallSyntax):
     """A section marker, invocations in an :class:`XmlDialect`, an end marker."""
 
     def __init__(
-        self, name: str, starts: tuple[str, ...], ends: tuple[str, ...], dialect: XmlDialect, *, description: str = ""
+        self,
+        name: str,
+        starts: tuple[str, ...],
+        ends: tuple[str, ...],
+        dialect: XmlDialect,
+        *,
+        description: str = "",
+        form: CallForm | None = None,
     ) -> None:
         self.name = name
         self.starts = starts
         self.ends = ends
         self.dialect = dialect
         self.description = description
+        self.form = form
 
     def scan(self, text: str, *, final: bool, schemas: ToolSchemas) -> SectionScan:
         marker = next(m for m in self.starts if text.startswith(m))
@@ -187,6 +196,10 @@ class Glm45Syntax(ToolCallSyntax):
     name = "glm45"
     starts = ("<tool_call>",)
     description = "GLM-4.5/4.7: <tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>"
+
+    def __init__(self, name: str = "glm45", *, form: CallForm | None = forms.GLM45) -> None:
+        self.name = name
+        self.form = form
 
     END = "</tool_call>"
     KEY, KEY_END = "<arg_key>", "</arg_key>"
