@@ -5,6 +5,7 @@ Used by ``tests/grammar/test_conformance.py`` and as a command line tool::
     python -m tests.grammar.conformance_support --report            # table from the committed file
     python -m tests.grammar.conformance_support --report --run      # run the suite, then the table
     python -m tests.grammar.conformance_support --update            # run, rewrite the expectations
+    python -m tests.grammar.conformance_support --update --carry    # the same, recorded timeouts carried
     python -m tests.grammar.conformance_support --run --times out.json  # per-schema compile times
 
 For each schema of each top-level test file (``draft2020-12/*.json`` and ``draft7/*.json``,
@@ -13,11 +14,11 @@ in the compact form ``json.dumps(data, separators=(",", ":"), ensure_ascii=False
 as accepted when :func:`thinkstruct.grammar.api.first_rejected` returns ``None`` (what
 :func:`thinkstruct.accepts` does).
 
-Compiles run in worker processes (a JSON-lines protocol over pipes) under a per-schema
-time limit: a compile still running at the limit counts as a compile failure with reason
-``timeout``, and its worker is killed and replaced, so a hung Rust/C++ compile cannot hang
-the test run. Workers are reused (loading the 129k tokenizer takes seconds) and load each
-backend lazily.
+Compiles run in the project's own compile workers (a :class:`GrammarCompiler` per backend
+with every compile, llguidance's included, in a killable worker process) under a
+per-schema time limit: a compile still running at the limit counts as a compile failure
+with reason ``timeout``, and its worker is killed and replaced, so a hung Rust/C++ compile
+cannot hang the test run. Instances are matched in this process.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
-import subprocess
 import sys
 import threading
 import time
@@ -63,10 +62,6 @@ COMPILE_TIMEOUT_S = {
     "llguidance": 10.0,
     "outlines": 12.0,
 }
-
-#: Seconds all instances of one compiled schema may take to match (they take milliseconds;
-#: this only keeps a hung matcher from hanging the run).
-MATCH_TIMEOUT_S = 120.0
 
 #: Seconds a fresh worker may take to load a tokenizer and a backend's vocabulary.
 STARTUP_TIMEOUT_S = 300.0
@@ -137,58 +132,7 @@ def load_draft(draft: str, root: Path | None = None) -> list[SchemaCase]:
     return cases
 
 
-# ---- the worker process ---------------------------------------------------------------
-
-
-def _worker_main() -> None:
-    """Serve compile+match requests, one JSON line each, on the original stdout."""
-    protocol = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
-    os.dup2(2, 1)  # anything a library prints goes to stderr, not into the protocol
-    sys.stdout = sys.stderr
-
-    import thinkstruct
-    from thinkstruct.grammar.api import first_rejected
-
-    tokenizers: dict[str, Any] = {}
-
-    def tokenizer(name: str) -> Any:
-        if name not in tokenizers:
-            tokenizers[name] = load_tokenizer(name)
-        return tokenizers[name]
-
-    def send(message: dict[str, Any]) -> None:
-        protocol.write(json.dumps(message) + "\n")
-        protocol.flush()
-
-    for line in sys.stdin:
-        request = json.loads(line)
-        if request.get("prepare"):
-            from thinkstruct.grammar.api import get_backend
-
-            get_backend(tokenizer(request["tokenizer"]), request["backend"])
-            send({"phase": "ready"})
-            continue
-        tok = tokenizer(request["tokenizer"])
-        start = time.perf_counter()
-        try:
-            constraint = thinkstruct.Constraint.json_schema(request["schema"])
-            compiled = thinkstruct.compile(constraint, tok, request["backend"])
-        except thinkstruct.InvalidConstraint as e:
-            send({"phase": "failed", "outcome": REFUSED, "reason": str(e)})
-            continue
-        except Exception as e:  # noqa: BLE001 - reported as a finding, not hidden
-            send({"phase": "failed", "outcome": ERROR, "reason": f"{type(e).__name__}: {e}"})
-            continue
-        send({"phase": "compiled", "seconds": time.perf_counter() - start})
-        marks = []
-        errors = []
-        for text in request["instances"]:
-            try:
-                marks.append(ACCEPTED if first_rejected(compiled, text) is None else REJECTED)
-            except Exception as e:  # noqa: BLE001
-                marks.append(MATCH_ERROR)
-                errors.append(f"{text!r}: {type(e).__name__}: {e}")
-        send({"phase": "matched", "marks": "".join(marks), "errors": errors})
+# ---- compiling and matching --------------------------------------------------------------
 
 
 def load_tokenizer(name: str) -> Any:
@@ -202,69 +146,6 @@ def load_tokenizer(name: str) -> Any:
     raise ValueError(f"unknown tokenizer {name!r}")
 
 
-class WorkerDied(Exception):
-    pass
-
-
-class Worker:
-    """One worker process; every wait on it has a deadline."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-             "import conformance_support as c; c._worker_main()", str(HERE)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            bufsize=0,
-        )
-        self._buffer = b""
-        self.prepared: set[tuple[str, str]] = set()
-
-    def send(self, message: dict[str, Any]) -> None:
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write((json.dumps(message) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError) as e:
-            raise WorkerDied(str(e)) from None
-
-    def receive(self, timeout: float) -> dict[str, Any] | None:
-        """The next message, or ``None`` if none came within ``timeout`` seconds."""
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            ready, _, _ = select.select([self.proc.stdout], [], [], remaining)
-            if not ready:
-                return None
-            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
-            if not chunk:
-                raise WorkerDied(f"exit status {self.proc.wait()}")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
-
-    def prepare(self, backend: str, tokenizer: str) -> None:
-        """Load the tokenizer and build the backend's vocabulary (outside any time limit)."""
-        if (backend, tokenizer) in self.prepared:
-            return
-        self.send({"prepare": True, "backend": backend, "tokenizer": tokenizer})
-        if self.receive(STARTUP_TIMEOUT_S) is None:
-            raise WorkerDied(f"no {backend} backend after {STARTUP_TIMEOUT_S} s")
-        self.prepared.add((backend, tokenizer))
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
-
-
 @dataclass
 class SchemaResult:
     """What one backend did with one schema."""
@@ -276,8 +157,6 @@ class SchemaResult:
     compile_seconds: float | None = None
     reason: str = ""
     match_errors: list[str] = field(default_factory=list)
-    #: The worker process that ran it (0 when nothing ran).
-    worker_pid: int = 0
 
     @property
     def compiled(self) -> bool:
@@ -285,29 +164,34 @@ class SchemaResult:
 
 
 class WorkerPool:
-    """``size`` reusable workers; a worker that times out or dies is replaced."""
+    """Runs (backend, case) tasks through one :class:`GrammarCompiler` per backend and time
+    limit, ``size`` compiles at a time (each compile in one of the compiler's ``size``
+    killable workers, so none waits in a queue against its limit)."""
 
     def __init__(self, size: int = 2) -> None:
         self.size = size
-        self._idle: list[Worker] = []
-        self._started: list[Worker] = []
+        self._compilers: dict[tuple[str, str, float], Any] = {}
         self._lock = threading.Lock()
 
-    def _take(self) -> Worker:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return self._new()
+    def compiler(self, backend: str, tokenizer: str, limit: float) -> Any:
+        """The started compiler for ``backend`` with time limit ``limit``."""
+        from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 
-    def _new(self) -> Worker:
-        worker = Worker()
+        key = (backend, tokenizer, limit)
         with self._lock:
-            self._started.append(worker)
-        return worker
-
-    def _give(self, worker: Worker) -> None:
-        with self._lock:
-            self._idle.append(worker)
+            compiler = self._compilers.get(key)
+            if compiler is None:
+                config = CompilerConfig(
+                    backend=backend,
+                    timeout_s=max(limit, 1e-3),
+                    failure_ttl_s=0.0,
+                    worker_processes=self.size,
+                    inline_compile_bytes=0,  # every compile killable, llguidance's too
+                    cache_entries=1,
+                )
+                compiler = self._compilers[key] = GrammarCompiler(load_tokenizer(tokenizer), config)
+                compiler.warm_up((backend,), timeout_s=STARTUP_TIMEOUT_S)
+        return compiler
 
     def run(
         self,
@@ -326,24 +210,19 @@ class WorkerPool:
         failures: list[BaseException] = []
 
         def drive() -> None:
-            worker = self._take()
             try:
                 while True:
                     with queue_lock:
                         if not todo or failures:
                             break
                         i, (backend, case) = todo.pop(0)
-                    results[i], worker = self._one(
-                        worker, backend, case, timeouts[backend], tokenizers[backend]
-                    )
+                    results[i] = self._one(backend, case, timeouts[backend], tokenizers[backend])
                     if progress:
                         r = results[i]
                         print(f"{backend:10} {case.draft}/{case.id:40} {r.outcome[:30]:30} "
                               f"{r.compile_seconds or 0:7.2f}s", file=sys.stderr, flush=True)
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller
                 failures.append(e)
-            finally:
-                self._give(worker)
 
         threads = [threading.Thread(target=drive) for _ in range(min(self.size, len(todo)))]
         for t in threads:
@@ -354,47 +233,39 @@ class WorkerPool:
             raise failures[0]
         return [r for r in results if r is not None]
 
-    def _one(
-        self, worker: Worker, backend: str, case: SchemaCase, limit: float, tokenizer: str
-    ) -> tuple[SchemaResult, Worker]:
-        worker.prepare(backend, tokenizer)
-        pid = worker.proc.pid
-        request = {
-            "backend": backend,
-            "tokenizer": tokenizer,
-            "schema": case.schema,
-            "instances": [inst.text for inst in case.instances],
-        }
+    def _one(self, backend: str, case: SchemaCase, limit: float, tokenizer: str) -> SchemaResult:
+        import thinkstruct
+        from thinkstruct.errors import InternalCompileError
+        from thinkstruct.grammar.api import first_rejected
+
+        compiler = self.compiler(backend, tokenizer, limit)
+        start = time.perf_counter()
         try:
-            worker.send(request)
-            first = worker.receive(limit)
-            if first is None:
-                worker.kill()
-                reason = f"compile ran past {limit} s"
-                return SchemaResult(case, backend, TIMEOUT, reason=reason, worker_pid=pid), self._new()
-            if first["phase"] == "failed":
-                return SchemaResult(case, backend, first["outcome"], reason=first["reason"], worker_pid=pid), worker
-            seconds = first["seconds"]
-            second = worker.receive(MATCH_TIMEOUT_S)
-            if second is None:
-                worker.kill()
-                reason = f"matching ran past {MATCH_TIMEOUT_S} s"
-                return SchemaResult(case, backend, MATCH_TIMEOUT, seconds, reason, worker_pid=pid), self._new()
-            result = SchemaResult(
-                case, backend, second["marks"], seconds, match_errors=second["errors"], worker_pid=pid
-            )
-            return result, worker
-        except WorkerDied as e:
-            worker.kill()
-            return SchemaResult(case, backend, CRASH, reason=f"worker died: {e}", worker_pid=pid), self._new()
+            compiled = compiler.compile(thinkstruct.Constraint.json_schema(case.schema))
+        except thinkstruct.CompileTimeout:
+            return SchemaResult(case, backend, TIMEOUT, reason=f"compile ran past {limit} s")
+        except thinkstruct.InvalidConstraint as e:
+            return SchemaResult(case, backend, REFUSED, reason=str(e))
+        except InternalCompileError as e:
+            return SchemaResult(case, backend, CRASH, reason=f"worker died: {e}")
+        except Exception as e:  # noqa: BLE001 - reported as a finding, not hidden
+            return SchemaResult(case, backend, ERROR, reason=f"{type(e).__name__}: {e}")
+        seconds = compiled.compile_seconds or (time.perf_counter() - start)
+        marks, errors = [], []
+        for inst in case.instances:
+            try:
+                marks.append(ACCEPTED if first_rejected(compiled, inst.text) is None else REJECTED)
+            except Exception as e:  # noqa: BLE001
+                marks.append(MATCH_ERROR)
+                errors.append(f"{inst.text!r}: {type(e).__name__}: {e}")
+        return SchemaResult(case, backend, "".join(marks), seconds, match_errors=errors)
 
     def close(self) -> None:
-        """Kill every worker this pool started (also those still busy, e.g. after an
-        interrupted run)."""
+        """Stop every compiler this pool started (and their workers)."""
         with self._lock:
-            workers, self._started, self._idle = self._started, [], []
-        for w in workers:
-            w.kill()
+            compilers, self._compilers = list(self._compilers.values()), {}
+        for c in compilers:
+            c.close()
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -657,6 +528,29 @@ def counts_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def capability_table() -> str:
+    """A Markdown table of what each registered backend declares (the registry in
+    ``thinkstruct.grammar.backends``, which ``auto`` reads): docs/keyword_support.md holds
+    it verbatim, and a test fails when the two disagree."""
+    from thinkstruct.grammar.backends import backend_classes
+    from thinkstruct.grammar.constraint import ConstraintKind
+
+    lines = [
+        "| backend | kinds (auto's rank; - = never chosen by auto) | keywords not enforced exactly | lenient | compiles in |",
+        "|---|---|---|---|---|",
+    ]
+    for cls in backend_classes():
+        kinds = ", ".join(
+            f"{k.value} ({cls.rank[k] if k in cls.rank else '-'})" for k in ConstraintKind if k in cls.kinds
+        )
+        lenient = "mode" if cls.lenient_mode else "ignores them" if cls.ignores_inexact else "refuses them"
+        where = "a worker process" if cls.isolated else "a thread (a worker past the inline size)"
+        lines.append(
+            f"| {cls.name} | {kinds} | {', '.join(f'`{k}`' for k in sorted(cls.inexact_keywords))} | {lenient} | {where} |"
+        )
+    return "\n".join(lines)
+
+
 # ---- command line ---------------------------------------------------------------------
 
 
@@ -667,14 +561,30 @@ def run_all(
     progress: bool = True,
     workers: int = 2,
     timeouts: dict[str, float] | None = None,
+    carry: dict[str, Any] | None = None,
 ) -> tuple[dict[tuple[str, str], list[SchemaResult]], dict[str, list[SchemaCase]]]:
     cases = {d: load_draft(d) for d in drafts}
-    tasks = [(b, c) for b in backends for d in cases for c in cases[d]]
+    tasks, carried = [], []
+    for b in backends:
+        recorded = (carry or {}).get("results", {}).get(b, {})
+        for d in cases:
+            outcomes = recorded.get(d, {}).get("outcomes", {})
+            slow = set(recorded.get(d, {}).get("slow", []))
+            for c in cases[d]:
+                if carry is not None and (outcomes.get(c.id) == TIMEOUT or c.id in slow):
+                    # Carried as recorded, with a compile time that keeps it "slow".
+                    seconds = None if outcomes[c.id] == TIMEOUT else COMPILE_TIMEOUT_S[b]
+                    carried.append(SchemaResult(c, b, outcomes[c.id], seconds, reason="recorded"))
+                else:
+                    tasks.append((b, c))
     with WorkerPool(workers) as pool:
-        results = pool.run(tasks, progress=progress, timeouts=timeouts)
+        results = pool.run(tasks, progress=progress, timeouts=timeouts) + carried
     grouped: dict[tuple[str, str], list[SchemaResult]] = defaultdict(list)
     for r in results:
         grouped[(r.backend, r.case.draft)].append(r)
+    order = {d: {c.id: i for i, c in enumerate(cs)} for d, cs in cases.items()}
+    for (_, d), rs in grouped.items():
+        rs.sort(key=lambda r: order[d][r.case.id])
     return grouped, cases
 
 
@@ -689,6 +599,8 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true")
     parser.add_argument("--limit", type=float, help="compile time limit (s) for every backend; "
                         "for measuring only, not with --update")
+    parser.add_argument("--carry", action="store_true", help="with --update: carry the recorded "
+                        "timeouts and slow compiles instead of re-measuring them (as a plain test run does)")
     args = parser.parse_args(argv)
     backends = args.backend or list(BACKENDS)
     doc = read_expectations()
@@ -697,7 +609,10 @@ def _main(argv: list[str] | None = None) -> int:
         if args.limit and args.update:
             parser.error("--limit is for measuring; the expectations use COMPILE_TIMEOUT_S")
         timeouts = {b: args.limit for b in BACKENDS} if args.limit else None
-        grouped, cases = run_all(backends, progress=not args.quiet, workers=args.workers, timeouts=timeouts)
+        carry = doc if args.update and args.carry else None
+        grouped, cases = run_all(
+            backends, progress=not args.quiet, workers=args.workers, timeouts=timeouts, carry=carry
+        )
         print(f"ran in {time.monotonic() - start:.1f} s", file=sys.stderr)
         run_doc = dict(doc) if args.update else {}
         for (backend, draft), results in grouped.items():
@@ -714,6 +629,8 @@ def _main(argv: list[str] | None = None) -> int:
             ]
             args.times.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
     if args.report or not (args.run or args.update):
+        print(capability_table())
+        print()
         print(counts_table(doc))
         print()
         print(keyword_table(doc))

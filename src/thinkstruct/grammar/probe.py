@@ -12,9 +12,11 @@ probed, cheaply (one mask and a few tokens):
    grammar may legitimately match only the empty answer);
 2. the lowest and highest allowed tokens are really accepted (the mask and
    ``accept_token`` agree);
-3. for JSON Schemas where a small instance is easy to build (:func:`.schema_instances.witness`),
-   the grammar accepts it in one of its two JSON spellings (non-ASCII raw or escaped); a
-   rejected witness is checked with the reference validator before the backend is blamed.
+3. for JSON Schemas that declare their root ``type`` and where small instances are easy
+   to build (one per type the root allows, :func:`.schema_instances.witnesses`), the grammar accepts one of them in one of
+   its JSON spellings (non-ASCII raw or escaped, ``2.0`` or ``2``); it fails only when it rejects every
+   one that the reference validator confirms valid (a backend may produce only some
+   types of an untyped schema: that is inexact, not dead).
 
 A failed probe is that backend failing: ``auto`` falls back to the next one, or the
 constraint is refused with the reason.
@@ -30,7 +32,7 @@ from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.answers import first_rejected
 from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_token_ids
 from thinkstruct.grammar.constraint import ConstraintKind
-from thinkstruct.grammar.schema_instances import NO_WITNESS, witness
+from thinkstruct.grammar.schema_instances import integral, witnesses
 
 if TYPE_CHECKING:
     from thinkstruct.grammar.base import CompiledGrammar
@@ -67,19 +69,29 @@ def probe(compiled: CompiledGrammar) -> InvalidConstraint | None:
 
 def _check_witness(compiled: CompiledGrammar) -> InvalidConstraint | None:
     schema = compiled.constraint.document
-    instance = witness(schema)
-    if instance is NO_WITNESS:
+    if not isinstance(schema, dict) or "type" not in schema:
+        # Without a declared type a backend may rightly produce some types and not
+        # others (xgrammar and outlines-core guess one): a rejected witness of another
+        # type proves nothing.
         return None
-    spellings = [json.dumps(instance, ensure_ascii=a, separators=(",", ":")) for a in (False, True)]
-    rejected = [first_rejected(compiled, text) for text in dict.fromkeys(spellings)]
-    if any(r is None for r in rejected) or not _valid(schema, instance):
-        return None
-    shown = spellings[0] if len(spellings[0]) <= 60 else spellings[0][:57] + "..."
-    return _failed(
-        compiled,
-        f"it rejects the valid instance {shown} at character {rejected[0]}",
-        None,
-    )
+    found = witnesses(schema)
+    refused: list[tuple[str, int | None]] = []
+    for instance in found:
+        spellings = [
+            json.dumps(value, ensure_ascii=a, separators=(",", ":"))
+            for value in (instance, integral(instance))
+            for a in (False, True)
+        ]
+        rejected = [first_rejected(compiled, text) for text in dict.fromkeys(spellings)]
+        if any(r is None for r in rejected):
+            return None  # it produces this valid instance
+        if _valid(schema, instance):
+            refused.append((spellings[0], rejected[0]))
+    if not refused or len(refused) < len(found):
+        return None  # the rejected witnesses were not valid after all: blame nobody
+    shown, at = refused[0]
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return _failed(compiled, f"it rejects every valid instance tried ({shown} at character {at})", None)
 
 
 def _valid(schema: object, instance: object) -> bool:

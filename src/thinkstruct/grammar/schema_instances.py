@@ -242,10 +242,60 @@ NO_WITNESS = object()
 
 def witness(schema: Any) -> Any:
     """A small instance that should satisfy ``schema``, or :data:`NO_WITNESS`."""
-    try:
-        return _Witness(schema).of(schema, 0)
-    except _GiveUp:
-        return NO_WITNESS
+    found = witnesses(schema)
+    return found[0] if found else NO_WITNESS
+
+
+def witnesses(schema: Any) -> list[Any]:
+    """Small instances that should satisfy ``schema``: one per JSON type the root allows
+    (a backend may produce some types of a schema and not others), at most one when the
+    root is a ``const``/``enum``/combination; ``[]`` when none is easy to build."""
+    builder = _Witness(schema)
+    out: list[Any] = []
+    seen: set[str] = set()  # by JSON text: 0 == False in Python, not in JSON
+    for node in _alternatives(schema, schema):
+        root_types = _types(node) if isinstance(node, dict) and not _combined(node) else [None]
+        for t in root_types:
+            try:
+                value = builder.of(node, 0) if t is None else builder.typed_root(node, t)
+            except _GiveUp:
+                continue
+            text = _compact(value)
+            if text not in seen:
+                seen.add(text)
+                out.append(value)
+    return out
+
+
+def _alternatives(node: Any, root: Any, depth: int = 0) -> list[Any]:
+    """The root and, for a bare ``anyOf``/``oneOf``/``$ref`` root, its branches (each
+    may give witnesses of its own)."""
+    if depth > 4 or not isinstance(node, dict):
+        return [node]
+    found = local_ref(node, root)
+    if found is not None and set(node) <= {"$ref", "$defs", "definitions", "$schema", "$id"}:
+        return [node, *_alternatives(found[0], root, depth + 1)]
+    for keyword in ("anyOf", "oneOf"):
+        branches = _list(node, keyword)
+        if branches and set(node) <= {keyword, "$defs", "definitions", "$schema", "$id"}:
+            return [node, *(b for branch in branches[:16] for b in _alternatives(branch, root, depth + 1))]
+    return [node]
+
+
+def _combined(node: dict[str, Any]) -> bool:
+    return bool({"const", "enum", "anyOf", "oneOf", "allOf", "$ref"} & node.keys()) or bool(_HARD & node.keys())
+
+
+def integral(value: Any) -> Any:
+    """Integral floats written as integers (``-2.0`` is the integer -2 in JSON Schema, and
+    the backends only take the integer spelling)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: integral(v) for k, v in value.items()}
+    return value
 
 
 class _GiveUp(Exception):
@@ -292,6 +342,14 @@ class _Witness:
             except _GiveUp:
                 continue
         raise _GiveUp
+
+    def typed_root(self, node: dict[str, Any], t: str) -> Any:
+        """A witness of type ``t`` for a root without combinations."""
+        if node is True or node == {}:
+            return {"null": None, "boolean": False, "integer": 0, "number": 0, "string": "", "array": [], "object": {}}[t]
+        if not isinstance(node, dict) or _HARD.intersection(node):
+            raise _GiveUp
+        return self._typed(node, t, 0)
 
     def _typed(self, node: dict[str, Any], t: str, depth: int) -> Any:
         if t == "null":
