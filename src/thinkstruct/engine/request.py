@@ -89,6 +89,9 @@ class GenerationRequest:
         reasoning_parser: splits the output into reasoning and content; ``None`` sends all
             text to ``content``.
         max_reasoning_tokens: thinking budget; once spent, the end of the thought is forced.
+        count_allowed_tokens: record, per generated token, how many tokens the grammar
+            allowed at that step (:attr:`Usage.allowed_tokens`; one popcount of the filled
+            mask row per step, never the mask itself). For the playground's plot.
         request_id: a unique id for logs and cancellation.
     """
 
@@ -98,6 +101,7 @@ class GenerationRequest:
     reasoning: bool = False
     reasoning_parser: ReasoningParser | None = None
     max_reasoning_tokens: int | None = None
+    count_allowed_tokens: bool = False
     request_id: str = field(default_factory=_new_id)
 
 
@@ -129,6 +133,10 @@ class Usage:
     total_s: float | None = None
     #: The grammar backend that held the answer, if any.
     backend: str | None = None
+    #: With ``count_allowed_tokens``: per output token (stop tokens excluded, so one per
+    #: entry of the output ids), how many tokens the mask allowed when it was chosen; 1
+    #: for a token forced by jump-forward, the vocabulary size where nothing constrained it.
+    allowed_tokens: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

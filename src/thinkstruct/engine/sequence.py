@@ -61,6 +61,10 @@ class Sequence:
         self.output_ids: list[int] = []
         self.reasoning_tokens = 0
         self.jump_forward_tokens = 0
+        # Per output token, the tokens its step's mask allowed (only when asked for);
+        # allowed_now is the count of the mask the next sampled token is drawn under.
+        self.allowed_counts: list[int] | None = [] if request.count_allowed_tokens else None
+        self.allowed_now = 0
         self.submitted_at = submitted_at
         self.first_token_at: float | None = None
         self.finish_reason: FinishReason | None = None
@@ -86,10 +90,12 @@ class Sequence:
         reasoning: list[str] = []
         content: list[str] = []
         visible: list[int] = []
-        for token_id in token_ids:
+        for k, token_id in enumerate(token_ids):
             if token_id in self._stop_ids:
                 continue
             visible.append(token_id)
+            if self.allowed_counts is not None:  # the first was sampled, the rest forced
+                self.allowed_counts.append(self.allowed_now if k < len(token_ids) - forced else 1)
             if self.parser is not None and self.parser.in_reasoning:
                 self.reasoning_tokens += 1
             self._route(self._detok.add((token_id,)), reasoning, content)
@@ -119,6 +125,7 @@ class Sequence:
             time_to_first_token_s=None if self.first_token_at is None else self.first_token_at - self.submitted_at,
             total_s=now - self.submitted_at,
             backend=self.request.grammar.backend if self.request.grammar is not None else None,
+            allowed_tokens=None if self.allowed_counts is None else tuple(self.allowed_counts),
         )
         return Delta(
             reasoning="".join(reasoning),

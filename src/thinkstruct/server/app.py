@@ -20,6 +20,7 @@ from thinkstruct.server.chat import chat_completions
 from thinkstruct.server.completions import completions
 from thinkstruct.server.errors import install_handlers
 from thinkstruct.server.metrics import RequestCounter
+from thinkstruct.server.playground import PLAYGROUND_PATHS, PUBLIC_PATHS, playground_router
 from thinkstruct.server.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
 ENDPOINTS = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/openapi.json", "/docs"}
-)
+) | PLAYGROUND_PATHS
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": text}
@@ -117,10 +118,11 @@ def create_app(engine: Engine | None = None, settings: ServerSettings | None = N
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    app.include_router(playground_router(state))  # GET /: the playground page
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
 
     if settings.api_key is not None:
-        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, public_paths=settings.public_paths)
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, public_paths=settings.public_paths | PUBLIC_PATHS)
     # Added last, so outermost: it also counts the 401s answered by the key check.
     app.add_middleware(RequestCounter, metrics=state.metrics, endpoints=ENDPOINTS)
     return app

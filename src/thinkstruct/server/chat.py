@@ -87,6 +87,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
             "reasoning": reasoning,
             "reasoning_parser": rendered.reasoning_parser(stream_reasoning=True) if body.separate_reasoning else None,
             "max_reasoning_tokens": body.max_reasoning_tokens if reasoning else None,
+            "count_allowed_tokens": body.return_allowed_tokens,
         }
         jobs.append((prompt, sampling_params(body, max_tokens=max_tokens, choice=choice), fields))
     submitted = submit_all(engine, jobs, retry_after_s=settings.retry_after_s)

@@ -17,7 +17,7 @@ client echoing back a response's ``refusal`` or ``annotations``) are ignored.
 Extensions (the openai client sends them with ``extra_body``): ``regex``, ``ebnf``,
 ``choice``, ``structural_tag``, ``backend``, ``chat_template_kwargs``,
 ``separate_reasoning``, ``max_reasoning_tokens``, ``top_k``, ``continue_final_message``,
-``add_generation_prompt``; ``response_format`` also takes ``{"type": "structural_tag",
+``add_generation_prompt``, ``return_allowed_tokens`` (chat); ``response_format`` also takes ``{"type": "structural_tag",
 ...}`` as SGLang does.
 """
 
@@ -242,6 +242,7 @@ class ChatCompletionRequest(SamplingFields):
     max_reasoning_tokens: int | None = Field(None, ge=0)
     continue_final_message: bool = False
     add_generation_prompt: bool | None = None
+    return_allowed_tokens: bool = False  # thinkstruct.allowed_tokens: per token, how many the grammar allowed
 
     # OpenAI fields accepted only with their no-op value
     tools: Any = None
@@ -331,6 +332,9 @@ class GenerationInfo(BaseModel):
         compile_seconds: how long the request waited for its compiled grammar.
         jump_forward_tokens: tokens the grammar forced, appended without sampling.
         time_to_first_token_s: seconds from submission to the first token (first choice).
+        allowed_tokens: with ``return_allowed_tokens``, per choice, per output token: how
+            many tokens the grammar allowed at its step (1 where jump-forward forced it, the
+            vocabulary size where nothing constrained it); ``None`` when not asked for.
     """
 
     backend: str | None = None
@@ -338,6 +342,7 @@ class GenerationInfo(BaseModel):
     compile_seconds: float | None = None
     jump_forward_tokens: int = 0
     time_to_first_token_s: float | None = None
+    allowed_tokens: list[list[int]] | None = None
 
 
 class ChoiceError(BaseModel):

@@ -40,4 +40,12 @@ def generation_info(
         compile_seconds=compile_seconds,
         jump_forward_tokens=sum(u.jump_forward_tokens for u in usages if u is not None),
         time_to_first_token_s=first,
+        allowed_tokens=_allowed_tokens(usages),
     )
+
+
+def _allowed_tokens(usages: Sequence[EngineUsage | None]) -> list[list[int]] | None:
+    """Per choice, the allowed-token counts, when the engine recorded them."""
+    if not any(u is not None and u.allowed_tokens is not None for u in usages):
+        return None
+    return [list(u.allowed_tokens or ()) if u is not None else [] for u in usages]
