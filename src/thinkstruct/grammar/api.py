@@ -23,9 +23,7 @@ _backends: weakref.WeakKeyDictionary[Tokenizer, dict[tuple[str, JsonFormat], Gra
 _backends_lock = threading.Lock()
 
 
-def get_backend(
-    tokenizer: Tokenizer, name: str, *, json_format: JsonFormat | None = None
-) -> GrammarBackend:
+def get_backend(tokenizer: Tokenizer, name: str, *, json_format: JsonFormat | None = None) -> GrammarBackend:
     """The shared backend instance for (tokenizer, name, JSON format)."""
     fmt = json_format or JsonFormat()
     with _backends_lock:

@@ -17,8 +17,8 @@ refused with those keywords and their JSON pointers.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from thinkstruct.errors import UnsupportedConstraint
 from thinkstruct.grammar.backends import backend_classes
@@ -39,7 +39,9 @@ HARD_KEYWORDS: frozenset[str] = frozenset().union(*INEXACT.values())
 
 
 def _order(kind: ConstraintKind) -> tuple[str, ...]:
-    ranked = [(cls.rank[kind], cls.name) for cls in backend_classes() if kind in cls.kinds and kind in cls.rank]
+    ranked = [
+        (cls.rank[kind], cls.name) for cls in backend_classes() if kind in cls.kinds and kind in cls.rank
+    ]
     return tuple(name for _, name in sorted(ranked))
 
 
@@ -103,9 +105,7 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
         if not any(keyword in INEXACT[first] for keyword, _ in used):
             yield Candidate(first, rewritten)
     for name in JSON_ORDER[1:]:
-        if not any(keyword in INEXACT[name] for keyword, _ in used) and _typed_throughout(
-            rewritten.document
-        ):
+        if not any(keyword in INEXACT[name] for keyword, _ in used) and _typed_throughout(rewritten.document):
             yield Candidate(name, rewritten)
     if strict:
         return
@@ -118,11 +118,28 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
 # Keywords that apply to one type of value only.
 _TYPED_KEYWORDS = frozenset(
     {
-        "minLength", "maxLength", "pattern", "format",
-        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-        "items", "prefixItems", "minItems", "maxItems", "contains", "uniqueItems",
-        "properties", "required", "additionalProperties", "patternProperties",
-        "minProperties", "maxProperties", "propertyNames",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "format",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "items",
+        "prefixItems",
+        "minItems",
+        "maxItems",
+        "contains",
+        "uniqueItems",
+        "properties",
+        "required",
+        "additionalProperties",
+        "patternProperties",
+        "minProperties",
+        "maxProperties",
+        "propertyNames",
     }
 )
 

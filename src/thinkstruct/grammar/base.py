@@ -18,18 +18,17 @@ bits, so one batch may mix backends.
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Mapping, Union
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
-from thinkstruct.grammar.json_format import JsonFormat
+from thinkstruct.grammar.json_format import COMPACT, JsonFormat
 from thinkstruct.grammar.matcher import GrammarMatcher
 from thinkstruct.grammar.reasoning import ReasoningGrammar
 
 if TYPE_CHECKING:
-    import torch
-
     from thinkstruct.tokenizer import Tokenizer
 
 
@@ -106,15 +105,15 @@ class InvalidGrammar:
         raise self.error
 
 
-CompileResult = Union[CompiledGrammar, InvalidGrammar]
+CompileResult = CompiledGrammar | InvalidGrammar
 
 __all__ = [
+    "NO_BACKEND_ENFORCES",
     "CompileResult",
     "CompiledGrammar",
     "GrammarBackend",
     "GrammarMatcher",
     "InvalidGrammar",
-    "NO_BACKEND_ENFORCES",
     "schema_text",
 ]
 
@@ -174,7 +173,7 @@ class GrammarBackend(abc.ABC):
     rank: ClassVar[Mapping[ConstraintKind, int]] = {}
 
     def __init__(
-        self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat(), lenient: bool = False
+        self, tokenizer: Tokenizer, *, json_format: JsonFormat = COMPACT, lenient: bool = False
     ) -> None:
         if lenient and not self.lenient_mode:
             raise ValueError(f"the {self.name} backend has no lenient mode")

@@ -8,7 +8,7 @@ can sit in one tensor and be applied together.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -145,5 +145,5 @@ def _xgrammar_cuda_apply(logits: torch.Tensor, bitmask: torch.Tensor) -> bool:
 
         xgrammar.apply_token_bitmask_inplace(logits, bitmask)
         return True
-    except Exception:  # no triton, unsupported dtype: the torch path below works everywhere
+    except Exception:  # noqa: BLE001 - no triton or an unsupported dtype: the torch path works
         return False

@@ -20,7 +20,9 @@ import heapq
 import itertools
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Hashable, Iterator, Protocol
+import weakref
+from collections.abc import Callable, Hashable, Iterator
+from typing import TYPE_CHECKING, Protocol
 
 from thinkstruct.errors import CompileTimeout, InternalCompileError, InvalidConstraint, UnsupportedConstraint
 from thinkstruct.grammar.auto import Candidate, plan
@@ -48,11 +50,13 @@ class AttemptHost(Protocol):
 
     def pool_for(self, backend: GrammarBackend, constraint: Constraint) -> WorkerPool | None: ...
 
-    def run_inline(self, task: Callable[[], None]) -> None: ...
+    def run_inline(self, task: Callable[[], None], *, large: bool) -> None: ...
 
     def count(self, counter: str) -> None: ...
 
-    def finish(self, attempt: CompileAttempt, outcome: CompiledGrammar | BaseException, *, remember: bool) -> None: ...
+    def finish(
+        self, attempt: CompileAttempt, outcome: CompiledGrammar | BaseException, *, remember: bool
+    ) -> None: ...
 
 
 class CompileAttempt:
@@ -85,6 +89,8 @@ class CompileAttempt:
         self.deadline = deadline
         self.future = future
         self.started = time.monotonic()
+        #: Its in-process steps run apart from small constraints' (see the host).
+        self.large = len(constraint.value) > host.config.inline_compile_bytes
         self._candidates: Iterator[Candidate] = iter(())
         self._errors: list[InvalidGrammar] = []
         self._tried = 0
@@ -112,7 +118,7 @@ class CompileAttempt:
         except InvalidConstraint as error:
             self._finish(error, remember=True)
             return
-        except BaseException as error:  # a bug, not bad input: report it, cache nothing
+        except BaseException as error:  # noqa: BLE001 - reported on the future, never lost
             self._finish(error, remember=False)
             return
         self._next()
@@ -135,27 +141,31 @@ class CompileAttempt:
         try:
             backend = self.host.backend(candidate.backend, candidate.lenient)
             pool = self.host.pool_for(backend, candidate.constraint)
-        except BaseException as error:  # a library that fails to load, a closed compiler
+        except BaseException as error:  # noqa: BLE001 - reported on the future, never lost
             self._finish(error, remember=False)
             return
         if pool is None:
             self._phase = f"compiling with {candidate.backend}"
-            self.host.run_inline(lambda: self._compile_inline(candidate, backend))
+            self.host.run_inline(lambda: self._compile_inline(candidate, backend), large=self.large)
             return
         self._phase = f"waiting for or compiling in a {candidate.backend} worker"
         try:
             job = pool.submit(candidate.constraint, lenient=candidate.lenient, deadline=self.deadline)
-        except BaseException as error:  # the compiler is closing
+        except BaseException as error:  # noqa: BLE001 - reported on the future, never lost
             self._finish(error, remember=False)
             return
-        job.add_done_callback(lambda reply: self.host.run_inline(lambda: self._load(candidate, backend, reply)))
+        job.add_done_callback(
+            lambda reply: self.host.run_inline(
+                lambda: self._load(candidate, backend, reply), large=self.large
+            )
+        )
 
     def _compile_inline(self, candidate: Candidate, backend: GrammarBackend) -> None:
         if self._done:
             return
         try:
             result = backend.compile(candidate.constraint, checked=True)
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - reported on the future, never lost
             self._finish(error, remember=False)
             return
         self._result(candidate, result)
@@ -186,11 +196,13 @@ class CompileAttempt:
             return
         except WorkerCrashed as error:
             self._errors.append(
-                InvalidGrammar(constraint, candidate.backend, _internal(str(error), candidate.backend, constraint))
+                InvalidGrammar(
+                    constraint, candidate.backend, _internal(str(error), candidate.backend, constraint)
+                )
             )
             self._next()
             return
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - reported on the future, never lost
             self._finish(error, remember=False)
             return
         if status != "ok":
@@ -202,7 +214,7 @@ class CompileAttempt:
         except InvalidConstraint as error:
             self._result(candidate, InvalidGrammar(constraint, candidate.backend, error))
             return
-        except BaseException as error:
+        except BaseException as error:  # noqa: BLE001 - reported on the future, never lost
             self._finish(error, remember=False)
             return
         self._result(candidate, compiled)
@@ -294,10 +306,15 @@ def combine_errors(constraint: Constraint, errors: list[InvalidGrammar]) -> Base
 
 
 class Deadlines:
-    """One watchdog thread calling ``expire()`` on attempts whose deadline passed."""
+    """One watchdog thread calling ``expire()`` on attempts whose deadline passed.
+
+    It holds attempts weakly: a finished attempt (and the grammar its future holds) is
+    freed at once, not at its deadline. An unfinished one is always held by the step it
+    waits on (a queued task, a worker job's callback).
+    """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, CompileAttempt]] = []
+        self._heap: list[tuple[float, int, weakref.ref[CompileAttempt]]] = []
         self._order = itertools.count()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -307,7 +324,9 @@ class Deadlines:
         with self._cond:
             if self._closed:
                 return
-            heapq.heappush(self._heap, (attempt.deadline + WATCHDOG_GRACE_S, next(self._order), attempt))
+            heapq.heappush(
+                self._heap, (attempt.deadline + WATCHDOG_GRACE_S, next(self._order), weakref.ref(attempt))
+            )
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="thinkstruct-deadlines", daemon=True)
                 self._thread.start()
@@ -329,6 +348,7 @@ class Deadlines:
                         self._cond.wait()
                 if self._closed:
                     return
-                _, _, attempt = heapq.heappop(self._heap)
-            if not attempt.future.done():
+                _, _, ref = heapq.heappop(self._heap)
+            attempt = ref()
+            if attempt is not None and not attempt.future.done():
                 attempt.expire()

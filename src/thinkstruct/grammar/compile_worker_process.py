@@ -49,10 +49,12 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
                 reply: tuple[str, Any, float] = ("invalid", result.error, time.perf_counter() - start)
             else:
                 reply = ("ok", backend.export(result), time.perf_counter() - start)
-        except Exception as e:  # one bad request must not take the worker down
+        except Exception as e:  # noqa: BLE001 - one bad request must not take the worker down
             reply = (
                 "invalid",
-                InvalidConstraint(f"{backend_name} failed: {e}", backend=backend_name, kind=constraint.kind.value),
+                InvalidConstraint(
+                    f"{backend_name} failed: {e}", backend=backend_name, kind=constraint.kind.value
+                ),
                 time.perf_counter() - start,
             )
         write_message(stdout, pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))

@@ -34,8 +34,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any, Callable
+from typing import IO, TYPE_CHECKING, Any
 
 from thinkstruct.errors import CompileTimeout, InternalCompileError, ThinkstructError
 
@@ -199,7 +200,9 @@ class WorkerPool:
 
     # ---- public ----------------------------------------------------------------------
 
-    def submit(self, constraint: Constraint, *, lenient: bool, deadline: float) -> concurrent.futures.Future[Reply]:
+    def submit(
+        self, constraint: Constraint, *, lenient: bool, deadline: float
+    ) -> concurrent.futures.Future[Reply]:
         """Queue a compile of a checked constraint; the future holds the worker's reply.
 
         The future fails with :class:`QueueTimeout` or :class:`WorkTimeout` at
@@ -320,16 +323,21 @@ class WorkerPool:
                 raise
             if not started:
                 # Still starting: it stays for the next job; this one ran out of time.
-                _fail(job, QueueTimeout(f"the {self.backend} compile worker was still starting at the deadline"))
+                _fail(
+                    job, QueueTimeout(f"the {self.backend} compile worker was still starting at the deadline")
+                )
                 return
             try:
                 write_message(
-                    worker.stdin, pickle.dumps((job.lenient, job.constraint), protocol=pickle.HIGHEST_PROTOCOL)
+                    worker.stdin,
+                    pickle.dumps((job.lenient, job.constraint), protocol=pickle.HIGHEST_PROTOCOL),
                 )
                 sent = time.monotonic()
                 ready, _, _ = select.select([worker.stdout], [], [], max(job.deadline - sent, 0.0))
                 if not ready:
-                    timeout = WorkTimeout("compiling took too long and was stopped", backend=self.backend, kind=kind)
+                    timeout = WorkTimeout(
+                        "compiling took too long and was stopped", backend=self.backend, kind=kind
+                    )
                     timeout.ran_s = job.deadline - sent
                     worker.process.kill()  # the CPU is free from here on
                     _fail(job, timeout)  # then the caller, then reaping the process
@@ -342,7 +350,9 @@ class WorkerPool:
                 self._on_crash()
                 if self._retry(job):
                     continue
-                raise WorkerCrashed(f"the {self.backend} compile worker died twice compiling this constraint") from None
+                raise WorkerCrashed(
+                    f"the {self.backend} compile worker died twice compiling this constraint"
+                ) from None
             if not job.future.done():
                 job.future.set_result(reply)
             return

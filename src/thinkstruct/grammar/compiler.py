@@ -26,11 +26,12 @@ import concurrent.futures
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Self, cast
 
 from thinkstruct.errors import CompileTimeout, InvalidConstraint, ThinkstructError
-from thinkstruct.grammar.backends import backend_class
+from thinkstruct.grammar.backends import BACKEND_NAMES, backend_class, backend_classes
 from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend
 from thinkstruct.grammar.compile_attempt import CompileAttempt, Deadlines
 from thinkstruct.grammar.compile_workers import STARTUP_ALLOWANCE_S, WorkerPool
@@ -104,6 +105,9 @@ class GrammarCompiler:
         self._inline = concurrent.futures.ThreadPoolExecutor(
             self.config.threads, thread_name_prefix="thinkstruct-compile"
         )
+        self._inline_large = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="thinkstruct-compile-large"
+        )
         self._deadlines = Deadlines()
         self._closed = False
 
@@ -129,7 +133,9 @@ class GrammarCompiler:
         start = time.monotonic()
         future = self._submit(key)
         try:
-            return future.result(timeout=self.config.timeout_s + _CALLER_MARGIN_S - (time.monotonic() - start))
+            return future.result(
+                timeout=self.config.timeout_s + _CALLER_MARGIN_S - (time.monotonic() - start)
+            )
         except concurrent.futures.TimeoutError:
             raise self._waited_too_long(constraint) from None
 
@@ -144,7 +150,7 @@ class GrammarCompiler:
         future = asyncio.wrap_future(self._submit(key))
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.config.timeout_s + _CALLER_MARGIN_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise self._waited_too_long(constraint) from None
 
     def submit(
@@ -154,8 +160,11 @@ class GrammarCompiler:
         concurrent callers of one key share it."""
         return self._submit(self._key(constraint, backend, strict))
 
-    def warm_up(self, backends: tuple[str, ...] | None = None, *, timeout_s: float = STARTUP_ALLOWANCE_S) -> None:
-        """Start the compile workers now rather than at the first compile that needs one.
+    def warm_up(
+        self, backends: tuple[str, ...] | None = None, *, timeout_s: float = STARTUP_ALLOWANCE_S
+    ) -> None:
+        """Build what compiles need now rather than at the first compile: the in-process
+        vocabulary views and the compile workers.
 
         Args:
             backends: whose workers to start (default: every backend that compiles in a
@@ -163,12 +172,17 @@ class GrammarCompiler:
                 ``auto``; else that backend's).
             timeout_s: most seconds to wait for them to be ready.
         """
+        # In-process state every first compile would otherwise build: the text encoder
+        # the probes use and the vocabulary views of the backends that compile in threads
+        # (seconds each on 129k tokens).
+        self.tokenizer.encode("")
+        for cls in backend_classes():
+            if not cls.isolated:
+                self.backend(cls.name, False)
         if self.config.worker_processes == 0:
             return
         if backends is None:
             if self.config.backend == "auto":
-                from thinkstruct.grammar.backends import BACKEND_NAMES
-
                 backends = BACKEND_NAMES
             else:
                 backends = (self.config.backend,)
@@ -186,11 +200,12 @@ class GrammarCompiler:
             pool.close()
         self._deadlines.close()
         self._inline.shutdown(wait=False, cancel_futures=True)
+        self._inline_large.shutdown(wait=False, cancel_futures=True)
         for future in pending:
             if not future.done():
                 future.set_exception(ThinkstructError("the compiler is closed"))
 
-    def __enter__(self) -> GrammarCompiler:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -253,13 +268,15 @@ class GrammarCompiler:
             future=future,
         )
         self._deadlines.watch(attempt)
-        self.run_inline(attempt.start)
+        self.run_inline(attempt.start, large=attempt.large)
         return future
 
     def _waited_too_long(self, constraint: Constraint) -> CompileTimeout:
         with self._lock:
             self.stats.timeouts += 1
-        return CompileTimeout(f"compiling took longer than {self.config.timeout_s:g} s", kind=constraint.kind.value)
+        return CompileTimeout(
+            f"compiling took longer than {self.config.timeout_s:g} s", kind=constraint.kind.value
+        )
 
     def _store(self, key: _Key, compiled: CompiledGrammar) -> None:
         # The caller holds the lock.
@@ -295,10 +312,12 @@ class GrammarCompiler:
             return self._pool(backend.name)
         return None
 
-    def run_inline(self, task: Callable[[], None]) -> None:
-        """Run a short step of an attempt on the in-process pool."""
+    def run_inline(self, task: Callable[[], None], *, large: bool) -> None:
+        """Run a step of an attempt in this process: a small constraint's on the pool of
+        ``threads``, a large one's (checks of megabytes, loading big artefacts) on a thread
+        of its own, so small requests never queue behind large ones."""
         try:
-            self._inline.submit(task)
+            (self._inline_large if large else self._inline).submit(task)
         except RuntimeError:  # shut down: the attempt's future was failed by close()
             pass
 
@@ -306,11 +325,13 @@ class GrammarCompiler:
         with self._lock:
             setattr(self.stats, counter, getattr(self.stats, counter) + 1)
 
-    def finish(self, attempt: CompileAttempt, outcome: CompiledGrammar | BaseException, *, remember: bool) -> None:
+    def finish(
+        self, attempt: CompileAttempt, outcome: CompiledGrammar | BaseException, *, remember: bool
+    ) -> None:
         """Record an attempt's outcome and complete its future."""
-        key = attempt.key
+        key = cast(_Key, attempt.key)
         with self._lock:
-            self._inflight.pop(key, None)  # type: ignore[call-overload]
+            self._inflight.pop(key, None)
             if isinstance(outcome, CompiledGrammar):
                 self.stats.compiles += 1
                 self.stats.compile_seconds += time.monotonic() - attempt.started

@@ -82,7 +82,9 @@ class CompilerConfig:
         if self.threads < 1 or self.worker_processes < 0:
             raise ValueError("threads must be positive and worker_processes not negative")
         if self.inline_compile_bytes < 0 or self.max_constraint_bytes < 1 or self.max_answer_tokens < 1:
-            raise ValueError("inline_compile_bytes, max_constraint_bytes and max_answer_tokens must be positive")
+            raise ValueError(
+                "inline_compile_bytes, max_constraint_bytes and max_answer_tokens must be positive"
+            )
 
 
 def check_backend_name(name: str) -> None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import enum
 import functools
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from thinkstruct.errors import InvalidConstraint
 
@@ -35,9 +36,7 @@ class ConstraintKind(str, enum.Enum):
             return cls(kind)
         except ValueError:
             known = ", ".join(k.value for k in cls)
-            raise InvalidConstraint(
-                f"unknown constraint kind {kind!r}; known kinds: {known}"
-            ) from None
+            raise InvalidConstraint(f"unknown constraint kind {kind!r}; known kinds: {known}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +107,7 @@ class Constraint:
             raise InvalidConstraint(
                 "a structural tag must be a JSON object", pointer="", kind="structural_tag"
             )
-        return cls(
-            ConstraintKind.STRUCTURAL_TAG, _dump_json(doc, ConstraintKind.STRUCTURAL_TAG)
-        )
+        return cls(ConstraintKind.STRUCTURAL_TAG, _dump_json(doc, ConstraintKind.STRUCTURAL_TAG))
 
     @classmethod
     def choice(cls, options: Sequence[str]) -> Constraint:
@@ -159,9 +156,7 @@ def _parsed(value: str) -> Any:
 
 def _require_text(value: object, kind: ConstraintKind) -> None:
     if not isinstance(value, str):
-        raise InvalidConstraint(
-            f"expected text, got {type(value).__name__}", kind=kind.value
-        )
+        raise InvalidConstraint(f"expected text, got {type(value).__name__}", kind=kind.value)
     if not value:
         raise InvalidConstraint("must not be empty", kind=kind.value)
 
@@ -171,9 +166,7 @@ def _load_json(value: object, kind: ConstraintKind) -> Any:
         try:
             value = value.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise InvalidConstraint(
-                "not valid UTF-8", position=e.start, kind=kind.value
-            ) from None
+            raise InvalidConstraint("not valid UTF-8", position=e.start, kind=kind.value) from None
     if not isinstance(value, str):
         return value
     try:
@@ -185,9 +178,7 @@ def _load_json(value: object, kind: ConstraintKind) -> Any:
             kind=kind.value,
         ) from None
     except RecursionError:
-        raise InvalidConstraint(
-            f"nesting deeper than {MAX_NESTING_DEPTH} levels", kind=kind.value
-        ) from None
+        raise InvalidConstraint(f"nesting deeper than {MAX_NESTING_DEPTH} levels", kind=kind.value) from None
 
 
 def _dump_json(doc: Any, kind: ConstraintKind) -> str:

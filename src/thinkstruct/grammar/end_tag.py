@@ -45,7 +45,8 @@ class EndTagMatcher:
         ids = tokenizer.hf.convert_tokens_to_ids(tag)
         self.single_id: int | None = (
             ids
-            if isinstance(ids, int) and ids in tokenizer.special_token_ids
+            if isinstance(ids, int)
+            and ids in tokenizer.special_token_ids
             and tokenizer.hf.convert_ids_to_tokens(ids) == tag
             else None
         )

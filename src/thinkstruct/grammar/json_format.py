@@ -47,3 +47,7 @@ class JsonFormat:
     def whitespace_regex(self) -> str:
         """The regex of one whitespace run, e.g. ``[ \\n\\r\\t]{0,2}``."""
         return f"[ \\n\\r\\t]{{0,{self.max_whitespace}}}" if self.max_whitespace else ""
+
+
+#: The default format (:meth:`JsonFormat.compact`), for use as a default argument.
+COMPACT = JsonFormat()

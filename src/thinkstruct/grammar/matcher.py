@@ -17,7 +17,8 @@ answer may end here.
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from thinkstruct.grammar.bitmask import allow_only
 
@@ -84,7 +85,7 @@ class StopTokenMatcher(GrammarMatcher):
         stop_ids: the model's stop token ids.
     """
 
-    __slots__ = ("_stops", "_finished")
+    __slots__ = ("_finished", "_stops")
 
     def __init__(self, stop_ids: frozenset[int]) -> None:
         self._stops = stop_ids

@@ -100,7 +100,7 @@ def _valid(schema: object, instance: object) -> bool:
     try:
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         return bool(cls(schema).is_valid(instance))
-    except Exception:  # a schema the validator cannot handle: blame nobody
+    except Exception:  # noqa: BLE001 - a schema the validator cannot handle blames nobody
         return False
 
 
@@ -113,7 +113,9 @@ def _failed(compiled: CompiledGrammar, what: str, matcher: GrammarMatcher | None
             f"{int(row.group(2)):,} ({what})"
         )
     else:
-        reason = f"{compiled.backend} compiled it, but {what}" + (f": {_first_line(detail)}" if detail else "")
+        reason = f"{compiled.backend} compiled it, but {what}" + (
+            f": {_first_line(detail)}" if detail else ""
+        )
     return InvalidConstraint(reason, backend=compiled.backend, kind=compiled.constraint.kind.value)
 
 

@@ -17,7 +17,8 @@ partial-tag match they had, so rolling back into the middle of a tag restores it
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from thinkstruct.grammar.bitmask import allow_only
 from thinkstruct.grammar.end_tag import RUNS_ON, EndTagMatcher, end_tag_matcher
@@ -44,7 +45,7 @@ class ReasoningGrammar(GrammarMatcher):
             caller passes the model's stop tokens).
     """
 
-    __slots__ = ("_inner", "_tag", "_state", "_initial", "_matched", "_budget", "_banned")
+    __slots__ = ("_banned", "_budget", "_initial", "_inner", "_matched", "_state", "_tag")
 
     def __init__(
         self,
@@ -153,7 +154,7 @@ class ReasoningGrammar(GrammarMatcher):
             raise ValueError(f"cannot roll back {num_tokens} more tokens than were accepted")
         # The first step back from state 0 undoes the token that completed the tag.
         self._state = THINKING
-        del self._matched[len(self._matched) - num_tokens:]
+        del self._matched[len(self._matched) - num_tokens :]
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         if self._state >= 0:
@@ -185,9 +186,9 @@ class ReasoningGrammar(GrammarMatcher):
         for n, token_id in enumerate(token_ids):
             if token_id in self._banned:
                 return n
-            if self._budget is not None and thought >= self._budget:
-                if token_id != self._tag.closing_ids(matched)[0]:
-                    return n
+            closing = self._budget is not None and thought >= self._budget
+            if closing and token_id != self._tag.closing_ids(matched)[0]:
+                return n
             matched, status = self._tag.step(matched, token_id)
             if status == RUNS_ON:
                 return n

@@ -26,11 +26,12 @@ _TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
 _SCALAR_LENGTH = {"null": 4, "boolean": 4, "integer": 1, "number": 1}
 
 
-def shortest_instance(schema: Any) -> tuple[int | None, str]:
+def shortest_instance(schema: Any, text: str | None = None) -> tuple[int | None, str]:
     """``(length, pointer)``: a lower bound on the characters of any valid instance
     written compactly, or ``None`` when provably no finite instance exists; ``pointer``
-    names the subschema responsible (``""`` for the root)."""
-    productive = _productive_targets(schema)
+    names the subschema responsible (``""`` for the root). ``text`` is the schema's JSON
+    text when the caller has it (it spares serializing the schema again)."""
+    productive = _productive_targets(schema, text)
     bound = _Bound(schema, productive)
     length = bound.length(schema, "", 0)
     if math.isinf(length):
@@ -50,10 +51,10 @@ def _ref_targets(root: Any) -> dict[str, Any]:
     return targets
 
 
-def _productive_targets(root: Any) -> dict[str, bool]:
+def _productive_targets(root: Any, text: str | None) -> dict[str, bool]:
     """For every ``$ref`` target (and the root): whether it has a finite instance. The
     least fixpoint: start from "none has" and iterate until nothing changes."""
-    if '"$ref"' not in json.dumps(root):
+    if '"$ref"' not in (json.dumps(root) if text is None else text):
         return {"": _Productive(root, {}).of(root)}
     targets = _ref_targets(root)
     known = dict.fromkeys(targets, False)
@@ -183,14 +184,19 @@ class _Bound:
         for keyword in ("anyOf", "oneOf"):
             branches = _list(node, keyword)
             if branches:
-                parts.append(min(self.length(b, f"{pointer}/{keyword}/{i}", depth) for i, b in enumerate(branches)))
+                parts.append(
+                    min(self.length(b, f"{pointer}/{keyword}/{i}", depth) for i, b in enumerate(branches))
+                )
         return max(parts)
 
     def _own(self, node: dict[str, Any], pointer: str, depth: int) -> float:
+        # A literal value is written in the schema itself, so it cannot make the answer
+        # longer than a context holds the schema: one character is bound enough (and
+        # costs nothing for an enum of 100,000 values).
         if "const" in node:
-            return len(_compact(node["const"]))
+            return 1
         if isinstance(node.get("enum"), list):
-            return min((len(_compact(v)) for v in node["enum"]), default=math.inf)
+            return 1 if node["enum"] else math.inf
         return min(self._typed(node, t, pointer, depth) for t in _types(node))
 
     def _typed(self, node: dict[str, Any], t: str, pointer: str, depth: int) -> float:
@@ -201,7 +207,8 @@ class _Bound:
         if t == "array":
             n = _count(node, "minItems")
             items = sum(
-                self.length(_item_schema(node, i), _item_pointer(node, pointer, i), depth) for i in range(min(n, 64))
+                self.length(_item_schema(node, i), _item_pointer(node, pointer, i), depth)
+                for i in range(min(n, 64))
             )
             if n > 64:  # the rest as long as the last one counted
                 items += (n - 64) * self.length(_item_schema(node, n), _item_pointer(node, pointer, n), depth)
@@ -210,7 +217,9 @@ class _Bound:
         if t == "object":
             required = _required(node)
             members = sum(
-                len(_compact(name)) + 1 + self.length(_property_schema(node, name), _property_pointer(node, pointer, name), depth)
+                len(_compact(name))
+                + 1
+                + self.length(_property_schema(node, name), _property_pointer(node, pointer, name), depth)
                 for name in required
             )
             extra = max(_count(node, "minProperties") - len(required), 0)
@@ -283,7 +292,9 @@ def _alternatives(node: Any, root: Any, depth: int = 0) -> list[Any]:
 
 
 def _combined(node: dict[str, Any]) -> bool:
-    return bool({"const", "enum", "anyOf", "oneOf", "allOf", "$ref"} & node.keys()) or bool(_HARD & node.keys())
+    return bool({"const", "enum", "anyOf", "oneOf", "allOf", "$ref"} & node.keys()) or bool(
+        _HARD & node.keys()
+    )
 
 
 def integral(value: Any) -> Any:
@@ -345,8 +356,16 @@ class _Witness:
 
     def typed_root(self, node: dict[str, Any], t: str) -> Any:
         """A witness of type ``t`` for a root without combinations."""
-        if node is True or node == {}:
-            return {"null": None, "boolean": False, "integer": 0, "number": 0, "string": "", "array": [], "object": {}}[t]
+        if node == {}:
+            return {
+                "null": None,
+                "boolean": False,
+                "integer": 0,
+                "number": 0,
+                "string": "",
+                "array": [],
+                "object": {},
+            }[t]
         if not isinstance(node, dict) or _HARD.intersection(node):
             raise _GiveUp
         return self._typed(node, t, 0)
@@ -377,7 +396,8 @@ class _Witness:
         if t == "object":
             if _count(node, "minProperties") > len(_required(node)):
                 raise _GiveUp
-            properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+            raw = node.get("properties")
+            properties: dict[str, Any] = raw if isinstance(raw, dict) else {}
             required = set(_required(node))
             if required - set(properties):
                 raise _GiveUp

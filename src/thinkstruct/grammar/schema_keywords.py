@@ -28,7 +28,7 @@ rewrite keeps the set of valid instances unchanged:
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any
 
 from thinkstruct.grammar.constraint import escape_pointer
 from thinkstruct.grammar.schema_walk import children, local_ref, subschemas
@@ -41,12 +41,29 @@ KNOWN_FORMATS = frozenset(
 # Keywords that assert nothing (annotations, identifiers, structure handled elsewhere).
 _NON_ASSERTIONS = frozenset(
     {
-        "$schema", "$id", "$anchor", "$dynamicAnchor", "$comment", "$vocabulary", "$defs",
-        "definitions", "title", "description", "default", "examples", "deprecated",
-        "readOnly", "writeOnly", "contentMediaType", "contentEncoding", "contentSchema",
+        "$schema",
+        "$id",
+        "$anchor",
+        "$dynamicAnchor",
+        "$comment",
+        "$vocabulary",
+        "$defs",
+        "definitions",
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "contentMediaType",
+        "contentEncoding",
+        "contentSchema",
         "format",
     }
 )
+
+
 def assertions(schema: Any) -> list[tuple[str, str]]:
     """``(keyword, pointer)`` for every assertion keyword in ``schema`` and its subschemas.
 
@@ -182,7 +199,7 @@ def _narrow_finite(root: dict[str, Any], pristine: str, hard: frozenset[str]) ->
         if found is not None:
             if refs is None:
                 refs = _ref_targets(root)
-            if any(r.startswith(pointer + "/") and not _in_definitions(r[len(pointer):]) for r in refs):
+            if any(r.startswith(pointer + "/") and not _in_definitions(r[len(pointer) :]) for r in refs):
                 found = None  # a $ref points inside: replacing the node would break it
         if found is not None:
             values, rest = found
@@ -191,10 +208,14 @@ def _narrow_finite(root: dict[str, Any], pristine: str, hard: frozenset[str]) ->
                     root_validator = _validator(json.loads(pristine))
                 sub = root_validator.evolve(schema=rest)
                 valid = [v for v in values if sub.is_valid(v)]
-            except Exception:
+            except Exception:  # noqa: BLE001 - a validator error leaves the set as it is
                 valid = None
             if valid is not None:
-                keep = {k: v for k, v in node.items() if k in ("$defs", "definitions", "$id", "$schema", "$anchor")}
+                keep = {
+                    k: v
+                    for k, v in node.items()
+                    if k in ("$defs", "definitions", "$id", "$schema", "$anchor")
+                }
                 node.clear()
                 node.update(keep)
                 node["enum"] = valid
@@ -206,6 +227,7 @@ def _narrow_finite(root: dict[str, Any], pristine: str, hard: frozenset[str]) ->
 
 #: Largest value set narrowed (each member is validated against the subschema).
 _MAX_NARROWED_VALUES = 256
+
 
 def _has_hard_keyword(node: dict[str, Any], hard: frozenset[str]) -> bool:
     return any(hard.intersection(sub) for sub, _ in subschemas(node))
@@ -226,7 +248,9 @@ def _finite_values(node: dict[str, Any]) -> tuple[list[Any], dict[str, Any]] | N
     if isinstance(node.get("enum"), list):
         return list(node["enum"]), {k: v for k, v in node.items() if k != "enum"}
     branches = node.get("allOf")
-    for i, branch in enumerate(branches or ()):
+    if not isinstance(branches, list):
+        return None
+    for i, branch in enumerate(branches):
         if isinstance(branch, dict) and not (set(branch) - {"enum", "const"} - _NON_ASSERTIONS):
             found = _finite_values(branch)
             if found is not None:
@@ -239,7 +263,7 @@ def _finite_values(node: dict[str, Any]) -> tuple[list[Any], dict[str, Any]] | N
 
 
 def _in_definitions(relative: str) -> bool:
-    return relative.startswith("/$defs/") or relative.startswith("/definitions/")
+    return relative.startswith(("/$defs/", "/definitions/"))
 
 
 def _ref_targets(root: Any) -> list[str]:
@@ -301,9 +325,10 @@ def _forbids_required(a: dict[str, Any], b: dict[str, Any]) -> bool:
     if _types(a) != frozenset({"object"}) and _types(b) != frozenset({"object"}):
         return False
     required = a.get("required")
-    if not _strings(required):
+    if not isinstance(required, list) or not _strings(required):
         return False
-    props = b.get("properties") if isinstance(b.get("properties"), dict) else {}
+    raw = b.get("properties")
+    props: dict[str, Any] = raw if isinstance(raw, dict) else {}
     closed = b.get("additionalProperties") is False and not b.get("patternProperties")
     return any(props.get(p) is False or (closed and p not in props) for p in required)
 

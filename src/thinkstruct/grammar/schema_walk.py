@@ -9,7 +9,8 @@ iterative: a hostile document cannot exhaust the Python stack.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 from urllib.parse import unquote, urljoin
 
 from thinkstruct.grammar.constraint import escape_pointer

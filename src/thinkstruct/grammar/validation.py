@@ -49,7 +49,7 @@ _NUMBERS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximu
 class _Node:
     """One subschema being checked, and how to name its keywords in errors."""
 
-    __slots__ = ("node", "pointer", "base", "root", "ids", "anchors")
+    __slots__ = ("anchors", "base", "ids", "node", "pointer", "root")
 
     def __init__(
         self, node: dict[str, Any], pointer: str, base: str, root: Any, ids: dict[str, Any], anchors: set[str]
@@ -176,7 +176,7 @@ def check_constraint(constraint: Constraint, *, max_answer_tokens: int | None = 
     """
     if constraint.kind is ConstraintKind.JSON_SCHEMA:
         check_json_schema(constraint.document)
-        check_instances_exist(constraint.document, max_answer_tokens=max_answer_tokens)
+        check_instances_exist(constraint.document, max_answer_tokens=max_answer_tokens, text=constraint.value)
     elif constraint.kind is ConstraintKind.REGEX:
         problem = regex_problem(constraint.value)
         if problem:
@@ -206,13 +206,15 @@ def check_json_schema(schema: Any) -> None:
                     checker(checked)
 
 
-def check_instances_exist(schema: Any, *, max_answer_tokens: int | None = None) -> None:
+def check_instances_exist(
+    schema: Any, *, max_answer_tokens: int | None = None, text: str | None = None
+) -> None:
     """Refuse a schema no finite answer satisfies (``{"$ref": "#"}``, a recursion without
     a base case), or whose shortest instance needs more than ``max_answer_tokens`` tokens
     (counted generously: every token as long as the longest in any vocabulary)."""
     from thinkstruct.grammar.schema_instances import shortest_instance
 
-    length, pointer = shortest_instance(schema)
+    length, pointer = shortest_instance(schema, text)
     if length is None:
         raise InvalidConstraint(
             f"schema has no finite instance at {pointer or '/'} (a recursion without a base case, "
@@ -301,8 +303,10 @@ def _check_structural_tag(tag: dict[str, Any]) -> None:
                         kind="structural_tag",
                     ) from None
         triggers = tag.get("triggers")
-        if not isinstance(triggers, list) or not triggers or not all(
-            isinstance(t, str) and t for t in triggers
+        if (
+            not isinstance(triggers, list)
+            or not triggers
+            or not all(isinstance(t, str) and t for t in triggers)
         ):
             raise InvalidConstraint(
                 "triggers must be a non-empty list of non-empty strings",
@@ -350,7 +354,7 @@ def regex_problem(pattern: str) -> tuple[int | None, str] | None:
     reason = "invalid regular expression"
     for line in lines:
         if line.startswith("error: "):
-            reason = line[len("error: "):].strip()
+            reason = line[len("error: ") :].strip()
             break
     for i, line in enumerate(lines[:-1]):
         if "regex parse error" in line:

@@ -3,15 +3,21 @@ lazy lexer and Earley parser (fast compiles, masks computed on demand)."""
 
 from __future__ import annotations
 
-import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
-from thinkstruct.grammar.base import NO_BACKEND_ENFORCES, CompiledGrammar, GrammarBackend, InvalidGrammar, schema_text
+from thinkstruct.grammar.base import (
+    NO_BACKEND_ENFORCES,
+    CompiledGrammar,
+    GrammarBackend,
+    InvalidGrammar,
+    schema_text,
+)
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
-from thinkstruct.grammar.json_format import JsonFormat
+from thinkstruct.grammar.json_format import COMPACT, JsonFormat
 from thinkstruct.grammar.library_errors import describe_library_error, describe_message
 from thinkstruct.grammar.matcher import StopTokenMatcher
 from thinkstruct.grammar.regex_text import alternation
@@ -33,7 +39,9 @@ def ll_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
         import llguidance
 
         return llguidance.LLTokenizer(
-            tokenizer.all_special_json(), n_vocab=tokenizer.vocab_size, eos_token=list(tokenizer.eos_token_ids)
+            tokenizer.all_special_json(),
+            n_vocab=tokenizer.vocab_size,
+            eos_token=list(tokenizer.eos_token_ids),
         )
 
     return tokenizer.cached("llguidance.tokenizer", build)
@@ -47,7 +55,7 @@ class LLGuidanceBackend(GrammarBackend):
     rank = {kind: 0 for kind in ConstraintKind} | {ConstraintKind.STRUCTURAL_TAG: 1}
 
     def __init__(
-        self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat(), lenient: bool = False
+        self, tokenizer: Tokenizer, *, json_format: JsonFormat = COMPACT, lenient: bool = False
     ) -> None:
         super().__init__(tokenizer, json_format=json_format, lenient=lenient)
         self._ll_tokenizer = ll_tokenizer(tokenizer)
@@ -60,11 +68,14 @@ class LLGuidanceBackend(GrammarBackend):
             grammar = self._grammar_text(constraint)
         except InvalidConstraint:
             raise
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a library error of any type is a refusal
             raise describe_library_error(e, constraint, self.name) from None
         # Building the matcher parses the grammar and builds the lexer (GIL released).
         pristine = llguidance.LLMatcher(
-            self._ll_tokenizer, grammar, log_level=0, limits=llguidance.LLParserLimits(max_items_in_row=MAX_ROW_ITEMS)
+            self._ll_tokenizer,
+            grammar,
+            log_level=0,
+            limits=llguidance.LLParserLimits(max_items_in_row=MAX_ROW_ITEMS),
         )
         if pristine.is_error():
             raise describe_message(pristine.get_error(), constraint, self.name)
@@ -81,7 +92,7 @@ class LLGuidanceBackend(GrammarBackend):
     def export(self, compiled: CompiledGrammar) -> None:
         """Nothing: llguidance grammars do not serialize. A worker's compile proves the
         grammar compiles (and passes its probe) in time; :meth:`load` builds it again."""
-        return None
+        return
 
     def load(self, constraint: Constraint, payload: Any, compile_seconds: float) -> CompiledGrammar:
         """Build in this process a grammar a worker compiled (its time is now known)."""
@@ -99,7 +110,8 @@ class LLGuidanceBackend(GrammarBackend):
             # Overrides, not defaults: a schema's own "x-guidance" must not re-enable
             # unbounded whitespace.
             return llguidance.LLMatcher.grammar_from_json_schema(
-                schema, overrides=self._json_options()
+                schema,
+                overrides=self._json_options(),  # type: ignore[arg-type]  # a TypedDict in its stubs
             )
         if kind is ConstraintKind.REGEX:
             return llguidance.LLMatcher.grammar_from_regex(constraint.value)
@@ -122,8 +134,7 @@ class LLGuidanceBackend(GrammarBackend):
         tag = constraint.document
         if "structures" not in tag:
             raise UnsupportedConstraint(
-                "the llguidance backend only takes the legacy {structures, triggers} "
-                "structural tag form",
+                "the llguidance backend only takes the legacy {structures, triggers} structural tag form",
                 kind=constraint.kind.value,
                 backend=self.name,
             )
@@ -141,9 +152,7 @@ class LLGuidanceBackend(GrammarBackend):
             schema = {"allOf": [schema]} if isinstance(schema, bool) else dict(schema or {})
             # Inside Lark's %json the options travel in the schema's "x-guidance" key.
             schema["x-guidance"] = self._json_options()
-            tags.append(
-                llguidance.StructTag(trigger=trigger, begin=s["begin"], grammar=schema, end=s["end"])
-            )
+            tags.append(llguidance.StructTag(trigger=trigger, begin=s["begin"], grammar=schema, end=s["end"]))
         return llguidance.StructTag.to_grammar(tags)
 
     def _json_options(self) -> dict[str, Any]:

@@ -6,19 +6,19 @@ from __future__ import annotations
 import pickle
 import re
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
 from thinkstruct.grammar.base import NO_BACKEND_ENFORCES, CompiledGrammar, GrammarBackend, schema_text
 from thinkstruct.grammar.bitmask import set_allowed
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind, escape_pointer
-from thinkstruct.grammar.json_format import JsonFormat
 from thinkstruct.grammar.library_errors import describe_library_error
 from thinkstruct.grammar.matcher import StopTokenMatcher
 from thinkstruct.grammar.regex_text import alternation
-from thinkstruct.grammar.schema_walk import subschemas
 from thinkstruct.grammar.row_pointer import row_address
+from thinkstruct.grammar.schema_walk import subschemas
 
 if TYPE_CHECKING:
     import outlines_core
@@ -66,12 +66,11 @@ class OutlinesBackend(GrammarBackend):
     }  # fmt: skip
     isolated = True
     # json_object is left out: a free-form value takes outlines-core minutes to index.
-    rank = {ConstraintKind.JSON_SCHEMA: 2, ConstraintKind.REGEX: 2, ConstraintKind.CHOICE: 2}
-
-    def __init__(
-        self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat(), lenient: bool = False
-    ) -> None:
-        super().__init__(tokenizer, json_format=json_format, lenient=lenient)
+    rank: ClassVar[Mapping[ConstraintKind, int]] = {
+        ConstraintKind.JSON_SCHEMA: 2,
+        ConstraintKind.REGEX: 2,
+        ConstraintKind.CHOICE: 2,
+    }
 
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
         import outlines_core
@@ -189,7 +188,7 @@ class OutlinesCompiled(CompiledGrammar):
 
 
 class OutlinesMatcher(StopTokenMatcher):
-    __slots__ = ("_compiled", "_guide", "_write", "_extra_eos", "_target")
+    __slots__ = ("_compiled", "_extra_eos", "_guide", "_target", "_write")
 
     def __init__(self, compiled: OutlinesCompiled) -> None:
         super().__init__(compiled.eos_ids)
@@ -216,7 +215,12 @@ class OutlinesMatcher(StopTokenMatcher):
 
     def _fill(self, bitmask: torch.Tensor, row: int) -> None:
         target = self._target
-        if target is not None and target[0] is bitmask and target[2] == row and target[1] == bitmask.data_ptr():
+        if (
+            target is not None
+            and target[0] is bitmask
+            and target[2] == row
+            and target[1] == bitmask.data_ptr()
+        ):
             address, words = target[3], target[4]
         else:
             address, words = row_address(bitmask, row)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.base import NO_BACKEND_ENFORCES, CompiledGrammar, GrammarBackend, schema_text
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
-from thinkstruct.grammar.json_format import JsonFormat
+from thinkstruct.grammar.json_format import COMPACT, JsonFormat
 from thinkstruct.grammar.library_errors import describe_library_error
 from thinkstruct.grammar.matcher import StopTokenMatcher
 
@@ -44,7 +44,7 @@ def _build_tokenizer_info(tokenizer: Tokenizer) -> xgr.TokenizerInfo:
     try:  # xgrammar's own reading of the tokenizer (a private helper: it may move)
         meta = xgr.TokenizerInfo._detect_metadata_from_hf(tokenizer.hf.backend_tokenizer.to_str())
         vocab_type, add_prefix_space = meta["vocab_type"], bool(meta["add_prefix_space"])
-    except Exception:  # the tokenizer's own reading, which agrees on every tokenizer tested
+    except Exception:  # noqa: BLE001 - a private helper's failure: use the fallback
         vocab_type = {
             "byte_level": xgr.VocabType.BYTE_LEVEL,
             "byte_fallback": xgr.VocabType.BYTE_FALLBACK,
@@ -72,7 +72,7 @@ class XGrammarBackend(GrammarBackend):
     rank = {kind: 1 for kind in ConstraintKind} | {ConstraintKind.STRUCTURAL_TAG: 0}
 
     def __init__(
-        self, tokenizer: Tokenizer, *, json_format: JsonFormat = JsonFormat(), lenient: bool = False
+        self, tokenizer: Tokenizer, *, json_format: JsonFormat = COMPACT, lenient: bool = False
     ) -> None:
         super().__init__(tokenizer, json_format=json_format, lenient=lenient)
         self._compiler: xgr.GrammarCompiler | None = None
@@ -95,13 +95,13 @@ class XGrammarBackend(GrammarBackend):
             ctx = self._compile_ctx(constraint)
         except InvalidConstraint:
             raise
-        except Exception as e:  # xgrammar raises RuntimeError/ValueError/its own types
+        except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError/its own types
             raise describe_library_error(e, constraint, self.name) from None
         return self._wrap(constraint, ctx, time.perf_counter() - start)
 
     def export(self, compiled: CompiledGrammar) -> str:
         assert isinstance(compiled, XGrammarCompiled)
-        return compiled.ctx.serialize_json()
+        return str(compiled.ctx.serialize_json())
 
     def load(self, constraint: Constraint, payload: Any, compile_seconds: float) -> XGrammarCompiled:
         import xgrammar as xgr
