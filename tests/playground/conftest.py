@@ -105,7 +105,7 @@ class Console:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context = browser.new_context(viewport={"width": 1400, "height": 780})
     page = context.new_page()
     page.set_default_timeout(120_000)  # a whole answer on two shared cores
     yield page
