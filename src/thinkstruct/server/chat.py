@@ -52,6 +52,7 @@ from thinkstruct.server.protocol import (
 )
 from thinkstruct.server.state import ServerState
 from thinkstruct.server.streaming import DONE, EventStream, event
+from thinkstruct.server.tools import ToolPlan, ToolStream, finished_with, tool_plan, whole_answer
 from thinkstruct.server.usage import generation_info, total_usage
 
 if TYPE_CHECKING:
@@ -67,8 +68,13 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     engine = state.require_engine()
     state.check_model(body.model)
     check_request_limits(body, settings)
-    requested = requested_constraint(body)
-    prompt = await run_in_threadpool(functools.partial(chat_prompt, engine.model, body, constrained=requested is not None))
+    tools = tool_plan(body, engine.model.family)
+    requested = tools.constraint(
+        requested_constraint(body), body, max_whitespace=engine.compiler.config.json_format.max_whitespace
+    )
+    prompt = await run_in_threadpool(
+        functools.partial(chat_prompt, engine.model, body, constrained=requested is not None, tools=tools.tools)
+    )
     check_prompt_length(len(prompt.ids), settings, param="messages")
     max_tokens = max_new_tokens(
         body.requested_max_tokens,
@@ -103,13 +109,16 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
                 prompt=prompt,
                 include_usage=body.include_usage,
                 describe=functools.partial(generation_info, grammar, compile_s),
+                tools=tools,
             ),
             on_close=submitted.cancel,
         )
     results = await collect(submitted, request, metrics=state.metrics)
     if results is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
-    choices = [_choice(i, result, reasoning=reasoning and body.separate_reasoning) for i, result in enumerate(results)]
+    choices = [
+        _choice(i, result, reasoning=reasoning and body.separate_reasoning, tools=tools) for i, result in enumerate(results)
+    ]
     answer = ChatCompletion(
         id=response_id,
         model=model,
@@ -120,11 +129,14 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     return JSONResponse(answer.model_dump(mode="json"))
 
 
-def _choice(index: int, result: Completion, *, reasoning: bool) -> ChatChoice:
+def _choice(index: int, result: Completion, *, reasoning: bool, tools: ToolPlan) -> ChatChoice:
+    answer = whole_answer(tools, result.content)
     return ChatChoice(
         index=index,
-        message=AssistantMessage(content=result.content, reasoning_content=result.reasoning if reasoning else None),
-        finish_reason=finish_reason_name(result.finish_reason),
+        message=AssistantMessage(
+            content=answer.content, reasoning_content=result.reasoning if reasoning else None, tool_calls=answer.tool_calls
+        ),
+        finish_reason=finished_with(finish_reason_name(result.finish_reason), len(answer.tool_calls or ())),
         error=ChoiceError(message=result.error) if result.error else None,
     )
 
@@ -138,9 +150,11 @@ async def _events(
     prompt: Prompt,
     include_usage: bool,
     describe: Callable[[list[Usage | None]], GenerationInfo],
+    tools: ToolPlan,
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
     usages: list[Usage | None] = [None] * len(submitted.handles)
+    calls = [ToolStream(tools) for _ in submitted.handles]
 
     def chunk(choices: list[ChatChunkChoice], usage: Any = None, info: GenerationInfo | None = None) -> bytes:
         return event(
@@ -151,13 +165,18 @@ async def _events(
         for index in range(len(submitted.handles)):
             yield chunk([ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))])
         async for index, delta in merged(submitted, metrics=state.metrics):
-            if delta.reasoning or delta.content:
-                text = ChatDelta(reasoning_content=delta.reasoning or None, content=delta.content or None)
+            content, pieces = calls[index].feed(delta.content) if delta.content else ("", [])
+            if delta.finish_reason is not None:  # the answer is over: flush what the call parser held
+                tail, more = calls[index].finish()
+                content, pieces = content + tail, pieces + more
+            if delta.reasoning or content or pieces:
+                text = ChatDelta(reasoning_content=delta.reasoning or None, content=content or None, tool_calls=pieces or None)
                 yield chunk([ChatChunkChoice(index=index, delta=text)])
             if delta.finish_reason is not None:
                 usages[index] = delta.usage
                 error = ChoiceError(message=delta.error) if delta.error else None
-                yield chunk([ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=finish_reason_name(delta.finish_reason), error=error)])
+                reason = finished_with(finish_reason_name(delta.finish_reason), calls[index].calls)
+                yield chunk([ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=reason, error=error)])
         if include_usage:
             yield chunk([], usage=total_usage([prompt], usages), info=describe(usages))
     except Exception:  # a fault mid-stream: tell the client in-band, the status is sent already

@@ -10,6 +10,7 @@ routes call these functions in a worker thread, not on the event loop.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,13 @@ class Prompt:
         return self.chat is not None and self.chat.reasoning_enabled
 
 
-def chat_prompt(model: LoadedModel, request: ChatCompletionRequest, *, constrained: bool) -> Prompt:
+def chat_prompt(
+    model: LoadedModel,
+    request: ChatCompletionRequest,
+    *,
+    constrained: bool,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> Prompt:
     """Render and encode a chat request.
 
     A constrained request that reasons starts inside the thought (the grammar's reasoning
@@ -72,6 +79,7 @@ def chat_prompt(model: LoadedModel, request: ChatCompletionRequest, *, constrain
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
             chat_template_kwargs=kwargs,
+            tools=tools,
         )
     except InvalidChatRequest as e:
         raise bad_request(str(e), param="chat_template_kwargs" if "chat_template_kwargs" in str(e) else "messages") from None

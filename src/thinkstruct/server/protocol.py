@@ -9,7 +9,7 @@ API answers; a misspelt ``response_format`` must never quietly produce an uncons
 answer. OpenAI fields with no effect on the answer (``user``, ``metadata``, ``store``,
 ``service_tier``, ``prompt_cache_key``, ``safety_identifier``, ``parallel_tool_calls``)
 are accepted and ignored. OpenAI fields that would change the answer but are not
-implemented (``logprobs``, ``logit_bias``, penalties, ``tools``, audio, ...) are accepted
+implemented (``logprobs``, ``logit_bias``, penalties, ``functions``, audio, ...) are accepted
 only with their no-op value (``false``, ``0``, ``null``, ``[]``, ``{}``) and are a 400
 naming the field otherwise. Message objects are lenient: extra keys on a message (a
 client echoing back a response's ``refusal`` or ``annotations``) are ignored.
@@ -27,6 +27,8 @@ import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from thinkstruct.server.tool_protocol import ToolCallOut, ToolCallPiece
 
 BackendName = Literal["auto", "xgrammar", "llguidance", "outlines"]
 
@@ -102,9 +104,8 @@ _NO_OP_FIELDS = {
     "logprobs": "is not supported",
     "top_logprobs": "is not supported",
     "logit_bias": "is not supported",
-    "tools": "is not supported: tool calling is not implemented",
-    "functions": "is not supported: tool calling is not implemented",
-    "function_call": "is not supported: tool calling is not implemented",
+    "functions": "is not supported: use tools",
+    "function_call": "is not supported: use tool_choice",
     "audio": "is not supported",
     "prediction": "is not supported",
     "web_search_options": "is not supported",
@@ -202,6 +203,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
     reasoning_content: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # checked by the chat template, as HF does
 
     @field_validator("content", mode="before")
     @classmethod
@@ -225,7 +227,7 @@ class ChatMessage(BaseModel):
     def template_view(self) -> dict[str, Any]:
         """The message as chat templates read it (``developer`` reads as ``system``)."""
         view: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.content}
-        for key in ("name", "reasoning_content", "tool_call_id"):
+        for key in ("name", "reasoning_content", "tool_call_id", "tool_calls"):
             value = getattr(self, key)
             if value is not None:
                 view[key] = value
@@ -244,9 +246,11 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool | None = None
     return_allowed_tokens: bool = False  # thinkstruct.allowed_tokens: per token, how many the grammar allowed
 
-    # OpenAI fields accepted only with their no-op value
+    # tool calling, read and checked by thinkstruct.server.tools
     tools: Any = None
-    tool_choice: Literal["none", "auto"] | None = None
+    tool_choice: Any = None
+
+    # OpenAI fields accepted only with their no-op value
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -355,6 +359,7 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     reasoning_content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -380,6 +385,7 @@ class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     reasoning_content: str | None = None
+    tool_calls: list[ToolCallPiece] | None = None
 
 
 class ChatChunkChoice(BaseModel):

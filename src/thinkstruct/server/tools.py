@@ -1,0 +1,294 @@
+"""Tool calling on ``/v1/chat/completions``: ``tools``, ``tool_choice``, ``parallel_tool_calls``.
+
+A request's tools are read once into a :class:`ToolPlan`:
+
+- ``tool_choice: "none"``: the tools are not shown to the model and nothing is parsed as
+  a call (the answer is text).
+- ``"auto"`` (the default with tools): the tools are described in the prompt by the
+  family's chat template; the answer is free text (and the thought free) until the
+  family's tool-call start appears, then the call is held to the schema of the tool it
+  names: a lazy constraint, a structural tag with a trigger. A family whose call syntax
+  has no constrained form (harmony, pythonic) is parsed only.
+- ``"required"`` or a named function (``{"type": "function", "function": {"name": ...}}``):
+  the answer after the thought is exactly the calls, in the family's own call syntax,
+  arguments held to each tool's ``parameters`` schema; only the tools allowed can be
+  named. ``parallel_tool_calls: false`` allows one call.
+
+The grammar applies after the thought (the reasoning wrapper), so a thinking budget still
+forces the end of the thought before a required call. The answer's content is read by the
+family's :class:`~thinkstruct.parsers.tool_calls.ToolCallParser` into OpenAI's
+``message.tool_calls`` (or streamed ``delta.tool_calls`` pieces), with ``finish_reason``
+``"tool_calls"`` when the model ended its answer with calls.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from thinkstruct.grammar.constraint import Constraint
+from thinkstruct.parsers.tool_calls import (
+    ToolCallParser,
+    ToolCallSyntax,
+    ToolSchemas,
+    get_tool_call_syntax,
+    tool_call_structural_tag,
+)
+from thinkstruct.server.constraints import RequestedConstraint
+from thinkstruct.server.errors import bad_request
+from thinkstruct.server.tool_protocol import FunctionCall, FunctionCallPiece, ToolCallOut, ToolCallPiece
+
+if TYPE_CHECKING:
+    from thinkstruct.parsers import ReasoningFamily
+    from thinkstruct.parsers.tool_calls import ToolParseResult, ToolStreamResult
+    from thinkstruct.server.protocol import ChatCompletionRequest
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+MAX_TOOLS = 128
+
+Choice = Literal["none", "auto", "required"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """What a request's tools mean for its prompt, its grammar and its answer.
+
+    Attributes:
+        tools: the tools as the chat template gets them (``None``: none shown).
+        schemas: each tool's ``parameters`` schema, by name (for the call parser).
+        choice: ``"none"``, ``"auto"`` or ``"required"`` (a named function is required
+            with ``allowed`` holding its name only).
+        allowed: the names a call may take.
+        parallel: more than one call may be made.
+        syntax: the family's call syntax, ``None`` when nothing is parsed as a call.
+    """
+
+    tools: list[dict[str, Any]] | None = None
+    schemas: ToolSchemas = field(default_factory=lambda: ToolSchemas({}))
+    choice: Choice = "none"
+    allowed: tuple[str, ...] = ()
+    parallel: bool = True
+    syntax: ToolCallSyntax | None = None
+
+    @property
+    def parses(self) -> bool:
+        return self.syntax is not None
+
+    def parser(self) -> ToolCallParser | None:
+        """A fresh call parser for one choice (``None`` when calls are not parsed)."""
+        return None if self.syntax is None else ToolCallParser(self.syntax, tools=self.schemas)
+
+    def constraint(
+        self, requested: RequestedConstraint | None, body: ChatCompletionRequest, *, max_whitespace: int | None
+    ) -> RequestedConstraint | None:
+        """The constraint of the request: the tool calls' structural tag, or the request's
+        own constraint when the tools ask for none.
+
+        Raises:
+            APIError: 400 when the request also names another constraint.
+        """
+        if self.choice == "none" or self.syntax is None or self.syntax.form is None:
+            return requested
+        if requested is not None:
+            raise bad_request(
+                f"give tools (tool_choice {self.choice!r}) or {requested.param}, not both: the answer is either "
+                'tool calls or the constrained text; use tool_choice: "none" to constrain the text',
+                param=requested.param,
+                code="conflicting_constraints",
+            )
+        tools = [(name, self.schemas.parameters.get(name) or {"type": "object"}) for name in self.allowed]
+        tag = tool_call_structural_tag(
+            self.syntax.form, tools, mode="required" if self.choice == "required" else "auto",
+            parallel=self.parallel, max_whitespace=max_whitespace,
+        )
+        return RequestedConstraint(constraint=Constraint.structural_tag(tag), param="tools", backend=body.backend, strict=None)
+
+
+def tool_plan(body: ChatCompletionRequest, family: ReasoningFamily) -> ToolPlan:
+    """Read and check a request's ``tools``, ``tool_choice`` and ``parallel_tool_calls``.
+
+    Raises:
+        APIError: 400 naming the field for a malformed tool, an unknown or duplicate
+            name, a ``tool_choice`` that names no given tool or needs tools there are
+            none of, or a family that cannot make the calls asked for.
+    """
+    tools = _checked_tools(body.tools)
+    parallel = body.parallel_tool_calls
+    if parallel is not None and not isinstance(parallel, bool):
+        raise bad_request("parallel_tool_calls must be true or false", param="parallel_tool_calls")
+    choice, named = _checked_choice(body.tool_choice, tools)
+    if not tools or choice == "none":
+        return ToolPlan(parallel=parallel is not False)
+    names = tuple(t["function"]["name"] for t in tools)
+    syntax = get_tool_call_syntax(family.tool_call_syntax) if family.tool_call_syntax else None
+    if choice == "required" and (syntax is None or syntax.form is None):
+        what = "has no tool-call syntax" if syntax is None else f"writes calls in a syntax ({syntax.name}) that cannot be constrained"
+        raise bad_request(
+            f"tool_choice {'naming a function' if named else repr(choice)} needs a constrained call, and this model's "
+            f"family ({family.name}) {what}; use tool_choice \"auto\"",
+            param="tool_choice",
+            code="unsupported_tool_choice",
+        )
+    return ToolPlan(
+        tools=tools,
+        schemas=ToolSchemas.from_tools(tools),
+        choice=choice,
+        allowed=(named,) if named else names,
+        parallel=parallel is not False,
+        syntax=syntax,
+    )
+
+
+def _checked_tools(value: Any) -> list[dict[str, Any]]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise bad_request("tools must be a list of tools", param="tools")
+    if len(value) > MAX_TOOLS:
+        raise bad_request(f"tools takes at most {MAX_TOOLS} tools, got {len(value)}", param="tools")
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise bad_request(f"{where} must be an object", param=where)
+        if tool.get("type", "function") != "function":
+            raise bad_request(f"{where}.type must be \"function\", got {tool.get('type')!r}", param=f"{where}.type")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise bad_request(f"{where}.function must be an object", param=f"{where}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise bad_request(
+                f"{where}.function.name must be 1 to 64 letters, digits, '_', '.' or '-', got {name!r}",
+                param=f"{where}.function.name",
+            )
+        if name in seen:
+            raise bad_request(f"{where}.function.name {name!r} is given twice", param=f"{where}.function.name")
+        seen.add(name)
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise bad_request(f"{where}.function.description must be a string", param=f"{where}.function.description")
+        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, dict):
+            raise bad_request(f"{where}.function.parameters must be a JSON Schema object", param=f"{where}.function.parameters")
+        clean: dict[str, Any] = {"name": name, "parameters": parameters}
+        if description is not None:
+            clean["description"] = description
+        out.append({"type": "function", "function": clean})
+    return out
+
+
+def _checked_choice(value: Any, tools: list[dict[str, Any]]) -> tuple[Choice, str | None]:
+    if value is None:
+        return ("auto" if tools else "none"), None
+    if isinstance(value, str):
+        if value not in ("none", "auto", "required"):
+            raise bad_request(f'tool_choice must be "none", "auto", "required" or a function, got {value!r}', param="tool_choice")
+        if value == "required" and not tools:
+            raise bad_request('tool_choice "required" needs tools', param="tool_choice")
+        return value, None  # type: ignore[return-value]
+    if isinstance(value, dict):
+        function = value.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if value.get("type") != "function" or not isinstance(name, str):
+            raise bad_request(
+                'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+                param="tool_choice",
+            )
+        known = [t["function"]["name"] for t in tools]
+        if name not in known:
+            raise bad_request(
+                f"tool_choice names function {name!r}, which is not among the tools ({', '.join(known) or 'none given'})",
+                param="tool_choice.function.name",
+            )
+        return "required", name
+    raise bad_request('tool_choice must be "none", "auto", "required" or a function', param="tool_choice")
+
+
+# ---- answers ---------------------------------------------------------------------------
+
+
+def call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def finished_with(finish_reason: str | None, calls: int) -> str | None:
+    """The wire finish reason: ``"tool_calls"`` when a stopped answer made calls."""
+    return "tool_calls" if calls and finish_reason == "stop" else finish_reason
+
+
+@dataclass(slots=True)
+class ToolAnswer:
+    """A whole answer's content and calls, as the message carries them."""
+
+    content: str | None
+    tool_calls: list[ToolCallOut] | None
+
+
+def whole_answer(plan: ToolPlan, content: str) -> ToolAnswer:
+    """``content`` split into text and calls (``content`` is ``None`` when only calls)."""
+    parser = plan.parser()
+    if parser is None:
+        return ToolAnswer(content, None)
+    found: ToolParseResult = parser.parse(content)
+    calls = list(found.calls if plan.parallel else found.calls[:1])
+    if not calls:
+        return ToolAnswer(found.content, None)
+    out = [ToolCallOut(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
+    return ToolAnswer(found.content or None, out)
+
+
+class ToolStream:
+    """One streamed choice's content turned into text and ``delta.tool_calls`` pieces."""
+
+    __slots__ = ("_parser", "_parallel", "_ids")
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self._parser = plan.parser()
+        self._parallel = plan.parallel
+        self._ids: dict[int, str] = {}
+
+    @property
+    def calls(self) -> int:
+        return len(self._ids)
+
+    def feed(self, content: str) -> tuple[str, list[ToolCallPiece]]:
+        if self._parser is None:
+            return content, []
+        return self._pieces(self._parser.feed(content))
+
+    def finish(self) -> tuple[str, list[ToolCallPiece]]:
+        if self._parser is None:
+            return "", []
+        return self._pieces(self._parser.finish())
+
+    def _pieces(self, result: ToolStreamResult) -> tuple[str, list[ToolCallPiece]]:
+        pieces: list[ToolCallPiece] = []
+        for delta in result.calls:
+            if not self._parallel and delta.index > 0:
+                continue  # one call only: later ones are not sent
+            if delta.index not in self._ids:
+                self._ids[delta.index] = call_id()
+                pieces.append(
+                    ToolCallPiece(
+                        index=delta.index,
+                        id=self._ids[delta.index],
+                        type="function",
+                        function=FunctionCallPiece(name=delta.name, arguments=delta.arguments),
+                    )
+                )
+            elif delta.arguments:
+                pieces.append(ToolCallPiece(index=delta.index, function=FunctionCallPiece(arguments=delta.arguments)))
+        return result.content, pieces
+
+
+def template_tools(plan: ToolPlan) -> Sequence[Mapping[str, Any]] | None:
+    """The tools the chat template describes."""
+    return plan.tools
+
+
+__all__ = ["ToolAnswer", "ToolPlan", "ToolStream", "finished_with", "template_tools", "tool_plan", "whole_answer"]
