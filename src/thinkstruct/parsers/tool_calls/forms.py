@@ -11,7 +11,10 @@ structural-tag document (the ``{"type": "structural_tag", "format": ...}`` form)
 - ``"required"`` (and a named function, with one tool): the answer is the calls and
   nothing else; at least one, only one unless parallel calls are allowed.
 - ``"auto"``: free text until the syntax's trigger appears, then a call held to the schema
-  of the tool it names (a lazy constraint), then free text again.
+  of the tool it names (a lazy constraint), then free text again. Where the legacy
+  ``{structures, triggers}`` form can say it (JSON arguments, calls standing alone,
+  parallel calls allowed) that form is used, which llguidance compiles as well as
+  xgrammar.
 
 This module builds plain data: the grammar layer compiles it.
 """
@@ -103,6 +106,15 @@ def tool_call_structural_tag(
     """
     if not tools:
         raise ValueError("a tool-call constraint needs at least one tool")
+    if mode == "auto" and parallel and form.style == "json" and not form.group_begin and not form.index:
+        # The legacy {structures, triggers} form says the same, and llguidance compiles
+        # it too (in about a millisecond), so the compiler's "auto" can choose.
+        structures = [
+            {"begin": form.tag(name, params, max_whitespace=None)["begin"], "schema": dict(params) or {"type": "object"},
+             "end": form.end}
+            for name, params in tools
+        ]
+        return {"structures": structures, "triggers": [form.trigger]}
     tags = [form.tag(name, params, max_whitespace=max_whitespace) for name, params in tools]
     one: dict[str, Any] = tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
     calls = one
