@@ -17,10 +17,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))  # server_harness
 
-from playground_harness import PREFIX, StripPrefix  # noqa: E402
-from server_harness import API_KEY, RunningServer, start_engine  # noqa: E402
+from playground_harness import PREFIX, StripPrefix
+from server_harness import API_KEY, RunningServer, start_engine
 
-from thinkstruct.server import ServerSettings, create_app  # noqa: E402
+from thinkstruct.server import ServerSettings, create_app
 
 CHROMIUM = Path(os.environ.get("THINKSTRUCT_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [

@@ -663,7 +663,7 @@
     svg.dataset.points = counts ? String(counts.length) : "0";
     if (!counts || !counts.length) {
       const t = svgEl("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty" });
-      t.textContent = counts ? "no tokens" : "sent requests plot here";
+      t.textContent = counts ? "no tokens" : "the next answer is plotted here";
       svg.appendChild(t);
       return;
     }
