@@ -19,10 +19,11 @@ import dataclasses
 import functools
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from thinkstruct.parsers.errors import ChatTemplateError, InvalidChatRequest
 from thinkstruct.parsers.reasoning_families import ReasoningFamily, get_reasoning_family

@@ -47,19 +47,19 @@ class TagReasoningParser(ReasoningParser):
     """:class:`ReasoningParser` for tag families (``<think>…</think>`` and the like)."""
 
     __slots__ = (
-        "_start",
         "_end",
-        "_stops",
         "_first",
         "_firsts",
+        "_held",
         "_hold_max",
         "_initial",
+        "_start",
         "_state",
-        "_ws",
-        "_held",
-        "_tags",
+        "_stops",
         "_tag_firsts",
         "_tag_hold",
+        "_tags",
+        "_ws",
     )
 
     def _setup(self) -> None:

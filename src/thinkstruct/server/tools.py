@@ -39,7 +39,12 @@ from thinkstruct.parsers.tool_calls import (
 )
 from thinkstruct.server.constraints import RequestedConstraint
 from thinkstruct.server.errors import bad_request
-from thinkstruct.server.tool_protocol import FunctionCall, FunctionCallPiece, ToolCallOut, ToolCallPiece
+from thinkstruct.server.tool_protocol import (
+    FunctionCall,
+    FunctionCallPiece,
+    ToolCallOut,
+    ToolCallPiece,
+)
 
 if TYPE_CHECKING:
     from thinkstruct.parsers import ReasoningFamily
@@ -245,7 +250,7 @@ def whole_answer(plan: ToolPlan, content: str) -> ToolAnswer:
 class ToolStream:
     """One streamed choice's content turned into text and ``delta.tool_calls`` pieces."""
 
-    __slots__ = ("_parser", "_parallel", "_ids")
+    __slots__ = ("_ids", "_parallel", "_parser")
 
     def __init__(self, plan: ToolPlan) -> None:
         self._parser = plan.parser()

@@ -51,6 +51,7 @@ from thinkstruct.parsers.tool_calls.xml_calls import (
     XmlSectionSyntax,
 )
 
+
 def _deepseek_v31() -> DeepSeekV3Syntax:
     syntax = DeepSeekV3Syntax()
     syntax.name = "deepseek-v3.1"

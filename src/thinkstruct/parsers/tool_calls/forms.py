@@ -22,8 +22,9 @@ This module builds plain data: the grammar layer compiles it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 #: Argument styles the structural tag's ``json_schema`` content understands.
 STYLES = ("json", "qwen_xml", "minimax_xml", "deepseek_xml", "glm_xml", "gemma")

@@ -185,7 +185,9 @@ class HermesSyntax(JsonSectionSyntax):
 
         head = QWEN_XML.invoke_open
         if text.startswith(head, i):
-            calls, end, ok = scan_invokes(text, i, QWEN_XML, schemas, final=final, section_end=("</tool_call>",), multiple=False)
+            calls, end, _ = scan_invokes(
+                text, i, QWEN_XML, schemas, final=final, section_end=("</tool_call>",), multiple=False
+            )
             if not calls and end is not None:
                 return not_a_call(self.starts[0])
             return SectionScan(calls, end)
@@ -320,7 +322,7 @@ class KimiK2Syntax(ToolCallSyntax):
             call = ScannedCall(kimi_name(text[j:k].strip()))
             calls.append(call)
             v = skip_ws(text, k + len(self.ARGS))
-            call.arguments, end, closer = scan_arguments(text, v, (self.CALL_END, self.SECTION_END))
+            call.arguments, end, _ = scan_arguments(text, v, (self.CALL_END, self.SECTION_END))
             if end is None:
                 return SectionScan(calls, n if final else None)
             e = skip_ws(text, end)
@@ -338,8 +340,7 @@ def kimi_name(call_id: str) -> str:
     head, sep, tail = name.rpartition(":")
     if sep and tail.isdigit():
         name = head
-    if name.startswith("functions."):
-        name = name[len("functions.") :]
+    name = name.removeprefix("functions.")
     return name
 
 

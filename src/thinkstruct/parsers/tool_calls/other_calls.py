@@ -59,8 +59,7 @@ class HarmonySyntax(ToolCallSyntax):
             body = text[b:stop] if stop >= 0 else text[b : n - held_suffix(text[b:], (*self.ENDS, *self.NEXT))]
             return SectionScan([], end, body)
         name = recipient.group(1)
-        if name.startswith("functions."):
-            name = name[len("functions.") :]
+        name = name.removeprefix("functions.")
         v = skip_ws(text, b)
         if stop >= 0:
             # Read as the open body was read, so that the text only grows.
@@ -74,7 +73,7 @@ class HarmonySyntax(ToolCallSyntax):
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
-_PY_STRING = re.compile(r"""[rRbBuU]?(?:'''(?:[^\\]|\\.)*?'''|\"\"\"(?:[^\\]|\\.)*?\"\"\"|'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")""", re.S)
+_PY_STRING = re.compile(r"""[rRbBuU]?(?:'''(?:[^\\]|\\.)*?'''|\"\"\"(?:[^\\]|\\.)*?\"\"\"|'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")""", re.DOTALL)
 _OPENERS = {"(": ")", "[": "]", "{": "}"}
 
 

@@ -23,7 +23,8 @@ it arrives in; calls are short next to the thoughts and answers around them.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from thinkstruct.parsers.tool_calls.syntax import (
     SectionScan,
@@ -58,21 +59,21 @@ class ToolCallParser:
     """
 
     __slots__ = (
-        "syntax",
-        "schemas",
-        "_starts",
-        "_leading",
+        "_after",
+        "_base",
+        "_begin",
+        "_calls",
         "_firsts",
         "_hold_max",
+        "_leading",
         "_mode",
         "_pending",
-        "_ws",
-        "_begin",
-        "_after",
-        "_calls",
-        "_base",
         "_section_content",
         "_section_ws",
+        "_starts",
+        "_ws",
+        "schemas",
+        "syntax",
     )
 
     def __init__(self, syntax: Any, *, tools: Iterable[Mapping[str, Any]] | ToolSchemas | None = None) -> None:

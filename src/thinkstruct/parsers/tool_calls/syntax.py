@@ -17,8 +17,8 @@ it by comparing every chunking of an output with the whole.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from thinkstruct.parsers.tool_calls.forms import CallForm
 from thinkstruct.parsers.tool_calls.types import ToolSchemas
@@ -166,7 +166,7 @@ class ArgumentsWriter:
     the text only ever grows.
     """
 
-    __slots__ = ("_parts", "_count", "_open")
+    __slots__ = ("_count", "_open", "_parts")
 
     def __init__(self) -> None:
         self._parts = ["{"]
