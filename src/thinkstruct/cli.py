@@ -134,8 +134,10 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _build_engine(args: argparse.Namespace, *, progress: bool = True) -> Any:
-    """Load the model and start an engine for it (the caller closes it)."""
+def _build_engine(args: argparse.Namespace, *, progress: bool = True, warm_up: bool = False) -> Any:
+    """Load the model and start an engine for it (the caller closes it); ``warm_up``
+    starts the grammar compile workers too, so the first constrained requests do not
+    wait for them."""
     from thinkstruct.engine import Engine, EngineConfig, load_model
     from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 
@@ -147,6 +149,13 @@ def _build_engine(args: argparse.Namespace, *, progress: bool = True) -> Any:
                                                max_prompt_tokens=getattr(args, "max_prompt_tokens", None)),
                     compiler=compiler)
     engine.start()
+    if warm_up:
+        import logging
+
+        try:
+            compiler.warm_up()
+        except Exception:  # the workers start again on demand; serving goes on
+            logging.getLogger("thinkstruct.server").warning("grammar compile workers did not warm up", exc_info=True)
     return engine
 
 
@@ -191,7 +200,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"thinkstruct: listening on http://{args.host}:{port} (the model loads in the background; "
               "GET /health answers 200 once it is ready)", file=sys.stderr, flush=True)
 
-    return serve(lambda: _build_engine(args), settings, grace_s=args.grace, log_level=args.log_level,
+    return serve(lambda: _build_engine(args, warm_up=True), settings, grace_s=args.grace, log_level=args.log_level,
                  on_listening=listening)
 
 
@@ -261,6 +270,7 @@ def _generate(args: argparse.Namespace) -> int:
                 finish, error = delta.finish_reason, delta.error
     finally:
         engine.close()
+        engine.compiler.close()
     if shown_reasoning:
         print("\n--- answer", file=sys.stderr)
     answer = "".join(content)

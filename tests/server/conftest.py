@@ -14,7 +14,7 @@ from typing import Any
 
 import openai
 import pytest
-from server_harness import RunningServer, serving, start_engine
+from server_harness import RunningServer, serving, start_engine, stop_engine
 
 from thinkstruct.server import ServerSettings
 
@@ -34,7 +34,7 @@ def tiny_engine(tiny_model_dir: Path) -> Iterator[Any]:
 
     engine = start_engine(load_model(tiny_model_dir, dtype="float32", progress=False), max_batch=8, max_queue=64)
     yield engine
-    engine.close()
+    stop_engine(engine)
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +51,7 @@ def smol_engine() -> Iterator[Any]:
 
     engine = start_engine(load_model(None, progress=False), max_batch=8, max_queue=64)
     yield engine
-    engine.close()
+    stop_engine(engine)
 
 
 @pytest.fixture(scope="session")

@@ -66,13 +66,23 @@ def serving(engine: Any, settings: ServerSettings | None = None) -> Iterator[Run
         yield server
 
 
-def start_engine(model: Any, **config: Any) -> Any:
+def start_engine(model: Any, *, warm: bool = True, **config: Any) -> Any:
     from thinkstruct.engine import Engine, EngineConfig
     from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 
-    compiler = GrammarCompiler(model.tokenizer, CompilerConfig(timeout_s=20.0))
+    # Generous: a loaded 2-core CI machine takes seconds to start a compile worker; the
+    # workers are started up front so no test's first compile pays for that.
+    compiler = GrammarCompiler(model.tokenizer, CompilerConfig(timeout_s=60.0))
     engine = Engine(model, config=EngineConfig(**config), compiler=compiler)
     engine.start()
+    if warm:
+        compiler.warm_up(timeout_s=120.0)
     return engine
 
 
+
+
+def stop_engine(engine: Any) -> None:
+    """Close the engine, then its compiler (the engine does not own it)."""
+    engine.close()
+    engine.compiler.close()

@@ -18,7 +18,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from server_harness import RunningServer, serving, start_engine
+from server_harness import RunningServer, serving, start_engine, stop_engine
 
 from thinkstruct.server import ServerSettings, create_app
 
@@ -304,7 +304,7 @@ def test_strict_refuses_what_no_backend_enforces(tiny: openai.OpenAI, model: str
 
 
 def test_queue_full_is_429_with_retry_after(tiny_engine: Any) -> None:
-    engine = start_engine(tiny_engine.model, max_batch=1, max_queue=1)
+    engine = start_engine(tiny_engine.model, warm=False, max_batch=1, max_queue=1)
     try:
         with serving(engine) as server:
             client = server.async_openai()
@@ -328,7 +328,7 @@ def test_queue_full_is_429_with_retry_after(tiny_engine: Any) -> None:
             assert int(error.response.headers["retry-after"]) >= 1
             assert error.body["code"] == "queue_full"  # type: ignore[index]
     finally:
-        engine.close()
+        stop_engine(engine)
 
 
 def test_client_disconnect_cancels_the_request(tiny_server: RunningServer, tiny_engine: Any, model: str) -> None:
@@ -383,7 +383,7 @@ def test_a_family_whose_model_opens_its_thought_still_splits_a_constrained_answe
     # so a constrained request gets the tag written into its prompt instead.
     from thinkstruct.engine import load_model
 
-    engine = start_engine(load_model(tiny_model_dir, dtype="float32", reasoning_parser="qwen3", progress=False))
+    engine = start_engine(load_model(tiny_model_dir, dtype="float32", reasoning_parser="qwen3", progress=False), warm=False)
     try:
         with serving(engine) as server:
             client = server.openai()
@@ -399,4 +399,4 @@ def test_a_family_whose_model_opens_its_thought_still_splits_a_constrained_answe
             free = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=4, seed=2)
             assert free.choices[0].finish_reason in ("stop", "length")
     finally:
-        engine.close()
+        stop_engine(engine)

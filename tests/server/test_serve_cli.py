@@ -79,7 +79,8 @@ class _Serve:
 
 
 def test_serve_answers_then_sigterm_ends_in_flight_requests_and_exits_0(tiny_model_dir: Path) -> None:
-    server = _Serve("--model", str(tiny_model_dir), "--dtype", "float32", "--grace", "1")
+    # One backend: the server warms only its compile workers before it reports healthy.
+    server = _Serve("--model", str(tiny_model_dir), "--dtype", "float32", "--grace", "1", "--backend", "llguidance")
     statuses = server.wait_healthy()
     assert set(statuses) <= {503, 200} and statuses[-1] == 200
     model = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["id"]
@@ -105,7 +106,7 @@ def test_serve_answers_then_sigterm_ends_in_flight_requests_and_exits_0(tiny_mod
 
 
 def test_serve_exits_0_on_ctrl_c(tiny_model_dir: Path) -> None:
-    server = _Serve("--model", str(tiny_model_dir), "--dtype", "float32", "--api-key", "secret")
+    server = _Serve("--model", str(tiny_model_dir), "--dtype", "float32", "--api-key", "secret", "--backend", "llguidance")
     server.wait_healthy()
     assert httpx.get(f"{server.url}/v1/models", timeout=10).status_code == 401
     assert server.stop(signal.SIGINT) == 0

@@ -111,6 +111,7 @@ def serve(
         with engine_lock:
             if server.should_exit:  # stopped while loading
                 engine.close(grace_s=0.0)
+                engine.compiler.close()
                 return
             engine_box.append(engine)
         state.attach(engine)
@@ -137,6 +138,7 @@ def serve(
         with engine_lock:
             for engine in engine_box:
                 engine.close(grace_s=0.0)
+                engine.compiler.close()  # its compile workers; the engine does not own it
     return 1 if failed.is_set() else 0
 
 
