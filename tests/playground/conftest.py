@@ -51,7 +51,7 @@ def _require_browser() -> None:
     pytest.skip(message)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def engine() -> Iterator[Any]:
     from thinkstruct.engine import load_model
 
@@ -60,14 +60,14 @@ def engine() -> Iterator[Any]:
     engine.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(engine: Any) -> Iterator[RunningServer]:
     """The playground without an API key, at the server's root."""
     with RunningServer(create_app(engine, ServerSettings(default_max_tokens=256))) as running:
         yield running
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def keyed_server(engine: Any) -> Iterator[RunningServer]:
     """The same engine behind a server with an API key, under the proxy prefix ``/ts``."""
     app = create_app(engine, ServerSettings(api_key=API_KEY, default_max_tokens=64))
@@ -76,7 +76,7 @@ def keyed_server(engine: Any) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
     _require_browser()
     from playwright.sync_api import sync_playwright
