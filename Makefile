@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Extra flags for `make serve`, e.g. SERVE_ARGS='--port 8080 --api-key KEY'.
+SERVE_ARGS ?=
 
 .PHONY: venv test serve bench clean
 
@@ -21,9 +23,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 serve: $(STAMP)
-	$(VENV)/bin/thinkstruct check examples/person.schema.json examples/person.json --backend all
-	@echo "--- an answer that breaks the schema, rejected where it goes wrong:"
-	@$(VENV)/bin/thinkstruct check examples/person.schema.json examples/person_bad.json --backend llguidance || true
+	$(VENV)/bin/thinkstruct serve $(SERVE_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/mask_overhead.py
