@@ -46,8 +46,16 @@ def test_a_stray_continuation_byte_becomes_a_replacement_character(tokenizer, te
 
 
 def _whole(text: str, stops: tuple[str, ...]) -> str:
-    cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return text[: min(cuts)] if cuts else text
+    # Cut before the stop string that completes first (at a tie, the longer one).
+    ends = [(i + len(s), i) for s in stops if (i := text.find(s)) >= 0]
+    return text[: min(ends)[1]] if ends else text
+
+
+def test_the_stop_string_that_completes_first_wins() -> None:
+    matcher = StopStringMatcher(("D", "EDD"))
+    assert matcher.feed("ED") + matcher.feed("D") + matcher.flush() == "E"
+    matcher = StopStringMatcher(("ND", "END"))
+    assert matcher.feed("xEND") + matcher.flush() == "x"
 
 
 @settings(max_examples=200, deadline=None)

@@ -73,7 +73,36 @@ def test_ebnf_syntax_error(backend_name: str) -> None:
 def test_ebnf_error_position_from_xgrammar() -> None:
     error = _compile_error(Constraint.ebnf('root ::= "a" | ?'), "xgrammar")
     assert error.position == 15
+    assert (error.line, error.column) == (1, 16)
+    assert str(error).startswith("ebnf at line 1, column 16 (backend xgrammar)")
     assert "[" not in str(error).split(":")[0]  # no raw C++ log prefix
+
+
+def test_ebnf_error_line_from_llguidance() -> None:
+    grammar = 'root ::= "a"\nx ::= "b"\ny ::= ( "c" ]\nz ::= "d"'
+    error = _compile_error(Constraint.ebnf(grammar), "llguidance")
+    assert error.line == 3 and error.position == grammar.index("y ::=")
+
+
+def test_positions_of_nested_texts_are_not_given_as_the_constraint_s() -> None:
+    # The pattern's own offset is not an offset into the schema text.
+    tag = {"type": "structural_tag", "format": {"type": "regex", "pattern": "a("}}
+    error = _compile_error(Constraint.structural_tag(tag), "xgrammar")
+    assert error.position is None and error.line is None
+
+
+@pytest.mark.parametrize(
+    "fmt, reason",
+    [
+        ({"type": "nope"}, "invalid structural tag: Format type not recognized: nope"),
+        ({"type": "tag", "begin": "<a>", "end": "</a>"}, "invalid structural tag: Tag format must have a content field"),
+        ({"type": "sequence", "elements": []}, "invalid structural tag: Sequence format must have at least one element"),
+    ],
+)
+def test_xgrammar_internal_check_text_never_reaches_the_user(fmt: dict, reason: str) -> None:
+    error = _compile_error(Constraint.structural_tag({"type": "structural_tag", "format": fmt}), "xgrammar")
+    assert reason in str(error)
+    assert "Check failed" not in str(error) and "holds_alternative" not in str(error)
 
 
 NUL_CASES = [

@@ -4,9 +4,19 @@ A stop string can arrive split across deltas (``"EN"`` then ``"D"``), so text th
 still become one is held back until it either completes the stop string (and is dropped
 with everything after it) or cannot (and is emitted). The stream then adds up to exactly
 what a check over the whole text would give.
+
+"First occurrence" means the stop string that *completes* first (its end is earliest; at a
+tie, the longer one): a stream cannot wait to see whether a longer stop string that started
+earlier will complete, so the whole-text rule is the one a stream can keep.
 """
 
 from __future__ import annotations
+
+
+def first_stop(text: str, stops: tuple[str, ...]) -> int:
+    """Where ``text`` is cut: the start of the stop string that completes first, or -1."""
+    found = [(i + len(s), i) for s in stops if (i := text.find(s)) >= 0]
+    return min(found)[1] if found else -1
 
 
 class StopStringMatcher:
@@ -25,7 +35,7 @@ class StopStringMatcher:
         if self.stopped or not text:
             return ""
         buffer = self._pending + text
-        cut = min((i for i in (buffer.find(s) for s in self._stops) if i >= 0), default=-1)
+        cut = first_stop(buffer, self._stops)
         if cut >= 0:
             self.stopped = True
             self._pending = ""
