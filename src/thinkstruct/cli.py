@@ -39,7 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     check.add_argument("--tokenizer", type=Path, help="tokenizer directory or .gguf (default: DeepSeek-V4)")
     check.add_argument(
-        "--max-whitespace", type=int, default=None,
+        "--max-whitespace",
+        type=int,
+        default=None,
         help="longest whitespace run allowed between JSON tokens (default 2)",
     )
     _add_serve(sub)
@@ -57,20 +59,53 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and engine")
-    g.add_argument("--model", type=Path, default=None,
-                   help="local Hugging Face model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
-    g.add_argument("--reasoning-parser", metavar="FAMILY", default=None,
-                   help="reasoning family of the model (default: detected from the model)")
+    g.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="local Hugging Face model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
+    )
+    g.add_argument(
+        "--reasoning-parser",
+        metavar="FAMILY",
+        default=None,
+        help="reasoning family of the model (default: detected from the model)",
+    )
     g.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
-    g.add_argument("--quantize", default=None, choices=("int8",), help="dynamic int8 weights on Linear layers")
-    g.add_argument("--max-batch", type=_positive_int, default=8, metavar="N", help="requests decoded together (default 8)")
-    g.add_argument("--max-queue", type=_positive_int, default=256, metavar="N",
-                   help="requests waiting beyond the batch before new ones get 429 (default 256)")
-    g.add_argument("--backend", default="auto", help="grammar backend: auto, xgrammar, llguidance or outlines (default auto)")
-    g.add_argument("--strict", action="store_true",
-                   help="refuse constraints no backend enforces exactly (a request can still choose with json_schema.strict)")
-    g.add_argument("--compile-timeout", type=_positive_float, default=30.0, metavar="S",
-                   help="seconds one grammar compile may take (default 30)")
+    g.add_argument(
+        "--quantize", default=None, choices=("int8",), help="dynamic int8 weights on Linear layers"
+    )
+    g.add_argument(
+        "--max-batch",
+        type=_positive_int,
+        default=8,
+        metavar="N",
+        help="requests decoded together (default 8)",
+    )
+    g.add_argument(
+        "--max-queue",
+        type=_positive_int,
+        default=256,
+        metavar="N",
+        help="requests waiting beyond the batch before new ones get 429 (default 256)",
+    )
+    g.add_argument(
+        "--backend",
+        default="auto",
+        help="grammar backend: auto, xgrammar, llguidance or outlines (default auto)",
+    )
+    g.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse constraints no backend enforces exactly (a request can still choose with json_schema.strict)",
+    )
+    g.add_argument(
+        "--compile-timeout",
+        type=_positive_float,
+        default=30.0,
+        metavar="S",
+        help="seconds one grammar compile may take (default 30)",
+    )
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -85,17 +120,45 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     g = p.add_argument_group("HTTP")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     g.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    g.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $THINKSTRUCT_API_KEY)")
-    g.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model's name)")
-    g.add_argument("--max-body-bytes", type=_positive_int, default=8 << 20, metavar="N", help="largest request body (default 8 MiB)")
-    g.add_argument("--max-prompt-tokens", type=_positive_int, default=None, metavar="N",
-                   help="longest prompt in tokens (default: the model's context)")
-    g.add_argument("--max-n", type=_positive_int, default=16, metavar="N", help="most choices per request (default 16)")
-    g.add_argument("--default-max-tokens", type=_positive_int, default=512, metavar="N",
-                   help="max_tokens of a request that gives none (default 512)")
-    g.add_argument("--grace", type=_positive_float, default=10.0, metavar="S",
-                   help="seconds in-flight requests may take to finish on shutdown (default 10)")
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health (default: $THINKSTRUCT_API_KEY)",
+    )
+    g.add_argument(
+        "--served-model-name", default=None, help="the model id clients send (default: the model's name)"
+    )
+    g.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=8 << 20,
+        metavar="N",
+        help="largest request body (default 8 MiB)",
+    )
+    g.add_argument(
+        "--max-prompt-tokens",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="longest prompt in tokens (default: the model's context)",
+    )
+    g.add_argument(
+        "--max-n", type=_positive_int, default=16, metavar="N", help="most choices per request (default 16)"
+    )
+    g.add_argument(
+        "--default-max-tokens",
+        type=_positive_int,
+        default=512,
+        metavar="N",
+        help="max_tokens of a request that gives none (default 512)",
+    )
+    g.add_argument(
+        "--grace",
+        type=_positive_float,
+        default=10.0,
+        metavar="S",
+        help="seconds in-flight requests may take to finish on shutdown (default 10)",
+    )
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
@@ -114,7 +177,9 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     think.add_argument("--think", dest="think", action="store_true", default=None, help="turn thinking on")
     think.add_argument("--no-think", dest="think", action="store_false", help="turn thinking off")
     p.add_argument("--max-tokens", type=_positive_int, default=512, metavar="N")
-    p.add_argument("--max-reasoning-tokens", type=_positive_int, default=None, metavar="N", help="thinking budget")
+    p.add_argument(
+        "--max-reasoning-tokens", type=_positive_int, default=None, metavar="N", help="thinking budget"
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     p.add_argument("--seed", type=int, default=None)
     _add_model_options(p)
@@ -141,13 +206,26 @@ def _build_engine(args: argparse.Namespace, *, progress: bool = True, warm_up: b
     from thinkstruct.engine import Engine, EngineConfig, load_model
     from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 
-    model = load_model(args.model, dtype=args.dtype, quantize=args.quantize,
-                       reasoning_parser=args.reasoning_parser, progress=progress)
-    compiler = GrammarCompiler(model.tokenizer, CompilerConfig(backend=args.backend, strict=args.strict,
-                                                               timeout_s=args.compile_timeout))
-    engine = Engine(model, config=EngineConfig(max_batch=args.max_batch, max_queue=args.max_queue,
-                                               max_prompt_tokens=getattr(args, "max_prompt_tokens", None)),
-                    compiler=compiler)
+    model = load_model(
+        args.model,
+        dtype=args.dtype,
+        quantize=args.quantize,
+        reasoning_parser=args.reasoning_parser,
+        progress=progress,
+    )
+    compiler = GrammarCompiler(
+        model.tokenizer,
+        CompilerConfig(backend=args.backend, strict=args.strict, timeout_s=args.compile_timeout),
+    )
+    engine = Engine(
+        model,
+        config=EngineConfig(
+            max_batch=args.max_batch,
+            max_queue=args.max_queue,
+            max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
+        ),
+        compiler=compiler,
+    )
     engine.start()
     if warm_up:
         import logging
@@ -155,7 +233,9 @@ def _build_engine(args: argparse.Namespace, *, progress: bool = True, warm_up: b
         try:
             compiler.warm_up()
         except Exception:  # the workers start again on demand; serving goes on
-            logging.getLogger("thinkstruct.server").warning("grammar compile workers did not warm up", exc_info=True)
+            logging.getLogger("thinkstruct.server").warning(
+                "grammar compile workers did not warm up", exc_info=True
+            )
     return engine
 
 
@@ -194,14 +274,25 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
     def listening(port: int) -> None:
-        print(f"thinkstruct: listening on http://{args.host}:{port} (the model loads in the background; "
-              "GET /health answers 200 once it is ready)", file=sys.stderr, flush=True)
+        print(
+            f"thinkstruct: listening on http://{args.host}:{port} (the model loads in the background; "
+            "GET /health answers 200 once it is ready)",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    return serve(lambda: _build_engine(args, warm_up=True), settings, grace_s=args.grace, log_level=args.log_level,
-                 on_listening=listening)
+    return serve(
+        lambda: _build_engine(args, warm_up=True),
+        settings,
+        grace_s=args.grace,
+        log_level=args.log_level,
+        on_listening=listening,
+    )
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -238,8 +329,13 @@ def _generate(args: argparse.Namespace) -> int:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.prompt}
         ]
-        prompt = render_chat(messages, family=model.family, tokenizer=model.tokenizer,
-                             chat_template=model.chat_template, chat_template_kwargs=kwargs)
+        prompt = render_chat(
+            messages,
+            family=model.family,
+            tokenizer=model.tokenizer,
+            chat_template=model.chat_template,
+            chat_template_kwargs=kwargs,
+        )
         if schema is not None:
             prompt = prompt.with_thought_open()  # the grammar starts inside the thought
         try:
@@ -276,8 +372,11 @@ def _generate(args: argparse.Namespace) -> int:
     answer = "".join(content)
     print(answer)
     if finish is not FinishReason.STOP:
-        print(f"error: the answer did not finish (finish reason {getattr(finish, 'value', finish)}"
-              f"{': ' + error if error else ''})", file=sys.stderr)
+        print(
+            f"error: the answer did not finish (finish reason {getattr(finish, 'value', finish)}"
+            f"{': ' + error if error else ''})",
+            file=sys.stderr,
+        )
         return 1
     if schema is not None:
         return _validate_answer(answer, schema)
@@ -311,7 +410,10 @@ def _check(args: argparse.Namespace) -> int:
     names = list(BACKEND_NAMES) if args.backend == "all" else [args.backend]
     for name in names:
         if name not in BACKEND_NAMES:
-            print(f"error: unknown backend {name!r}; choose from {', '.join(BACKEND_NAMES)} or all", file=sys.stderr)
+            print(
+                f"error: unknown backend {name!r}; choose from {', '.join(BACKEND_NAMES)} or all",
+                file=sys.stderr,
+            )
             return 2
     try:
         schema_text = args.schema_file.read_text(encoding="utf-8")
@@ -350,8 +452,8 @@ def _check(args: argparse.Namespace) -> int:
 def _context(text: str, offset: int) -> str:
     if offset >= len(text):
         return "the answer ends before it is complete"
-    before = text[max(0, offset - 20):offset]
-    after = text[offset:offset + 20]
+    before = text[max(0, offset - 20) : offset]
+    after = text[offset : offset + 20]
     return json.dumps(before + "⟨here⟩" + after, ensure_ascii=False)
 
 

@@ -478,9 +478,7 @@ class Engine:
                 stop = True
             else:
                 # Forced tokens count against max_tokens and must fit in the context.
-                budget = min(
-                    seq.params.max_tokens - seq.generated - 1, self.context_length - seq.cached - 1
-                )
+                budget = min(seq.params.max_tokens - seq.generated - 1, self.context_length - seq.cached - 1)
                 forced = matcher.jump_forward()[:budget] if budget > 0 else []
                 if forced:
                     accepted = matcher.accept_tokens(forced)

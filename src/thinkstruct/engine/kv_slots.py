@@ -47,7 +47,9 @@ def slot_attention(
     """
     if attention_mask is None:
         # Not a pass the runner planned (the model used on its own): transformers' own SDPA.
-        return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs
+        )
     batch, q_heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
     group = q_heads // kv_heads

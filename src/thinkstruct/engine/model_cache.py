@@ -113,7 +113,9 @@ def cached_entry(
     return entry, True
 
 
-def _remove_leftovers(root: Path, key: str, broken: Path | None, problem: str, *, staging_is_stale: bool) -> None:
+def _remove_leftovers(
+    root: Path, key: str, broken: Path | None, problem: str, *, staging_is_stale: bool
+) -> None:
     # Under the lock nobody else is building this key: every staging directory of it
     # is what a killed process left behind. Without a lock (no flock) one may be live.
     for stale in root.glob(f"{key}{_STAGING}*") if staging_is_stale else ():

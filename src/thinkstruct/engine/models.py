@@ -342,7 +342,9 @@ def _resolve_path(path: str | os.PathLike[str] | None) -> Path:
         )
     if p.is_file():
         if p.suffix != ".gguf":
-            raise UnsupportedModelError(f"{p} is a file but not a .gguf file; pass a GGUF file or a model directory")
+            raise UnsupportedModelError(
+                f"{p} is a file but not a .gguf file; pass a GGUF file or a model directory"
+            )
         return p.resolve()
     if not (p / "config.json").is_file():
         raise UnsupportedModelError(f"{p} has no config.json: not a Hugging Face model directory")
@@ -421,7 +423,9 @@ def _load_weights(
                 str(weights_dir), dtype=compute, local_files_only=True, trust_remote_code=False
             )
     except (ValueError, OSError, KeyError) as exc:
-        raise UnsupportedModelError(f"{shown}: not a causal language model transformers can load: {exc}") from None
+        raise UnsupportedModelError(
+            f"{shown}: not a causal language model transformers can load: {exc}"
+        ) from None
     model.eval()
     model.requires_grad_(False)
     return model, compute
@@ -438,14 +442,22 @@ def _load_weights(
 _INT8_OUTLIER_RATIO = 100.0
 _CALIBRATION = [
     {"role": "system", "content": "You are a careful assistant. Answer briefly."},
-    {"role": "user", "content": "Give a JSON object with a name, an age and two hobbies, then explain "
-     "why the sky is blue in one sentence. Also: what is 17 * 23? def f(x): return x ** 2"},
-    {"role": "assistant", "content": '{"name": "Ada", "age": 36, "hobbies": ["chess", "rowing"]} '
-     "Sunlight scatters off air molecules, blue most of all. 17 * 23 = 391."},
+    {
+        "role": "user",
+        "content": "Give a JSON object with a name, an age and two hobbies, then explain "
+        "why the sky is blue in one sentence. Also: what is 17 * 23? def f(x): return x ** 2",
+    },
+    {
+        "role": "assistant",
+        "content": '{"name": "Ada", "age": 36, "hobbies": ["chess", "rowing"]} '
+        "Sunlight scatters off air molecules, blue most of all. 17 * 23 = 391.",
+    },
 ]
 
 
-def _quantize_int8(loaded_model: PreTrainedModel, calibration_ids: list[int], *, shown: Path) -> tuple[str, ...]:
+def _quantize_int8(
+    loaded_model: PreTrainedModel, calibration_ids: list[int], *, shown: Path
+) -> tuple[str, ...]:
     """torch's dynamic int8 on every ``nn.Linear`` but those with outlier inputs (see
     :data:`_INT8_OUTLIER_RATIO`), in place, from the float32 weights; returns the names of
     the Linear layers kept in float32."""
@@ -623,7 +635,9 @@ def _convert_gguf(path: Path, out: Path, *, progress: bool) -> dict[str, Any]:
         try:
             tokenizer = Tokenizer.from_pretrained(path)
         except (ValueError, OSError, KeyError) as exc:
-            raise UnsupportedModelError(f"{path}: transformers cannot read this GGUF's tokenizer: {exc}") from None
+            raise UnsupportedModelError(
+                f"{path}: transformers cannot read this GGUF's tokenizer: {exc}"
+            ) from None
         tokenizer.hf.save_pretrained(str(out))
         bar.update()
         bar.set_postfix_str(steps[1])

@@ -36,7 +36,9 @@ class ModelRunner(abc.ABC):
     context_length: int
 
     @abc.abstractmethod
-    def forward(self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> torch.Tensor:
+    def forward(
+        self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]
+    ) -> torch.Tensor:
         """Feed ``tokens[i]`` to slot ``first_slot + i`` at positions ``starts[i]...``.
 
         Each row's tokens are appended to what its slot holds (``starts[i]`` tokens, which
@@ -65,9 +67,7 @@ class TransformersRunner(ModelRunner):
         vocab_size: logits width to return (default: the output layer's).
     """
 
-    def __init__(
-        self, model: Any, *, slots: int, context_length: int, vocab_size: int | None = None
-    ) -> None:
+    def __init__(self, model: Any, *, slots: int, context_length: int, vocab_size: int | None = None) -> None:
         config = model.config
         self.model = model
         self.slots = slots
@@ -96,7 +96,9 @@ class TransformersRunner(ModelRunner):
     def cache_bytes(self) -> int:
         return self.cache.nbytes
 
-    def forward(self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> torch.Tensor:
+    def forward(
+        self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]
+    ) -> torch.Tensor:
         rows = len(tokens)
         if rows == 0:
             raise ValueError("forward needs at least one row")
@@ -113,7 +115,9 @@ class TransformersRunner(ModelRunner):
         positions = start[:, None] + torch.arange(width)[None, :]
         span = int((start + lengths).max())
         if span > self.context_length:
-            raise ValueError(f"a row would hold {span} tokens, more than the context of {self.context_length}")
+            raise ValueError(
+                f"a row would hold {span} tokens, more than the context of {self.context_length}"
+            )
         self._ensure_capacity(int(positions.max()) + 1)
         # Query j of row i sees its slot's positions 0..start_i + j: everything cached
         # before, and its own chunk causally. Padding queries (j >= length_i) compute

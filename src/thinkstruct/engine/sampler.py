@@ -64,7 +64,9 @@ def sample(
         totals = torch.logsumexp(rows, dim=-1)
         for row, j in enumerate(filtered):
             i = drawn[j]
-            out[i] = _draw_filtered(scaled[j], values[row], indices[row], totals[row], params[i], generators[i])
+            out[i] = _draw_filtered(
+                scaled[j], values[row], indices[row], totals[row], params[i], generators[i]
+            )
     return out
 
 

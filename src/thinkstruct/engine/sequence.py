@@ -122,7 +122,9 @@ class Sequence:
             completion_tokens=self.generated,
             reasoning_tokens=self.reasoning_tokens,
             jump_forward_tokens=self.jump_forward_tokens,
-            time_to_first_token_s=None if self.first_token_at is None else self.first_token_at - self.submitted_at,
+            time_to_first_token_s=None
+            if self.first_token_at is None
+            else self.first_token_at - self.submitted_at,
             total_s=now - self.submitted_at,
             backend=self.request.grammar.backend if self.request.grammar is not None else None,
             allowed_tokens=None if self.allowed_counts is None else tuple(self.allowed_counts),

@@ -92,13 +92,11 @@ def _chatml(*, tools_head: str, tools_end: str, xml_calls: bool, generation: str
     """A ChatML template in the Qwen manner. ``generation`` and ``continuation`` are jinja
     fragments that open the assistant turn (``thinking`` is set)."""
     if xml_calls:
-        call = (
-            r"""{{- '<tool_call>\n<function=' + f.name + '>\n' -}}
+        call = r"""{{- '<tool_call>\n<function=' + f.name + '>\n' -}}
       {%- for k, v in (f.arguments if f.arguments is mapping else {}).items() -%}
         {{- '<parameter=' + k + '>\n' + value(v) + '\n</parameter>\n' -}}
       {%- endfor -%}
       {{- '</function>\n</tool_call>' -}}"""
-        )
     else:
         call = r"""{{- '<tool_call>\n{"name": "' + f.name + '", "arguments": ' + args_json(f) + '}\n</tool_call>' -}}"""
     return _template(
@@ -146,7 +144,9 @@ def _chatml(*, tools_head: str, tools_end: str, xml_calls: bool, generation: str
     )
 
 
-_OPEN_IF_THINKING = r"""{%- if thinking and not c.lstrip().startswith('<think>') -%}{{- '<think>\n' -}}{%- endif -%}"""
+_OPEN_IF_THINKING = (
+    r"""{%- if thinking and not c.lstrip().startswith('<think>') -%}{{- '<think>\n' -}}{%- endif -%}"""
+)
 
 QWEN3 = _chatml(
     tools_head=_QWEN_JSON_TOOLS,
@@ -458,7 +458,9 @@ _GLM_TOOLS = r"""
 def _glm(*, newline: str, generation: str, continuation: str) -> str:
     """GLM-4.5 (``newline="\\n"`` between the parts of a call) or GLM-4.7 (none)."""
     return _template(
-        "{%- set NL = '" + newline + "' -%}"
+        "{%- set NL = '"
+        + newline
+        + "' -%}"
         + r"""
 {%- set thinking = enable_thinking if enable_thinking is defined and enable_thinking is not none else true -%}
 {{- '[gMASK]<sop>' -}}
@@ -739,7 +741,8 @@ GRANITE_THINKING_INSTRUCTION = (
     "<think></think> and write your response between <response></response> for each user query."
 )
 
-GRANITE = _template(r"""
+GRANITE = _template(
+    r"""
 {%- set think = thinking if thinking is defined and thinking is not none else false -%}
 {%- if messages and messages[0].role == 'system' -%}
   {%- set system = text(messages[0].content) -%}
@@ -748,7 +751,9 @@ GRANITE = _template(r"""
   {%- set system = 'You are Granite, developed by IBM. You are a helpful AI assistant.' -%}
   {%- set rest = messages -%}
 {%- endif -%}
-{%- if think -%}{%- set system = system + ' ' + '""" + GRANITE_THINKING_INSTRUCTION + r"""' -%}{%- endif -%}
+{%- if think -%}{%- set system = system + ' ' + '"""
+    + GRANITE_THINKING_INSTRUCTION
+    + r"""' -%}{%- endif -%}
 {{- '<|start_of_role|>system<|end_of_role|>' + system + '<|end_of_text|>\n' -}}
 {%- if has_tools -%}{{- '<|start_of_role|>available_tools<|end_of_role|>' + tool_lines() + '<|end_of_text|>\n' -}}{%- endif -%}
 {%- for m in rest -%}
@@ -772,4 +777,5 @@ GRANITE = _template(r"""
   {%- endif -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|start_of_role|>assistant<|end_of_role|>' -}}{%- endif -%}
-""")
+"""
+)

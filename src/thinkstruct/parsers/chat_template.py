@@ -52,7 +52,9 @@ def _tojson(
     sort_keys: bool = False,
 ) -> str:
     # jinja2's own tojson HTML-escapes; chat templates want the JSON text itself.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -104,12 +106,16 @@ class ChatTemplate:
         ChatTemplateError: the template does not compile (names the line).
     """
 
-    def __init__(self, source: str, *, name: str = "chat template", special_tokens: Mapping[str, str] | None = None):
+    def __init__(
+        self, source: str, *, name: str = "chat template", special_tokens: Mapping[str, str] | None = None
+    ):
         if not isinstance(source, str) or not source.strip():
             raise ChatTemplateError("the chat template is empty", template=name)
         self.source = source
         self.name = name
-        self.special_tokens: dict[str, str] = {k: v for k, v in (special_tokens or {}).items() if isinstance(v, str)}
+        self.special_tokens: dict[str, str] = {
+            k: v for k, v in (special_tokens or {}).items() if isinstance(v, str)
+        }
         self._template = _compile(source, name)
 
     # ---- construction ------------------------------------------------------------------
@@ -121,7 +127,11 @@ class ChatTemplate:
         source = _select_source(getattr(tokenizer, "chat_template", None))
         if source is None:
             return None
-        return cls(source, name=f"chat template of {_tokenizer_label(tokenizer)}", special_tokens=_special_tokens(tokenizer))
+        return cls(
+            source,
+            name=f"chat template of {_tokenizer_label(tokenizer)}",
+            special_tokens=_special_tokens(tokenizer),
+        )
 
     @classmethod
     def from_path(cls, path: str | os.PathLike[str]) -> ChatTemplate | None:
@@ -132,7 +142,9 @@ class ChatTemplate:
         if p.is_dir():
             jinja_file = p / "chat_template.jinja"
             if jinja_file.is_file():
-                return cls._from_jinja_file(jinja_file, special_tokens=_config_special_tokens(p / "tokenizer_config.json"))
+                return cls._from_jinja_file(
+                    jinja_file, special_tokens=_config_special_tokens(p / "tokenizer_config.json")
+                )
             config = p / "tokenizer_config.json"
             return cls._from_config(config) if config.is_file() else None
         if p.suffix == ".gguf" and p.is_file():
@@ -206,17 +218,27 @@ class ChatTemplate:
             return self._render(messages, variables, continue_final_message=False)
         return self._render_continuation(messages, variables)
 
-    def _render(self, messages: list[Mapping[str, Any]], variables: dict[str, Any], *, continue_final_message: bool) -> str:
+    def _render(
+        self, messages: list[Mapping[str, Any]], variables: dict[str, Any], *, continue_final_message: bool
+    ) -> str:
         from jinja2 import TemplateError
 
         try:
-            return self._template.render(messages=messages, continue_final_message=continue_final_message, **variables)
+            return self._template.render(
+                messages=messages, continue_final_message=continue_final_message, **variables
+            )
         except _TemplateRaised as exc:
-            raise ChatTemplateError(f"the template refused the request: {exc}", template=self.name, line=_template_line(exc)) from None
+            raise ChatTemplateError(
+                f"the template refused the request: {exc}", template=self.name, line=_template_line(exc)
+            ) from None
         except TemplateError as exc:
-            raise ChatTemplateError(f"{type(exc).__name__}: {exc}", template=self.name, line=_template_line(exc)) from None
+            raise ChatTemplateError(
+                f"{type(exc).__name__}: {exc}", template=self.name, line=_template_line(exc)
+            ) from None
         except Exception as exc:  # a template bug (e.g. str + None) must not crash the caller
-            raise ChatTemplateError(f"{type(exc).__name__}: {exc}", template=self.name, line=_template_line(exc)) from None
+            raise ChatTemplateError(
+                f"{type(exc).__name__}: {exc}", template=self.name, line=_template_line(exc)
+            ) from None
 
     def _render_continuation(self, messages: list[Mapping[str, Any]], variables: dict[str, Any]) -> str:
         final = content_text(messages[-1].get("content"))
@@ -276,7 +298,9 @@ class ChatPrompt:
     previous_content: str = ""
     starts_in_thought: bool = False
 
-    def reasoning_parser(self, *, stream_reasoning: bool = True, force_reasoning: bool | None = None) -> ReasoningParser:
+    def reasoning_parser(
+        self, *, stream_reasoning: bool = True, force_reasoning: bool | None = None
+    ) -> ReasoningParser:
         """The reasoning parser for this request's output, built from the same decision
         (``force_reasoning`` defaults to :attr:`starts_in_thought`)."""
         return ReasoningParser(
@@ -307,7 +331,9 @@ class ChatPrompt:
             or self.family.format is not ReasoningFormat.TAGS
         ):
             return self
-        return dataclasses.replace(self, text=self.text + self.family.think_start + "\n", starts_in_thought=True)
+        return dataclasses.replace(
+            self, text=self.text + self.family.think_start + "\n", starts_in_thought=True
+        )
 
     def tool_parser(self, tools: Any = None) -> Any:
         """A :class:`~thinkstruct.parsers.tool_calls.ToolCallParser` for this family's
@@ -470,9 +496,13 @@ def content_text(content: Any) -> str:
         return content
     if isinstance(content, (list, tuple)):
         return "".join(
-            part.get("text", "") for part in content if isinstance(part, Mapping) and part.get("type") == "text"
+            part.get("text", "")
+            for part in content
+            if isinstance(part, Mapping) and part.get("type") == "text"
         )
-    raise InvalidChatRequest(f"message content must be a string, a list of parts or null, got {type(content).__name__}")
+    raise InvalidChatRequest(
+        f"message content must be a string, a list of parts or null, got {type(content).__name__}"
+    )
 
 
 def _check_reserved(kwargs: Mapping[str, Any]) -> None:
@@ -512,7 +542,9 @@ def _select_source(value: Any) -> str | None:
 
 
 def _tokenizer_label(tokenizer: Any) -> str:
-    return str(getattr(tokenizer, "name", None) or getattr(tokenizer, "name_or_path", None) or "the tokenizer")
+    return str(
+        getattr(tokenizer, "name", None) or getattr(tokenizer, "name_or_path", None) or "the tokenizer"
+    )
 
 
 def _special_tokens(tokenizer: Any) -> dict[str, str]:
@@ -544,14 +576,22 @@ def _gguf_chat_template(path: Path) -> tuple[str | None, dict[str, str]]:
     """The chat template and BOS/EOS texts from a GGUF file's metadata."""
     from thinkstruct.parsers.gguf_metadata import GGUFFormatError, read_gguf_metadata
 
-    keys = ("tokenizer.chat_template", "tokenizer.ggml.tokens", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")
+    keys = (
+        "tokenizer.chat_template",
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+    )
     try:
         meta = read_gguf_metadata(path, keys)
     except (OSError, GGUFFormatError) as exc:
         raise ChatTemplateError(f"cannot read GGUF metadata: {exc}", template=str(path)) from exc
     tokens = meta.get("tokenizer.ggml.tokens") or []
     special: dict[str, str] = {}
-    for name, key in (("bos_token", "tokenizer.ggml.bos_token_id"), ("eos_token", "tokenizer.ggml.eos_token_id")):
+    for name, key in (
+        ("bos_token", "tokenizer.ggml.bos_token_id"),
+        ("eos_token", "tokenizer.ggml.eos_token_id"),
+    ):
         idx = meta.get(key)
         if isinstance(idx, int) and 0 <= idx < len(tokens) and isinstance(tokens[idx], str):
             special[name] = tokens[idx]

@@ -166,8 +166,12 @@ def load_completion_templates(
     elif isinstance(raw, dict):
         entries = [(f"entry {key!r}", item, key) for key, item in raw.items()]
     else:
-        raise InvalidTemplateSpec(f"{path}: expected a JSON list or object of templates, got {type(raw).__name__}")
-    templates = [_template_from_json(item, where=f"{path}: {label}", name=name) for label, item, name in entries]
+        raise InvalidTemplateSpec(
+            f"{path}: expected a JSON list or object of templates, got {type(raw).__name__}"
+        )
+    templates = [
+        _template_from_json(item, where=f"{path}: {label}", name=name) for label, item, name in entries
+    ]
     if register:
         for template in templates:
             register_completion_template(template, override=override)
@@ -190,7 +194,9 @@ def _template_from_json(item: Any, *, where: str, name: str | None) -> Completio
     for field_name in ("begin", "middle", "end"):
         value = item.get(field_name)
         if not isinstance(value, str):
-            raise InvalidTemplateSpec(f"{where} ({name!r}): field {field_name!r} must be a string, got {value!r}")
+            raise InvalidTemplateSpec(
+                f"{where} ({name!r}): field {field_name!r} must be a string, got {value!r}"
+            )
         values[field_name] = value
     position = item.get("position")
     try:
@@ -205,9 +211,13 @@ def _template_from_json(item: Any, *, where: str, name: str | None) -> Completio
 
 for _template in (
     # DeepSeek-Coder's documented FIM: <｜fim▁begin｜>prefix<｜fim▁hole｜>suffix<｜fim▁end｜>.
-    CompletionTemplate("deepseek_coder", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>", FimPosition.MIDDLE),
+    CompletionTemplate(
+        "deepseek_coder", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>", FimPosition.MIDDLE
+    ),
     # The same three tokens are in DeepSeek-V4's tokenizer (ids 128801, 128800, 128802).
-    CompletionTemplate("deepseek-v4", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>", FimPosition.MIDDLE),
+    CompletionTemplate(
+        "deepseek-v4", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>", FimPosition.MIDDLE
+    ),
     CompletionTemplate("star_coder", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", FimPosition.END),
     CompletionTemplate("qwen_coder", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", FimPosition.END),
     # Code Llama infilling: "<PRE> {prefix} <SUF>{suffix} <MID>" (the spaces are part of it).

@@ -148,14 +148,18 @@ class ReasoningFamily:
                     f"{where}: {label} must be a non-empty string without surrounding whitespace, got {tag!r}"
                 )
         if self.tool_call_syntax is not None and self.tool_call_start is None:
-            raise InvalidTemplateSpec(f"{where}: tool_call_syntax needs a tool_call_start (where a call begins)")
+            raise InvalidTemplateSpec(
+                f"{where}: tool_call_syntax needs a tool_call_start (where a call begins)"
+            )
         if self.prefer_builtin_template and not self.chat_template:
             raise InvalidTemplateSpec(f"{where}: prefer_builtin_template needs a chat_template")
         for pattern in self.model_patterns:
             try:
                 re.compile(pattern)
             except (re.error, TypeError) as exc:
-                raise InvalidTemplateSpec(f"{where}: model pattern {pattern!r} is not a regular expression: {exc}") from None
+                raise InvalidTemplateSpec(
+                    f"{where}: model pattern {pattern!r} is not a regular expression: {exc}"
+                ) from None
 
     @property
     def always_thinks(self) -> bool:
@@ -457,7 +461,12 @@ for _family in (
         switch=ThinkingSwitch("reasoning", default=True),
         tool_call_start="<|START_ACTION|>",
         tool_call_syntax="cohere",
-        banned_while_thinking=("<|START_THINKING|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_ACTION|>"),
+        banned_while_thinking=(
+            "<|START_THINKING|>",
+            "<|START_RESPONSE|>",
+            "<|END_RESPONSE|>",
+            "<|START_ACTION|>",
+        ),
         chat_template=builtin.COHERE_COMMAND,
         description="Cohere Command A reasoning: the template opens <|START_THINKING|> unless reasoning=false.",
         model_patterns=(r"command[-_ ]a[-_ ]reasoning",),

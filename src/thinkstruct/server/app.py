@@ -37,9 +37,20 @@ from thinkstruct.server.state import ServerState
 if TYPE_CHECKING:
     from thinkstruct.engine import Engine
 
-ENDPOINTS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/openapi.json", "/docs"}
-) | PLAYGROUND_PATHS
+ENDPOINTS = (
+    frozenset(
+        {
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/models",
+            "/health",
+            "/metrics",
+            "/openapi.json",
+            "/docs",
+        }
+    )
+    | PLAYGROUND_PATHS
+)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": text}
@@ -79,7 +90,13 @@ def create_app(engine: Engine | None = None, settings: ServerSettings | None = N
     @app.post(
         "/v1/chat/completions",
         response_model=None,
-        responses={200: {"model": ChatCompletion, "description": "The answer, or an SSE stream of ChatCompletionChunk"}, **_ERRORS},
+        responses={
+            200: {
+                "model": ChatCompletion,
+                "description": "The answer, or an SSE stream of ChatCompletionChunk",
+            },
+            **_ERRORS,
+        },
         openapi_extra=_request_body(ChatCompletionRequest),
     )
     async def post_chat_completions(request: Request) -> Response:
@@ -88,7 +105,10 @@ def create_app(engine: Engine | None = None, settings: ServerSettings | None = N
     @app.post(
         "/v1/completions",
         response_model=None,
-        responses={200: {"model": TextCompletion, "description": "The completion, or an SSE stream of them"}, **_ERRORS},
+        responses={
+            200: {"model": TextCompletion, "description": "The completion, or an SSE stream of them"},
+            **_ERRORS,
+        },
         openapi_extra=_request_body(CompletionRequest),
     )
     async def post_completions(request: Request) -> Response:
@@ -98,7 +118,11 @@ def create_app(engine: Engine | None = None, settings: ServerSettings | None = N
     async def list_models() -> ModelList:
         return ModelList(data=[_card(state)])
 
-    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={401: _ERRORS[401], 404: _ERRORS[404]})
+    @app.get(
+        "/v1/models/{model_id:path}",
+        response_model=ModelCard,
+        responses={401: _ERRORS[401], 404: _ERRORS[404]},
+    )
     async def get_model(model_id: str) -> ModelCard:
         state.require_engine()
         state.check_model(model_id)
@@ -122,7 +146,9 @@ def create_app(engine: Engine | None = None, settings: ServerSettings | None = N
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
 
     if settings.api_key is not None:
-        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key, public_paths=settings.public_paths | PUBLIC_PATHS)
+        app.add_middleware(
+            ApiKeyMiddleware, api_key=settings.api_key, public_paths=settings.public_paths | PUBLIC_PATHS
+        )
     # Added last, so outermost: it also counts the 401s answered by the key check.
     app.add_middleware(RequestCounter, metrics=state.metrics, endpoints=ENDPOINTS)
     return app
@@ -130,7 +156,11 @@ def create_app(engine: Engine | None = None, settings: ServerSettings | None = N
 
 def _card(state: ServerState) -> ModelCard:
     engine = state.require_engine()
-    return ModelCard(id=state.model_name or engine.model.name, created=state.created, max_model_len=engine.model.context_length)
+    return ModelCard(
+        id=state.model_name or engine.model.name,
+        created=state.created,
+        max_model_len=engine.model.context_length,
+    )
 
 
 def _request_body(model: type[Any]) -> dict[str, Any]:

@@ -41,26 +41,35 @@ async def read_json(request: Request, *, max_bytes: int) -> Any:
                 raise _too_large(max_bytes)
             chunks.append(chunk)
     except ClientDisconnect:
-        raise APIError(400, "the client closed the connection before sending the whole body", code="incomplete_body") from None
+        raise APIError(
+            400, "the client closed the connection before sending the whole body", code="incomplete_body"
+        ) from None
     raw = b"".join(chunks)
     if not raw.strip():
         raise bad_request("the request body is empty; send a JSON object", code="invalid_json")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise bad_request(f"the request body is not valid UTF-8 (byte {e.start})", code="invalid_json") from None
+        raise bad_request(
+            f"the request body is not valid UTF-8 (byte {e.start})", code="invalid_json"
+        ) from None
     try:
         value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except json.JSONDecodeError as e:
         raise bad_request(
-            f"the request body is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})", code="invalid_json"
+            f"the request body is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})",
+            code="invalid_json",
         ) from None
     except _NonFinite as e:
-        raise bad_request(f"the request body contains {e}, which JSON does not allow", code="invalid_json") from None
+        raise bad_request(
+            f"the request body contains {e}, which JSON does not allow", code="invalid_json"
+        ) from None
     except RecursionError:
         raise bad_request("the request body is nested too deeply", code="invalid_json") from None
     if _depth_exceeds(value, MAX_JSON_DEPTH):
-        raise bad_request(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
+        raise bad_request(
+            f"the request body is nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_json"
+        )
     if _MAYBE_SURROGATE.search(text):
         _check_unicode(value)
     return value
@@ -100,7 +109,9 @@ async def read_model(request: Request, model: type[M], *, max_bytes: int) -> M:
     """The request body validated as ``model``; a 400 naming the first bad field otherwise."""
     value = await read_json(request, max_bytes=max_bytes)
     if not isinstance(value, dict):
-        raise bad_request(f"the request body must be a JSON object, got {_json_type(value)}", code="invalid_json")
+        raise bad_request(
+            f"the request body must be a JSON object, got {_json_type(value)}", code="invalid_json"
+        )
     try:
         return model.model_validate(value)
     except ValidationError as e:
@@ -118,9 +129,13 @@ def validation_error(error: ValidationError) -> APIError:
     param = field or param_name(first["loc"])
     kind = first["type"]
     if kind == "extra_forbidden":
-        return bad_request(f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter")
+        return bad_request(
+            f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter"
+        )
     if kind == "missing":
-        return bad_request(f"Missing required parameter: {param}", param=param, code="missing_required_parameter")
+        return bad_request(
+            f"Missing required parameter: {param}", param=param, code="missing_required_parameter"
+        )
     if field is not None:  # a model-level check that wrote its own sentence
         return bad_request(str(cause), param=param, code="invalid_value")
     message = str(cause) if cause is not None else first["msg"]
@@ -203,4 +218,6 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
 
 
 def _too_large(limit: int) -> APIError:
-    return APIError(413, f"the request body is larger than the limit of {limit} bytes", code="request_too_large")
+    return APIError(
+        413, f"the request body is larger than the limit of {limit} bytes", code="request_too_large"
+    )

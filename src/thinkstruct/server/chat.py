@@ -73,7 +73,9 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
         requested_constraint(body), body, max_whitespace=engine.compiler.config.json_format.max_whitespace
     )
     prompt = await run_in_threadpool(
-        functools.partial(chat_prompt, engine.model, body, constrained=requested is not None, tools=tools.tools)
+        functools.partial(
+            chat_prompt, engine.model, body, constrained=requested is not None, tools=tools.tools
+        )
     )
     check_prompt_length(len(prompt.ids), settings, param="messages")
     max_tokens = max_new_tokens(
@@ -91,7 +93,9 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
         fields: dict[str, Any] = {
             "grammar": grammar,
             "reasoning": reasoning,
-            "reasoning_parser": rendered.reasoning_parser(stream_reasoning=True) if body.separate_reasoning else None,
+            "reasoning_parser": rendered.reasoning_parser(stream_reasoning=True)
+            if body.separate_reasoning
+            else None,
             "max_reasoning_tokens": body.max_reasoning_tokens if reasoning else None,
             "count_allowed_tokens": body.return_allowed_tokens,
         }
@@ -117,7 +121,8 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     if results is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     choices = [
-        _choice(i, result, reasoning=reasoning and body.separate_reasoning, tools=tools) for i, result in enumerate(results)
+        _choice(i, result, reasoning=reasoning and body.separate_reasoning, tools=tools)
+        for i, result in enumerate(results)
     ]
     answer = ChatCompletion(
         id=response_id,
@@ -134,7 +139,9 @@ def _choice(index: int, result: Completion, *, reasoning: bool, tools: ToolPlan)
     return ChatChoice(
         index=index,
         message=AssistantMessage(
-            content=answer.content, reasoning_content=result.reasoning if reasoning else None, tool_calls=answer.tool_calls
+            content=answer.content,
+            reasoning_content=result.reasoning if reasoning else None,
+            tool_calls=answer.tool_calls,
         ),
         finish_reason=finished_with(finish_reason_name(result.finish_reason), len(answer.tool_calls or ())),
         error=ChoiceError(message=result.error) if result.error else None,
@@ -158,7 +165,9 @@ async def _events(
 
     def chunk(choices: list[ChatChunkChoice], usage: Any = None, info: GenerationInfo | None = None) -> bytes:
         return event(
-            ChatCompletionChunk(id=response_id, created=created, model=model, choices=choices, usage=usage, thinkstruct=info)
+            ChatCompletionChunk(
+                id=response_id, created=created, model=model, choices=choices, usage=usage, thinkstruct=info
+            )
         )
 
     try:
@@ -170,13 +179,19 @@ async def _events(
                 tail, more = calls[index].finish()
                 content, pieces = content + tail, pieces + more
             if delta.reasoning or content or pieces:
-                text = ChatDelta(reasoning_content=delta.reasoning or None, content=content or None, tool_calls=pieces or None)
+                text = ChatDelta(
+                    reasoning_content=delta.reasoning or None,
+                    content=content or None,
+                    tool_calls=pieces or None,
+                )
                 yield chunk([ChatChunkChoice(index=index, delta=text)])
             if delta.finish_reason is not None:
                 usages[index] = delta.usage
                 error = ChoiceError(message=delta.error) if delta.error else None
                 reason = finished_with(finish_reason_name(delta.finish_reason), calls[index].calls)
-                yield chunk([ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=reason, error=error)])
+                yield chunk(
+                    [ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=reason, error=error)]
+                )
         if include_usage:
             yield chunk([], usage=total_usage([prompt], usages), info=describe(usages))
     except Exception:  # a fault mid-stream: tell the client in-band, the status is sent already

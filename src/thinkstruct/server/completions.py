@@ -145,7 +145,9 @@ async def _events(
 
     def chunk(choices: list[TextChoice], usage: Any = None, info: GenerationInfo | None = None) -> bytes:
         return event(
-            TextCompletion(id=response_id, created=created, model=model, choices=choices, usage=usage, thinkstruct=info)
+            TextCompletion(
+                id=response_id, created=created, model=model, choices=choices, usage=usage, thinkstruct=info
+            )
         )
 
     try:
@@ -158,7 +160,16 @@ async def _events(
                 if delta.finish_reason is not None:
                     usages[index] = delta.usage
                 error = ChoiceError(message=delta.error) if delta.error else None
-                yield chunk([TextChoice(index=index, text=text, finish_reason=finish_reason_name(delta.finish_reason), error=error)])
+                yield chunk(
+                    [
+                        TextChoice(
+                            index=index,
+                            text=text,
+                            finish_reason=finish_reason_name(delta.finish_reason),
+                            error=error,
+                        )
+                    ]
+                )
         if include_usage:
             yield chunk([], usage=total_usage(prompts, usages), info=describe(usages))
     except Exception:  # a fault mid-stream: tell the client in-band, the status is sent already

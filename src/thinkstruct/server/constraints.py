@@ -55,7 +55,11 @@ def requested_constraint(request: ConstraintFields) -> RequestedConstraint | Non
         if getattr(request, name) is not None:
             given.append(name)
     if len(given) > 1:
-        raise bad_request(f"give one constraint per request; got {' and '.join(given)}", param=given[1], code="conflicting_constraints")
+        raise bad_request(
+            f"give one constraint per request; got {' and '.join(given)}",
+            param=given[1],
+            code="conflicting_constraints",
+        )
     if not given:
         return None  # a lone "backend" is not an error: it only matters with a constraint
     name = given[0]

@@ -63,7 +63,12 @@ class APIError(Exception):
         self.extra = extra or {}
 
     def body(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        error: dict[str, Any] = {
+            "message": self.message,
+            "type": self.type,
+            "param": self.param,
+            "code": self.code,
+        }
         error.update(self.extra)
         return {"error": error}
 
@@ -108,11 +113,18 @@ def install_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         status = exc.status_code
         kind = _STATUS_TYPES.get(status, INVALID_REQUEST if status < 500 else SERVER)
-        message = {404: f"no endpoint {request.url.path}", 405: f"method {request.method} is not allowed on {request.url.path}"}.get(
-            status, str(exc.detail)
+        message = {
+            404: f"no endpoint {request.url.path}",
+            405: f"method {request.method} is not allowed on {request.url.path}",
+        }.get(status, str(exc.detail))
+        error = APIError(
+            status, message, type=kind, code={404: "not_found", 405: "method_not_allowed"}.get(status)
         )
-        error = APIError(status, message, type=kind, code={404: "not_found", 405: "method_not_allowed"}.get(status))
-        return error.response() if not exc.headers else JSONResponse(error.body(), status, headers=dict(exc.headers))
+        return (
+            error.response()
+            if not exc.headers
+            else JSONResponse(error.body(), status, headers=dict(exc.headers))
+        )
 
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         # Only reachable from routes that let FastAPI parse parameters (none parse bodies).

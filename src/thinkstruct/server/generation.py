@@ -71,7 +71,9 @@ async def compile_constraint(
     return compiled, waited
 
 
-def max_new_tokens(requested: int | None, *, prompt_tokens: int, context: int, default: int, param: str) -> int:
+def max_new_tokens(
+    requested: int | None, *, prompt_tokens: int, context: int, default: int, param: str
+) -> int:
     """The ``max_tokens`` to generate: as asked, or ``default`` capped by the room left.
 
     Raises:
@@ -160,7 +162,11 @@ def submit_all(
     handles: list[RequestHandle] = []
     try:
         for prompt, sampling, fields in jobs:
-            handles.append(engine.submit(GenerationRequest(prompt_ids=prompt.ids, sampling=sampling, **fields), loop=loop))
+            handles.append(
+                engine.submit(
+                    GenerationRequest(prompt_ids=prompt.ids, sampling=sampling, **fields), loop=loop
+                )
+            )
     except BaseException as e:
         for handle in handles:
             handle.cancel()
@@ -174,14 +180,18 @@ def submit_all(
                 headers={"Retry-After": str(wait)},
             ) from None
         if isinstance(e, EngineClosed):
-            raise APIError(503, "the server is shutting down", type=UNAVAILABLE, code="engine_closed") from None
+            raise APIError(
+                503, "the server is shutting down", type=UNAVAILABLE, code="engine_closed"
+            ) from None
         if isinstance(e, ValueError):
             raise bad_request(str(e), code="invalid_request") from None
         raise
     return Submitted(handles=handles, prompts=[job[0] for job in jobs], started=time.perf_counter())
 
 
-async def collect(submitted: Submitted, request: Request, *, metrics: ServerMetrics) -> list[Completion] | None:
+async def collect(
+    submitted: Submitted, request: Request, *, metrics: ServerMetrics
+) -> list[Completion] | None:
     """Every choice's whole answer, or ``None`` when the client went away first (its
     engine requests are then cancelled)."""
     gathered = asyncio.ensure_future(asyncio.gather(*(h.result() for h in submitted.handles)))

@@ -15,11 +15,15 @@ def check_request_limits(request: SamplingFields, settings: ServerSettings, *, p
     """``n`` (times the number of prompts) and ``stop`` within the server's limits."""
     if request.n * prompts > settings.max_n:
         what = f"n = {request.n}" if prompts == 1 else f"n = {request.n} for each of {prompts} prompts"
-        raise bad_request(f"{what} asks for more than the {settings.max_n} choices this server allows per request", param="n")
+        raise bad_request(
+            f"{what} asks for more than the {settings.max_n} choices this server allows per request",
+            param="n",
+        )
     stops = request.stop_sequences()
     if len(stops) > settings.max_stop_sequences:
         raise bad_request(
-            f"stop has {len(stops)} sequences; at most {settings.max_stop_sequences} are allowed", param="stop"
+            f"stop has {len(stops)} sequences; at most {settings.max_stop_sequences} are allowed",
+            param="stop",
         )
 
 

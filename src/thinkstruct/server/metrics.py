@@ -34,13 +34,23 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
-            "thinkstruct_http_requests", "HTTP requests answered, by endpoint and status", ["endpoint", "status"], registry=r
+            "thinkstruct_http_requests",
+            "HTTP requests answered, by endpoint and status",
+            ["endpoint", "status"],
+            registry=r,
         )
-        self.prompt_tokens = Counter("thinkstruct_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.prompt_tokens = Counter(
+            "thinkstruct_prompt_tokens", "Prompt tokens of finished requests", registry=r
+        )
         self.completion_tokens = Counter("thinkstruct_completion_tokens", "Tokens generated", registry=r)
-        self.reasoning_tokens = Counter("thinkstruct_reasoning_tokens", "Tokens generated inside a thought", registry=r)
+        self.reasoning_tokens = Counter(
+            "thinkstruct_reasoning_tokens", "Tokens generated inside a thought", registry=r
+        )
         self.ttft = Histogram(
-            "thinkstruct_time_to_first_token_seconds", "Time from submit to the first token", buckets=_LATENCY_BUCKETS, registry=r
+            "thinkstruct_time_to_first_token_seconds",
+            "Time from submit to the first token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.per_token = Histogram(
             "thinkstruct_time_per_output_token_seconds",
@@ -49,7 +59,10 @@ class ServerMetrics:
             registry=r,
         )
         self.e2e = Histogram(
-            "thinkstruct_request_duration_seconds", "Time from submit to the last token", buckets=_LATENCY_BUCKETS, registry=r
+            "thinkstruct_request_duration_seconds",
+            "Time from submit to the last token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.compile_wait = Histogram(
             "thinkstruct_grammar_compile_wait_seconds",
@@ -58,10 +71,15 @@ class ServerMetrics:
             registry=r,
         )
         self.compile_failures = Counter(
-            "thinkstruct_grammar_compile_failures", "Constraints refused (invalid, unenforceable or timed out)", registry=r
+            "thinkstruct_grammar_compile_failures",
+            "Constraints refused (invalid, unenforceable or timed out)",
+            registry=r,
         )
         self.backend_chosen = Counter(
-            "thinkstruct_grammar_backend_chosen", "Compiled grammars handed to requests, by backend", ["backend"], registry=r
+            "thinkstruct_grammar_backend_chosen",
+            "Compiled grammars handed to requests, by backend",
+            ["backend"],
+            registry=r,
         )
         r.register(_EngineCollector(engine))
 
@@ -106,7 +124,12 @@ _ENGINE_FIELDS = (
     ("step_seconds", "thinkstruct_engine_step_seconds", "Seconds spent in decoding steps", True),
     ("prefill_tokens", "thinkstruct_engine_prefill_tokens", "Prompt tokens prefilled", True),
     ("generated_tokens", "thinkstruct_engine_generated_tokens", "Tokens generated (all requests)", True),
-    ("jump_forward_tokens", "thinkstruct_engine_jump_forward_tokens", "Tokens forced by grammar jump-forward", True),
+    (
+        "jump_forward_tokens",
+        "thinkstruct_engine_jump_forward_tokens",
+        "Tokens forced by grammar jump-forward",
+        True,
+    ),
 )
 
 # compiler.stats fields exported as gauges; the rest only grow.
@@ -124,7 +147,9 @@ class _EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         engine = self._engine()
-        ready = GaugeMetricFamily("thinkstruct_engine_ready", "1 when the model is loaded and the engine running")
+        ready = GaugeMetricFamily(
+            "thinkstruct_engine_ready", "1 when the model is loaded and the engine running"
+        )
         ready.add_metric([], 1.0 if engine is not None and engine.running else 0.0)
         yield ready
         if engine is None:
@@ -137,14 +162,19 @@ class _EngineCollector(Collector):
         finished = getattr(stats, "finished", None)
         if isinstance(finished, dict):
             family = CounterMetricFamily(
-                "thinkstruct_engine_finished", "Engine requests finished, by finish reason", labels=["finish_reason"]
+                "thinkstruct_engine_finished",
+                "Engine requests finished, by finish reason",
+                labels=["finish_reason"],
             )
             for reason, count in sorted(finished.items()):
                 family.add_metric([str(reason)], float(count))
             yield family
         for name, value in _numbers(engine.compiler.stats).items():
             yield _family(
-                f"thinkstruct_grammar_{name}", f"Grammar compiler: {name}", value, counter=name not in _COMPILER_GAUGES
+                f"thinkstruct_grammar_{name}",
+                f"Grammar compiler: {name}",
+                value,
+                counter=name not in _COMPILER_GAUGES,
             )
 
 
@@ -157,7 +187,9 @@ def _numbers(stats: Any) -> dict[str, float]:
     else:
         raw = dict(vars(stats))
     return {
-        k: float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")
+        k: float(v)
+        for k, v in raw.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")
     }
 
 

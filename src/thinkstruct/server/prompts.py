@@ -82,13 +82,21 @@ def chat_prompt(
             tools=tools,
         )
     except InvalidChatRequest as e:
-        raise bad_request(str(e), param="chat_template_kwargs" if "chat_template_kwargs" in str(e) else "messages") from None
+        raise bad_request(
+            str(e), param="chat_template_kwargs" if "chat_template_kwargs" in str(e) else "messages"
+        ) from None
     except ChatTemplateError as e:
-        raise bad_request(f"the chat template failed: {e}", param="messages", code="chat_template_error") from None
+        raise bad_request(
+            f"the chat template failed: {e}", param="messages", code="chat_template_error"
+        ) from None
     if constrained:
         rendered = rendered.with_thought_open()
     # The template writes the special tokens (and BOS) itself.
-    return Prompt(ids=encode(model.tokenizer, rendered.text, add_special_tokens=False), text=rendered.text, chat=rendered)
+    return Prompt(
+        ids=encode(model.tokenizer, rendered.text, add_special_tokens=False),
+        text=rendered.text,
+        chat=rendered,
+    )
 
 
 def completion_prompt(model: LoadedModel, prompt: str | list[int], *, suffix: str | None) -> Prompt:
@@ -104,7 +112,9 @@ def completion_prompt(model: LoadedModel, prompt: str | list[int], *, suffix: st
         vocab = model.tokenizer.vocab_size
         for i, token in enumerate(prompt):
             if not 0 <= token < vocab:
-                raise bad_request(f"prompt[{i}] = {token} is not a token id of this model (0..{vocab - 1})", param="prompt")
+                raise bad_request(
+                    f"prompt[{i}] = {token} is not a token id of this model (0..{vocab - 1})", param="prompt"
+                )
         return Prompt(ids=list(prompt))
     if suffix:
         template = model.completion_template

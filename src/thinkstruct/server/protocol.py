@@ -226,7 +226,10 @@ class ChatMessage(BaseModel):
 
     def template_view(self) -> dict[str, Any]:
         """The message as chat templates read it (``developer`` reads as ``system``)."""
-        view: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.content}
+        view: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": self.content,
+        }
         for key in ("name", "reasoning_content", "tool_call_id", "tool_calls"):
             value = getattr(self, key)
             if value is not None:
@@ -269,12 +272,24 @@ class ChatCompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _chat_checks(self) -> ChatCompletionRequest:
-        if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
-            raise _FieldError("max_completion_tokens", "max_tokens and max_completion_tokens disagree; give one")
+        if (
+            self.max_tokens is not None
+            and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise _FieldError(
+                "max_completion_tokens", "max_tokens and max_completion_tokens disagree; give one"
+            )
         if self.continue_final_message and self.messages[-1].role != "assistant":
-            raise _FieldError("continue_final_message", "continue_final_message needs the last message to be the assistant's")
+            raise _FieldError(
+                "continue_final_message",
+                "continue_final_message needs the last message to be the assistant's",
+            )
         if self.continue_final_message and self.add_generation_prompt:
-            raise _FieldError("add_generation_prompt", "add_generation_prompt cannot be combined with continue_final_message")
+            raise _FieldError(
+                "add_generation_prompt",
+                "add_generation_prompt cannot be combined with continue_final_message",
+            )
         return self
 
     @property

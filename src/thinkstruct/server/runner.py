@@ -32,7 +32,9 @@ log = logging.getLogger("thinkstruct.server")
 class _Server(uvicorn.Server):
     """uvicorn's server, with thinkstruct's shutdown: drain, grace, abort, exit 0."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState, *, grace_s: float, stop_engine: Callable[[], None]) -> None:
+    def __init__(
+        self, config: uvicorn.Config, state: ServerState, *, grace_s: float, stop_engine: Callable[[], None]
+    ) -> None:
         super().__init__(config)
         self._state = state
         self._grace_s = grace_s
@@ -115,7 +117,12 @@ def serve(
                 return
             engine_box.append(engine)
         state.attach(engine)
-        log.info("model %s loaded; serving on %s:%s", engine.model.name, settings.host, _bound_port(server) or settings.port)
+        log.info(
+            "model %s loaded; serving on %s:%s",
+            engine.model.name,
+            settings.host,
+            _bound_port(server) or settings.port,
+        )
 
     sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

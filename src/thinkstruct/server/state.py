@@ -63,8 +63,14 @@ class ServerState:
         if self.draining or (engine is not None and not engine.running):
             raise APIError(503, "the server is shutting down", type=UNAVAILABLE, code="shutting_down")
         if engine is None:
-            message = f"the model failed to load: {self.load_error}" if self.load_error else "the model is still loading"
-            raise APIError(503, message, type=UNAVAILABLE, code="model_not_ready", headers={"Retry-After": "5"})
+            message = (
+                f"the model failed to load: {self.load_error}"
+                if self.load_error
+                else "the model is still loading"
+            )
+            raise APIError(
+                503, message, type=UNAVAILABLE, code="model_not_ready", headers={"Retry-After": "5"}
+            )
         return engine
 
     def check_model(self, name: str) -> None:

@@ -87,7 +87,11 @@ class ToolPlan:
         return None if self.syntax is None else ToolCallParser(self.syntax, tools=self.schemas)
 
     def constraint(
-        self, requested: RequestedConstraint | None, body: ChatCompletionRequest, *, max_whitespace: int | None
+        self,
+        requested: RequestedConstraint | None,
+        body: ChatCompletionRequest,
+        *,
+        max_whitespace: int | None,
     ) -> RequestedConstraint | None:
         """The constraint of the request: the tool calls' structural tag, or the request's
         own constraint when the tools ask for none.
@@ -106,10 +110,15 @@ class ToolPlan:
             )
         tools = [(name, self.schemas.parameters.get(name) or {"type": "object"}) for name in self.allowed]
         tag = tool_call_structural_tag(
-            self.syntax.form, tools, mode="required" if self.choice == "required" else "auto",
-            parallel=self.parallel, max_whitespace=max_whitespace,
+            self.syntax.form,
+            tools,
+            mode="required" if self.choice == "required" else "auto",
+            parallel=self.parallel,
+            max_whitespace=max_whitespace,
         )
-        return RequestedConstraint(constraint=Constraint.structural_tag(tag), param="tools", backend=body.backend, strict=None)
+        return RequestedConstraint(
+            constraint=Constraint.structural_tag(tag), param="tools", backend=body.backend, strict=None
+        )
 
 
 def tool_plan(body: ChatCompletionRequest, family: ReasoningFamily) -> ToolPlan:
@@ -130,10 +139,14 @@ def tool_plan(body: ChatCompletionRequest, family: ReasoningFamily) -> ToolPlan:
     names = tuple(t["function"]["name"] for t in tools)
     syntax = get_tool_call_syntax(family.tool_call_syntax) if family.tool_call_syntax else None
     if choice == "required" and (syntax is None or syntax.form is None):
-        what = "has no tool-call syntax" if syntax is None else f"writes calls in a syntax ({syntax.name}) that cannot be constrained"
+        what = (
+            "has no tool-call syntax"
+            if syntax is None
+            else f"writes calls in a syntax ({syntax.name}) that cannot be constrained"
+        )
         raise bad_request(
             f"tool_choice {'naming a function' if named else repr(choice)} needs a constrained call, and this model's "
-            f"family ({family.name}) {what}; use tool_choice \"auto\"",
+            f'family ({family.name}) {what}; use tool_choice "auto"',
             param="tool_choice",
             code="unsupported_tool_choice",
         )
@@ -161,7 +174,9 @@ def _checked_tools(value: Any) -> list[dict[str, Any]]:
         if not isinstance(tool, dict):
             raise bad_request(f"{where} must be an object", param=where)
         if tool.get("type", "function") != "function":
-            raise bad_request(f"{where}.type must be \"function\", got {tool.get('type')!r}", param=f"{where}.type")
+            raise bad_request(
+                f'{where}.type must be "function", got {tool.get("type")!r}', param=f"{where}.type"
+            )
         function = tool.get("function")
         if not isinstance(function, dict):
             raise bad_request(f"{where}.function must be an object", param=f"{where}.function")
@@ -172,14 +187,21 @@ def _checked_tools(value: Any) -> list[dict[str, Any]]:
                 param=f"{where}.function.name",
             )
         if name in seen:
-            raise bad_request(f"{where}.function.name {name!r} is given twice", param=f"{where}.function.name")
+            raise bad_request(
+                f"{where}.function.name {name!r} is given twice", param=f"{where}.function.name"
+            )
         seen.add(name)
         description = function.get("description")
         if description is not None and not isinstance(description, str):
-            raise bad_request(f"{where}.function.description must be a string", param=f"{where}.function.description")
+            raise bad_request(
+                f"{where}.function.description must be a string", param=f"{where}.function.description"
+            )
         parameters = function.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(parameters, dict):
-            raise bad_request(f"{where}.function.parameters must be a JSON Schema object", param=f"{where}.function.parameters")
+            raise bad_request(
+                f"{where}.function.parameters must be a JSON Schema object",
+                param=f"{where}.function.parameters",
+            )
         clean: dict[str, Any] = {"name": name, "parameters": parameters}
         if description is not None:
             clean["description"] = description
@@ -192,7 +214,10 @@ def _checked_choice(value: Any, tools: list[dict[str, Any]]) -> tuple[Choice, st
         return ("auto" if tools else "none"), None
     if isinstance(value, str):
         if value not in ("none", "auto", "required"):
-            raise bad_request(f'tool_choice must be "none", "auto", "required" or a function, got {value!r}', param="tool_choice")
+            raise bad_request(
+                f'tool_choice must be "none", "auto", "required" or a function, got {value!r}',
+                param="tool_choice",
+            )
         if value == "required" and not tools:
             raise bad_request('tool_choice "required" needs tools', param="tool_choice")
         return value, None  # type: ignore[return-value]
@@ -243,7 +268,9 @@ def whole_answer(plan: ToolPlan, content: str) -> ToolAnswer:
     calls = list(found.calls if plan.parallel else found.calls[:1])
     if not calls:
         return ToolAnswer(found.content, None)
-    out = [ToolCallOut(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
+    out = [
+        ToolCallOut(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls
+    ]
     return ToolAnswer(found.content or None, out)
 
 
@@ -287,7 +314,9 @@ class ToolStream:
                     )
                 )
             elif delta.arguments:
-                pieces.append(ToolCallPiece(index=delta.index, function=FunctionCallPiece(arguments=delta.arguments)))
+                pieces.append(
+                    ToolCallPiece(index=delta.index, function=FunctionCallPiece(arguments=delta.arguments))
+                )
         return result.content, pieces
 
 
@@ -296,4 +325,12 @@ def template_tools(plan: ToolPlan) -> Sequence[Mapping[str, Any]] | None:
     return plan.tools
 
 
-__all__ = ["ToolAnswer", "ToolPlan", "ToolStream", "finished_with", "template_tools", "tool_plan", "whole_answer"]
+__all__ = [
+    "ToolAnswer",
+    "ToolPlan",
+    "ToolStream",
+    "finished_with",
+    "template_tools",
+    "tool_plan",
+    "whole_answer",
+]

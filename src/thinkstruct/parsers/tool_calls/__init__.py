@@ -101,9 +101,15 @@ for _syntax in (
     ),
     Gemma4Syntax(),
     JsonSectionSyntax(
-        "hunyuan", "<tool_calls>", "</tool_calls>", description="Hunyuan: <tool_calls>[{json}]</tool_calls>", form=forms.HUNYUAN
+        "hunyuan",
+        "<tool_calls>",
+        "</tool_calls>",
+        description="Hunyuan: <tool_calls>[{json}]</tool_calls>",
+        form=forms.HUNYUAN,
     ),
-    JsonSectionSyntax("granite", "<|tool_call|>", None, description="Granite 3.x: <|tool_call|>[{json}]", form=forms.GRANITE),
+    JsonSectionSyntax(
+        "granite", "<|tool_call|>", None, description="Granite 3.x: <|tool_call|>[{json}]", form=forms.GRANITE
+    ),
     JsonSectionSyntax(
         "cohere",
         "<|START_ACTION|>",

@@ -67,16 +67,30 @@ class CallForm:
     def tag(self, name: str, parameters: Mapping[str, Any], *, max_whitespace: int | None) -> dict[str, Any]:
         """The structural-tag ``tag`` of one call of tool ``name``."""
         shown = json.dumps(name, ensure_ascii=False)[1:-1] if self.json_name else name
-        arguments: dict[str, Any] = {"type": "json_schema", "json_schema": dict(parameters) or {"type": "object"}}
+        arguments: dict[str, Any] = {
+            "type": "json_schema",
+            "json_schema": dict(parameters) or {"type": "object"},
+        }
         if self.style != "json":
             arguments["style"] = self.style
         if max_whitespace is not None:
             arguments["max_whitespace_cnt"] = max_whitespace
         content: dict[str, Any] = arguments
         if self.index:
-            content = {"type": "sequence", "elements": [{"type": "regex", "pattern": "[0-9]{1,3}"},
-                                                        {"type": "const_string", "value": self.index}, arguments]}
-        return {"type": "tag", "begin": self.begin.replace("{name}", shown), "content": content, "end": self.end}
+            content = {
+                "type": "sequence",
+                "elements": [
+                    {"type": "regex", "pattern": "[0-9]{1,3}"},
+                    {"type": "const_string", "value": self.index},
+                    arguments,
+                ],
+            }
+        return {
+            "type": "tag",
+            "begin": self.begin.replace("{name}", shown),
+            "content": content,
+            "end": self.end,
+        }
 
 
 ToolChoiceMode = Literal["auto", "required"]
@@ -111,8 +125,11 @@ def tool_call_structural_tag(
         # The legacy {structures, triggers} form says the same, and llguidance compiles
         # it too (in about a millisecond), so the compiler's "auto" can choose.
         structures = [
-            {"begin": form.tag(name, params, max_whitespace=None)["begin"], "schema": dict(params) or {"type": "object"},
-             "end": form.end}
+            {
+                "begin": form.tag(name, params, max_whitespace=None)["begin"],
+                "schema": dict(params) or {"type": "object"},
+                "end": form.end,
+            }
             for name, params in tools
         ]
         return {"structures": structures, "triggers": [form.trigger]}
@@ -140,9 +157,19 @@ def tool_call_structural_tag(
             body = calls
     elif form.group_begin:
         group = {"type": "tag", "begin": form.group_begin, "content": calls, "end": form.group_end}
-        body = {"type": "triggered_tags", "triggers": [form.trigger], "tags": [group], "stop_after_first": True}
+        body = {
+            "type": "triggered_tags",
+            "triggers": [form.trigger],
+            "tags": [group],
+            "stop_after_first": True,
+        }
     else:
-        body = {"type": "triggered_tags", "triggers": [form.trigger], "tags": tags, "stop_after_first": not parallel}
+        body = {
+            "type": "triggered_tags",
+            "triggers": [form.trigger],
+            "tags": tags,
+            "stop_after_first": not parallel,
+        }
     return {"type": "structural_tag", "format": body}
 
 
@@ -206,7 +233,9 @@ KIMI_K2 = CallForm(
     group_end="<|tool_calls_section_end|>",
     index="<|tool_call_argument_begin|>",
 )
-GLM45 = CallForm(begin="<tool_call>{name}\n", end="</tool_call>", style="glm_xml", trigger="<tool_call>", separator="\n")
+GLM45 = CallForm(
+    begin="<tool_call>{name}\n", end="</tool_call>", style="glm_xml", trigger="<tool_call>", separator="\n"
+)
 GLM47 = CallForm(begin="<tool_call>{name}", end="</tool_call>", style="glm_xml", trigger="<tool_call>")
 MINIMAX_M2 = CallForm(
     begin='<invoke name="{name}">\n',

@@ -171,12 +171,15 @@ class HermesSyntax(JsonSectionSyntax):
     ``<tool_call><function=f><parameter=p>v</parameter></function></tool_call>`` (Qwen3.5,
     Nemotron 3): one family's model may write any of them."""
 
-    def __init__(self, name: str = "hermes", *, form: CallForm | None = forms.HERMES, description: str = "") -> None:
+    def __init__(
+        self, name: str = "hermes", *, form: CallForm | None = forms.HERMES, description: str = ""
+    ) -> None:
         super().__init__(
             name,
             "<tool_call>",
             "</tool_call>",
-            description=description or "<tool_call> with a JSON call (or list), or Qwen3-Coder's <function=...> XML body",
+            description=description
+            or "<tool_call> with a JSON call (or list), or Qwen3-Coder's <function=...> XML body",
             form=form,
         )
 

@@ -155,7 +155,11 @@ class CallObject:
 
 
 def scan_call_object(
-    text: str, i: int, *, name_keys: tuple[str, ...] = ("name",), argument_keys: tuple[str, ...] = ("arguments", "parameters")
+    text: str,
+    i: int,
+    *,
+    name_keys: tuple[str, ...] = ("name",),
+    argument_keys: tuple[str, ...] = ("arguments", "parameters"),
 ) -> CallObject:
     """Read the call object starting at ``text[i] == '{'``.
 

@@ -56,7 +56,9 @@ class HarmonySyntax(ToolCallSyntax):
         end = stop + stop_len if stop >= 0 else (n if final else None)
         recipient = _RECIPIENT.search(text, 0, h)
         if recipient is None:
-            body = text[b:stop] if stop >= 0 else text[b : n - held_suffix(text[b:], (*self.ENDS, *self.NEXT))]
+            body = (
+                text[b:stop] if stop >= 0 else text[b : n - held_suffix(text[b:], (*self.ENDS, *self.NEXT))]
+            )
             return SectionScan([], end, body)
         name = recipient.group(1)
         name = name.removeprefix("functions.")
@@ -73,7 +75,10 @@ class HarmonySyntax(ToolCallSyntax):
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
-_PY_STRING = re.compile(r"""[rRbBuU]?(?:'''(?:[^\\]|\\.)*?'''|\"\"\"(?:[^\\]|\\.)*?\"\"\"|'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")""", re.DOTALL)
+_PY_STRING = re.compile(
+    r"""[rRbBuU]?(?:'''(?:[^\\]|\\.)*?'''|\"\"\"(?:[^\\]|\\.)*?\"\"\"|'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")""",
+    re.DOTALL,
+)
 _OPENERS = {"(": ")", "[": "]", "{": "}"}
 
 

@@ -76,7 +76,9 @@ class ToolCallParser:
         "syntax",
     )
 
-    def __init__(self, syntax: Any, *, tools: Iterable[Mapping[str, Any]] | ToolSchemas | None = None) -> None:
+    def __init__(
+        self, syntax: Any, *, tools: Iterable[Mapping[str, Any]] | ToolSchemas | None = None
+    ) -> None:
         self.syntax: ToolCallSyntax = _resolve(syntax)
         self.schemas = ToolSchemas.from_tools(tools)
         self._starts = tuple(self.syntax.starts)

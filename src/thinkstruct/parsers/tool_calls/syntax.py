@@ -181,7 +181,9 @@ class ArgumentsWriter:
             head = (", " if self._count else "") + json_text(key) + ': "'
             self._parts.append(head + escape_piece(raw) + ('"' if complete else ""))
         elif complete:
-            self._parts.append((", " if self._count else "") + json_text(key) + ": " + convert_value(raw, kind))
+            self._parts.append(
+                (", " if self._count else "") + json_text(key) + ": " + convert_value(raw, kind)
+            )
         else:
             self._open = False
             return

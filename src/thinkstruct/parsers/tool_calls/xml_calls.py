@@ -50,11 +50,20 @@ class XmlDialect:
     strip_newlines: bool
 
 
-QWEN_XML = XmlDialect("<function=", ">", "</function>", "<parameter=", "</parameter>", quoted=False, strip_newlines=True)
-MINIMAX_XML = XmlDialect('<invoke name="', '">', "</invoke>", '<parameter name="', "</parameter>", quoted=True, strip_newlines=True)
+QWEN_XML = XmlDialect(
+    "<function=", ">", "</function>", "<parameter=", "</parameter>", quoted=False, strip_newlines=True
+)
+MINIMAX_XML = XmlDialect(
+    '<invoke name="', '">', "</invoke>", '<parameter name="', "</parameter>", quoted=True, strip_newlines=True
+)
 DSML_XML = XmlDialect(
-    '<｜DSML｜invoke name="', '">', "</｜DSML｜invoke>", '<｜DSML｜parameter name="', "</｜DSML｜parameter>",
-    quoted=True, strip_newlines=False,
+    '<｜DSML｜invoke name="',
+    '">',
+    "</｜DSML｜invoke>",
+    '<｜DSML｜parameter name="',
+    "</｜DSML｜parameter>",
+    quoted=True,
+    strip_newlines=False,
 )
 
 _STRING_ATTR = re.compile(r'\bstring="(true|false)"')
@@ -79,9 +88,13 @@ def read_value(
     if c < 0:
         raw = text[v:]
         raw = raw[: len(raw) - held_suffix(raw, (close,))]
-        writer.pair(key, settled_value(raw, complete=False, strip_newlines=strip_newlines), kind=kind, complete=False)
+        writer.pair(
+            key, settled_value(raw, complete=False, strip_newlines=strip_newlines), kind=kind, complete=False
+        )
         return None
-    writer.pair(key, settled_value(text[v:c], complete=True, strip_newlines=strip_newlines), kind=kind, complete=True)
+    writer.pair(
+        key, settled_value(text[v:c], complete=True, strip_newlines=strip_newlines), kind=kind, complete=True
+    )
     return c + len(close)
 
 
@@ -148,7 +161,9 @@ def scan_invokes(
             else:
                 key = header.strip()
                 kind = schemas.kind(name, key)
-            after = read_value(text, he + 1, d.param_close, writer, key, kind, strip_newlines=d.strip_newlines)
+            after = read_value(
+                text, he + 1, d.param_close, writer, key, kind, strip_newlines=d.strip_newlines
+            )
             call.arguments = writer.text(closed=False)
             if after is None:
                 return calls, cut, True
@@ -220,7 +235,7 @@ class Glm45Syntax(ToolCallSyntax):
             return not_a_call(marker) if final else SectionScan()
         k = min(ends)
         name = text[s:k].strip()
-        if any(c in name for c in "<>{}\"\n"):
+        if any(c in name for c in '<>{}"\n'):
             return not_a_call(marker)
         writer = ArgumentsWriter()
         call = ScannedCall(name, writer.text(closed=False))
@@ -246,7 +261,13 @@ class Glm45Syntax(ToolCallSyntax):
             if not text.startswith(self.VALUE, q):
                 return SectionScan([call], q)
             after = read_value(
-                text, q + len(self.VALUE), self.VALUE_END, writer, key, schemas.kind(name, key), strip_newlines=True
+                text,
+                q + len(self.VALUE),
+                self.VALUE_END,
+                writer,
+                key,
+                schemas.kind(name, key),
+                strip_newlines=True,
             )
             call.arguments = writer.text(closed=False)
             if after is None:
