@@ -355,7 +355,7 @@ def _unicode_to_byte() -> dict[str, int]:
             printable.append(b)
             chars.append(256 + extra)
             extra += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
 def _replaces_metaspace(step: dict[str, Any]) -> bool:

@@ -10,7 +10,8 @@ tokens have none.
 from __future__ import annotations
 
 import codecs
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from thinkstruct.tokenizer import Tokenizer
@@ -47,7 +48,7 @@ class IncrementalDetokenizer:
     Invalid UTF-8 (a model can emit a stray continuation byte) becomes U+FFFD.
     """
 
-    __slots__ = ("_texts", "_decoder")
+    __slots__ = ("_decoder", "_texts")
 
     def __init__(self, texts: TokenTexts) -> None:
         self._texts = texts

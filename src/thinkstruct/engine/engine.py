@@ -28,8 +28,9 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -288,7 +289,7 @@ class Engine:
                     vocab_size=self.tokenizer.vocab_size,
                 )
             self._masks = TokenBitmask(self.config.max_batch, self.tokenizer.vocab_size)
-        except BaseException as e:  # reported to start()
+        except BaseException as e:  # noqa: BLE001 - reported to start()
             failure.append(e)
             ready.set()
             return
@@ -364,7 +365,7 @@ class Engine:
         first = rows[0].slot
         logits = runner.forward(first, chunks, [s.cached for s in rows])
         done: list[int] = []
-        for i, (seq, chunk) in enumerate(zip(rows, chunks)):
+        for i, (seq, chunk) in enumerate(zip(rows, chunks, strict=True)):
             seq.cached += len(chunk)
             del seq.pending[: len(chunk)]
             self.stats.prefill_tokens += len(chunk)
@@ -430,14 +431,14 @@ class Engine:
             seq.matcher.fill_bitmask(masks, row)  # type: ignore[union-attr]
             if seq.allowed_counts is not None:
                 seq.allowed_now = allowed_count(masks[row], self.tokenizer.vocab_size)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - this request fails with the message, the batch goes on
             seq.finish_reason = FinishReason.ERROR
             seq.error = f"the grammar failed to compute its mask: {e}"
 
     def _sample_and_advance(self, rows: list[Sequence], logits: torch.Tensor) -> None:
         """Sample one token per live row, feed it (and forced tokens) on, emit deltas."""
         live = [i for i, s in enumerate(rows) if s.finish_reason is None]
-        for i, s in enumerate(rows):
+        for s in rows:
             if s.finish_reason is not None and not s.handle.finished:
                 self._emit_finish(s)
         if not live:
@@ -453,7 +454,7 @@ class Engine:
                     tokens.append(sample(logits[i : i + 1], [rows[i].params], [rows[i].generator])[0])
                 except ValueError:
                     tokens.append(-1)
-        for i, token in zip(live, tokens):
+        for i, token in zip(live, tokens, strict=True):
             seq = rows[i]
             try:
                 self._advance(seq, token)
@@ -512,7 +513,7 @@ class Engine:
         reason = seq.finish_reason or FinishReason.ERROR
         try:
             delta = seq.finish(reason, seq.error)
-        except Exception as e:  # the parser or detokenizer failed at the very end
+        except Exception as e:  # noqa: BLE001 - the parser or detokenizer failed at the very end
             delta = Delta(finish_reason=FinishReason.ERROR, error=f"internal error finishing: {e}")
         self.stats.finished[delta.finish_reason.value if delta.finish_reason else "error"] += 1
         seq.handle.emit(delta)
@@ -578,7 +579,7 @@ def allowed_count(row: torch.Tensor, vocab_size: int) -> int:
 
 def _single_id(tokenizer: object, text: str) -> tuple[int, ...]:
     """The id of ``text`` if it is one token of the vocabulary, else nothing."""
-    hf = getattr(tokenizer, "hf")
+    hf = tokenizer.hf
     token_id = hf.convert_tokens_to_ids(text)
     unk = getattr(hf, "unk_token_id", None)
     if isinstance(token_id, int) and token_id != unk and hf.convert_ids_to_tokens(token_id) == text:

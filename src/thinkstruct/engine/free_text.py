@@ -8,7 +8,8 @@ answer, so the same code enforces the budget with or without a constraint.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from thinkstruct.grammar.bitmask import allow_all
 from thinkstruct.grammar.matcher import GrammarMatcher, StopTokenMatcher

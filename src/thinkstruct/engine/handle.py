@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 from thinkstruct.engine.request import Completion, Delta, join_deltas
 

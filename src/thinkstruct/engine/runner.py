@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import abc
 import inspect
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 

@@ -11,7 +11,7 @@ than ``top_p`` of the mass, so it stays exact.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -55,7 +55,7 @@ def sample(
     plain = [j for j, i in enumerate(drawn) if not (params[i].top_k or params[i].top_p < 1.0)]
     if plain:
         chosen = _inverse_cdf(torch.softmax(scaled[plain], dim=-1), [generators[drawn[j]] for j in plain])
-        for j, token in zip(plain, chosen):
+        for j, token in zip(plain, chosen, strict=True):
             out[drawn[j]] = token
     if filtered:
         k = min(max(params[drawn[j]].top_k or TOP_P_CANDIDATES for j in filtered), vocab)

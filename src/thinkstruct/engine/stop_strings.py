@@ -22,7 +22,7 @@ def first_stop(text: str, stops: tuple[str, ...]) -> int:
 class StopStringMatcher:
     """Cuts a text stream at the first occurrence of any of ``stops``."""
 
-    __slots__ = ("_stops", "_pending", "stopped")
+    __slots__ = ("_pending", "_stops", "stopped")
 
     def __init__(self, stops: tuple[str, ...]) -> None:
         self._stops = stops

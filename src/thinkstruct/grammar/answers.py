@@ -18,7 +18,7 @@ def first_rejected(compiled: CompiledGrammar, text: str) -> int | None:
     tok = compiled.tokenizer
     grammar = compiled.matcher()
     ids, offsets = tok.encode_with_offsets(text)
-    for token_id, (start, end) in zip(ids, offsets):
+    for token_id, (start, end) in zip(ids, offsets, strict=True):
         if not grammar.accept_token(token_id):
             return _first_rejected_char(grammar, tok, text, start, end)
     return None if can_stop(grammar, tok) else len(text)

@@ -235,7 +235,7 @@ class ChatTemplate:
             raise ChatTemplateError(
                 f"{type(exc).__name__}: {exc}", template=self.name, line=_template_line(exc)
             ) from None
-        except Exception as exc:  # a template bug (e.g. str + None) must not crash the caller
+        except Exception as exc:  # noqa: BLE001 - a template bug (e.g. str + None) must not crash the caller
             raise ChatTemplateError(
                 f"{type(exc).__name__}: {exc}", template=self.name, line=_template_line(exc)
             ) from None

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any, BinaryIO, Collection
+from collections.abc import Collection
+from typing import Any, BinaryIO
 
 _MAGIC = b"GGUF"
 # GGUF value types: id -> struct format of one item (strings and arrays are handled apart).

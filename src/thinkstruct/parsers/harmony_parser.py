@@ -78,13 +78,13 @@ class HarmonyReasoningParser(ReasoningParser):
 
     __slots__ = (
         "_bare_kind",
-        "_initial",
-        "_mode",
-        "_kind",
-        "_header",
-        "_reason_any",
         "_fresh",
+        "_header",
         "_held",
+        "_initial",
+        "_kind",
+        "_mode",
+        "_reason_any",
     )
 
     def _setup(self) -> None:
@@ -216,7 +216,7 @@ class HarmonyReasoningParser(ReasoningParser):
                 if self._kind == _RAW:
                     content.append(t)
                 self._mode = _IDLE
-            elif t == START or t == CHANNEL:  # the model began a new message without ending this one
+            elif t in (START, CHANNEL):  # the model began a new message without ending this one
                 self._mode = _HEADER
                 self._header = [t]
             else:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from thinkstruct.parsers import builtin_chat_templates as builtin
 from thinkstruct.parsers.errors import InvalidChatRequest, InvalidTemplateSpec

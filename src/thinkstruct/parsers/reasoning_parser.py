@@ -44,7 +44,7 @@ class HeldReasoning:
     proportional to the text, not to the number of chunks.
     """
 
-    __slots__ = ("_recent", "_parts")
+    __slots__ = ("_parts", "_recent")
     _GROUP = 256
 
     def __init__(self) -> None:
@@ -95,13 +95,13 @@ class ReasoningParser:
     """
 
     __slots__ = (
-        "family",
-        "enabled",
-        "forced",
-        "stream_reasoning",
-        "continue_final_message",
-        "previous_content",
         "_pending",
+        "continue_final_message",
+        "enabled",
+        "family",
+        "forced",
+        "previous_content",
+        "stream_reasoning",
     )
 
     _implementations: ClassVar[dict[ReasoningFormat, type[ReasoningParser]]] = {}

@@ -195,7 +195,7 @@ class TagReasoningParser(ReasoningParser):
             return ParseResult("", content)
         if state == _STRAY:
             return ParseResult("", pending)
-        if state == _OPENING or state == _THINK:
+        if state in (_OPENING, _THINK):
             # Cut off inside the thought: what is held back was reasoning after all.
             return ParseResult(self._emit_reasoning(pending) + self._end_thought(), "")
         return EMPTY_RESULT

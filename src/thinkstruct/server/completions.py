@@ -76,7 +76,7 @@ async def completions(request: Request, state: ServerState) -> Response:
         )
     grammar, compile_s = await compile_constraint(engine, requested, metrics=state.metrics)
     jobs = []
-    for prompt, budget in zip(prompts, budgets):
+    for prompt, budget in zip(prompts, budgets, strict=True):
         for j in range(body.n):
             fields: dict[str, Any] = {"grammar": grammar, "reasoning": False, "reasoning_parser": None}
             jobs.append((prompt, sampling_params(body, max_tokens=budget, choice=j), fields))

@@ -212,15 +212,17 @@ class ChatMessage(BaseModel):
         if value is None or isinstance(value, str):
             return value
         if not isinstance(value, list):
-            raise ValueError("content must be a string, a list of text parts or null")  # noqa: TRY004 - pydantic reports only ValueError
+            raise ValueError(
+                "content must be a string, a list of text parts or null"
+            )  # not TypeError: pydantic reports only ValueError
         parts = []
         for i, part in enumerate(value):
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise ValueError(f"content[{i}] must be an object with a type")  # noqa: TRY004
+                raise ValueError(f"content[{i}] must be an object with a type")
             if part["type"] != "text":
                 raise ValueError(f"content[{i}] is of type {part['type']!r}; only text parts are supported")
             if not isinstance(part.get("text"), str):
-                raise ValueError(f"content[{i}].text must be a string")  # noqa: TRY004
+                raise ValueError(f"content[{i}].text must be a string")
             parts.append({"type": "text", "text": part["text"]})
         return parts
 

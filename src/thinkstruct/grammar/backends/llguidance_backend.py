@@ -52,7 +52,7 @@ class LLGuidanceBackend(GrammarBackend):
     kinds = frozenset(ConstraintKind)
     inexact_keywords = NO_BACKEND_ENFORCES
     lenient_mode = True
-    rank = {kind: 0 for kind in ConstraintKind} | {ConstraintKind.STRUCTURAL_TAG: 1}
+    rank = dict.fromkeys(ConstraintKind, 0) | {ConstraintKind.STRUCTURAL_TAG: 1}
 
     def __init__(
         self, tokenizer: Tokenizer, *, json_format: JsonFormat = COMPACT, lenient: bool = False

@@ -69,7 +69,7 @@ class XGrammarBackend(GrammarBackend):
     }  # fmt: skip
     ignores_inexact = True
     isolated = True
-    rank = {kind: 1 for kind in ConstraintKind} | {ConstraintKind.STRUCTURAL_TAG: 0}
+    rank = dict.fromkeys(ConstraintKind, 1) | {ConstraintKind.STRUCTURAL_TAG: 0}
 
     def __init__(
         self, tokenizer: Tokenizer, *, json_format: JsonFormat = COMPACT, lenient: bool = False

@@ -118,13 +118,18 @@ class ToolCallParser:
             raise RuntimeError("feed() after finish(); call reset() to parse another output")
         if not chunk:
             return EMPTY_STREAM_RESULT
-        if self._mode == _CONTENT and not self._pending and not self._begin and not self._after:
-            # Hot path: plain content with nothing that could start a marker.
-            if not any(c in chunk for c in self._firsts):
-                body = chunk.rstrip()
-                out = self._ws + body if body else ""
-                self._ws = chunk[len(body) :] if body else self._ws + chunk
-                return ToolStreamResult(out, ()) if out else EMPTY_STREAM_RESULT
+        # Hot path: plain content with nothing that could start a marker.
+        if (
+            self._mode == _CONTENT
+            and not self._pending
+            and not self._begin
+            and not self._after
+            and not any(c in chunk for c in self._firsts)
+        ):
+            body = chunk.rstrip()
+            out = self._ws + body if body else ""
+            self._ws = chunk[len(body) :] if body else self._ws + chunk
+            return ToolStreamResult(out, ()) if out else EMPTY_STREAM_RESULT
         content: list[str] = []
         deltas: list[ToolCallDelta] = []
         text = self._pending + chunk
@@ -251,9 +256,8 @@ class ToolCallParser:
                 best = at
         if self._leading and self._begin:
             first = len(text) - len(text.lstrip())
-            if best < 0 or first < best:
-                if any(text.startswith(m, first) for m in self._leading):
-                    best = first
+            if (best < 0 or first < best) and any(text.startswith(m, first) for m in self._leading):
+                best = first
         return best
 
     def _held_marker(self, text: str) -> int:
@@ -263,9 +267,13 @@ class ToolCallParser:
             tail = text[i:]
             if any(m.startswith(tail) for m in self._starts):
                 return n - i
-            if self._leading and self._begin and not text[:i].strip():
-                if any(m.startswith(tail) for m in self._leading):
-                    return n - i
+            if (
+                self._leading
+                and self._begin
+                and not text[:i].strip()
+                and any(m.startswith(tail) for m in self._leading)
+            ):
+                return n - i
         return 0
 
     def __repr__(self) -> str:
