@@ -23,11 +23,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from thinkstruct.parsers.errors import ChatTemplateError, InvalidChatRequest
 from thinkstruct.parsers.reasoning_families import ReasoningFamily, get_reasoning_family
 from thinkstruct.parsers.reasoning_parser import ReasoningParser
+
+if TYPE_CHECKING:
+    from jinja2 import Template
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Variables the renderer sets itself; chat_template_kwargs may not replace them.
 _RESERVED = frozenset({"messages", "add_generation_prompt", "continue_final_message", "tools"})
@@ -62,7 +66,7 @@ def _strftime_now(fmt: str) -> str:
 
 
 @functools.cache
-def _environment() -> Any:
+def _environment() -> ImmutableSandboxedEnvironment:
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -74,7 +78,7 @@ def _environment() -> Any:
 
 
 @functools.lru_cache(maxsize=64)
-def _compile(source: str, name: str) -> Any:
+def _compile(source: str, name: str) -> Template:
     from jinja2 import TemplateSyntaxError
 
     try:

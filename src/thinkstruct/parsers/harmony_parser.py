@@ -89,7 +89,14 @@ class HarmonyReasoningParser(ReasoningParser):
 
     def _setup(self) -> None:
         self._bare_kind = _REASON if self.forced else _ANSWER
-        self._initial = (_IDLE if self.enabled else _VERBATIM, _ANSWER, (), False, False)
+        # (mode, kind, header pieces, reason_any, fresh): the state reset() returns to.
+        self._initial: tuple[int, int, tuple[str, ...], bool, bool] = (
+            _IDLE if self.enabled else _VERBATIM,
+            _ANSWER,
+            (),
+            False,
+            False,
+        )
         self.reset()
         if self.continue_final_message and self.previous_content:
             self._consume(self.previous_content, [], [])

@@ -105,6 +105,7 @@ class ReasoningParser:
     )
 
     _implementations: ClassVar[dict[ReasoningFormat, type[ReasoningParser]]] = {}
+    _pending: str  # set by each format's _setup/reset
 
     def __new__(cls, *args: Any, **kwargs: Any) -> ReasoningParser:
         # ReasoningParser(family) picks the class of the family's format; a subclass (or
