@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from thinkstruct.engine.models import LoadedModel
     from thinkstruct.grammar.base import GrammarMatcher
     from thinkstruct.grammar.compiler import GrammarCompiler
+    from thinkstruct.tokenizer import Tokenizer
 
 log = logging.getLogger("thinkstruct.engine")
 
@@ -107,6 +108,11 @@ class EngineStats:
     forward_seconds: float = 0.0
     mask_seconds: float = 0.0
     last_batch: int = 0
+    #: KV cache slots holding a request (running or prefilling) and the tokens cached in
+    #: them, as the last round of the engine loop left them; a finished or cancelled
+    #: request's slot is free by the end of the round that drops it.
+    slots_used: int = 0
+    kv_tokens: int = 0
 
 
 class Engine:
@@ -294,9 +300,14 @@ class Engine:
             ready.set()
             return
         ready.set()
-        with torch.inference_mode():
-            while self._iterate():
-                pass
+        try:
+            with torch.inference_mode():
+                while self._iterate():
+                    pass
+        except BaseException as e:  # a bug outside every request's own path: nobody may hang
+            log.exception("the engine thread failed")
+            self._abort_all(f"the engine failed: {e}", reason=FinishReason.ERROR)
+            raise
         self._abort_all("the engine stopped")
 
     def _iterate(self) -> bool:
@@ -310,8 +321,8 @@ class Engine:
                 self._wake.wait(self.config.idle_poll_s)
                 return True
             self.stats.waiting = len(self._waiting)
-        self._drop_cancelled()
         try:
+            self._drop_cancelled()
             self._prefill_step()
             if self._running:
                 self._decode_step()
@@ -321,6 +332,9 @@ class Engine:
                 self._finish(seq, FinishReason.ERROR, f"internal error in the model step: {e}")
             self._compact()
         self.stats.running = len(self._running)
+        held = [*self._running, *self._prefilling]
+        self.stats.slots_used = len(held)
+        self.stats.kv_tokens = sum(s.cached for s in held)
         if self._on_step is not None:
             self._on_step()
         return True
@@ -445,17 +459,28 @@ class Engine:
             return
         params = [rows[i].params for i in live]
         gens = [rows[i].generator for i in live]
+        # A failed batch may have drawn for some rows already; each row draws again from
+        # where it was, so its tokens do not depend on another row's fault (~1 us a row).
+        states = [g.get_state() for g in gens]
+        tokens: list[int | None]
         try:
-            tokens = sample(logits[live], params, gens)
-        except ValueError:
+            tokens = list(sample(logits[live], params, gens))
+        except Exception:  # noqa: BLE001 - find the row(s) at fault, sample the rest one by one
             tokens = []
-            for i in live:  # find the row(s) at fault, sample the rest one by one
+            for i, generator, state in zip(live, gens, states, strict=True):
+                generator.set_state(state)
                 try:
-                    tokens.append(sample(logits[i : i + 1], [rows[i].params], [rows[i].generator])[0])
-                except ValueError:
+                    tokens.append(sample(logits[i : i + 1], [rows[i].params], [generator])[0])
+                except ValueError:  # every token masked
                     tokens.append(-1)
+                except Exception as e:  # this request's sampling failed; the batch goes on
+                    log.exception("sampling request %s failed", rows[i].request.request_id)
+                    self._finish(rows[i], FinishReason.ERROR, f"internal error sampling this request: {e}")
+                    tokens.append(None)
         for i, token in zip(live, tokens, strict=True):
             seq = rows[i]
+            if token is None:
+                continue
             try:
                 self._advance(seq, token)
             except Exception as e:  # this request's own path failed
@@ -546,16 +571,17 @@ class Engine:
                 runner.copy_slot(seq.slot, target, seq.cached)
                 seq.slot = target
 
-    def _abort_all(self, why: str) -> None:
+    def _abort_all(self, why: str, *, reason: FinishReason = FinishReason.ABORT) -> None:
         with self._lock:
             pending = list(self._submitted)
             self._submitted.clear()
         for seq in [*self._running, *self._waiting, *pending, *self._prefilling]:
             if seq.finish_reason is None:
-                self._finish(seq, FinishReason.ABORT, why)
+                self._finish(seq, reason, why)
         self._running = []
         self._waiting.clear()
         self._prefilling = []
+        self.stats.running = self.stats.slots_used = self.stats.kv_tokens = 0
 
 
 def _apply_rows(logits: torch.Tensor, masks: torch.Tensor, rows: list[int]) -> None:
@@ -577,7 +603,7 @@ def allowed_count(row: torch.Tensor, vocab_size: int) -> int:
     return count
 
 
-def _single_id(tokenizer: object, text: str) -> tuple[int, ...]:
+def _single_id(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
     """The id of ``text`` if it is one token of the vocabulary, else nothing."""
     hf = tokenizer.hf
     token_id = hf.convert_tokens_to_ids(text)
