@@ -70,7 +70,7 @@ class _SlotLayer(CacheLayerMixin):
     """One layer's buffers; writes go where the owning cache's plan says."""
 
     def __init__(self, owner: SlotCache, index: int) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
         self._owner = owner
         self._index = index
         self.is_initialized = True

@@ -523,7 +523,8 @@ def _calibration_ids(tokenizer: Tokenizer, chat_template: ChatTemplate | None) -
             text = None
     if text is None:
         text = "\n".join(m["content"] for m in _CALIBRATION)
-    return tokenizer.hf.encode(text, add_special_tokens=False)
+    ids: list[int] = tokenizer.hf.encode(text, add_special_tokens=False)
+    return ids
 
 
 def _load_tokenizer(
@@ -578,12 +579,12 @@ def _transformers_progress(enabled: bool) -> Iterator[None]:
         original = getattr(gguf_utils, "tqdm", None)
         hf_logging.disable_progress_bar()
         if original is not None:
-            gguf_utils.tqdm = functools.partial(original, disable=True)
+            gguf_utils.tqdm = functools.partial(original, disable=True)  # type: ignore[attr-defined]
         try:
             yield
         finally:
             if original is not None:
-                gguf_utils.tqdm = original
+                gguf_utils.tqdm = original  # type: ignore[attr-defined]
             if was_enabled:
                 hf_logging.enable_progress_bar()
 

@@ -133,7 +133,7 @@ class TransformersRunner(ModelRunner):
             **{self._cache_kw: self.cache},
         )
         hidden = out.last_hidden_state[torch.arange(rows), lengths - 1]
-        logits = self._head(hidden)
+        logits: torch.Tensor = self._head(hidden)
         return logits[:, : self.vocab_size].float()
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
