@@ -240,7 +240,7 @@ def _build_engine(args: argparse.Namespace, *, progress: bool = True, warm_up: b
 
 
 def _usage_problem(args: argparse.Namespace) -> str | None:
-    from thinkstruct.grammar.compiler import check_backend_name
+    from thinkstruct.grammar.compiler_config import check_backend_name
 
     try:
         check_backend_name(args.backend)
@@ -384,7 +384,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _validate_answer(answer: str, schema: Any) -> int:
-    import jsonschema  # type: ignore[import-untyped]
+    import jsonschema
 
     try:
         value = json.loads(answer)

@@ -278,7 +278,7 @@ def line_column(text: str, position: int) -> tuple[int, int]:
 def validate_answer(schema: dict[str, Any] | bool, answer: str) -> ValidateResult:
     """``answer`` parsed as JSON and checked against ``schema`` (its declared draft,
     2020-12 by default); errors sorted by where they are."""
-    import jsonschema  # type: ignore[import-untyped]
+    import jsonschema
     import referencing.exceptions  # type: ignore[import-not-found,unused-ignore]
 
     try:
