@@ -76,7 +76,9 @@ def keyed_server(engine: Any) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture(scope="session")
+# Module scope: Playwright's sync API keeps an event loop running on the main thread while
+# it is open, and later tests that call asyncio.run() must not find it.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     _require_browser()
     from playwright.sync_api import sync_playwright
