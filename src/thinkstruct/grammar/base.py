@@ -213,6 +213,12 @@ class GrammarBackend(abc.ABC):
         problem = probe(compiled)
         return compiled if problem is None else self.invalid(constraint, problem)
 
+    def runs_long(self, constraint: Constraint) -> bool:
+        """Whether compiling this checked constraint may take long although its text is
+        short, so the compile service runs it in a worker it can kill rather than on a
+        thread (backends that always do, :attr:`isolated`, need not say)."""
+        return False
+
     def invalid(self, constraint: Constraint, error: InvalidConstraint) -> InvalidGrammar:
         return InvalidGrammar(constraint, self.name, error)
 

@@ -154,10 +154,11 @@ class CompileAttempt:
         except BaseException as error:  # noqa: BLE001 - reported on the future, never lost
             self._finish(error, remember=False)
             return
+        # Loading a backend's grammar that does not serialize builds it again here, as
+        # long as the worker took: never on the threads small compiles share.
+        large = self.large or not backend.isolated
         job.add_done_callback(
-            lambda reply: self.host.run_inline(
-                lambda: self._load(candidate, backend, reply), large=self.large
-            )
+            lambda reply: self.host.run_inline(lambda: self._load(candidate, backend, reply), large=large)
         )
 
     def _compile_inline(self, candidate: Candidate, backend: GrammarBackend) -> None:

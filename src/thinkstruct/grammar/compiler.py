@@ -308,7 +308,11 @@ class GrammarCompiler:
         """The worker pool a compile goes to, or ``None`` to compile it in a thread."""
         if self.config.worker_processes == 0:
             return None
-        if backend.isolated or len(constraint.value) > self.config.inline_compile_bytes:
+        if (
+            backend.isolated
+            or len(constraint.value) > self.config.inline_compile_bytes
+            or backend.runs_long(constraint)
+        ):
             return self._pool(backend.name)
         return None
 

@@ -64,8 +64,10 @@ async def read_json(request: Request, *, max_bytes: int) -> Any:
         raise bad_request(
             f"the request body contains {e}, which JSON does not allow", code="invalid_json"
         ) from None
-    except RecursionError:
-        raise bad_request("the request body is nested too deeply", code="invalid_json") from None
+    except RecursionError:  # Python's limit (about 1,000 levels) is past ours
+        raise bad_request(
+            f"the request body is nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_json"
+        ) from None
     if _depth_exceeds(value, MAX_JSON_DEPTH):
         raise bad_request(
             f"the request body is nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_json"
@@ -82,27 +84,44 @@ _MAYBE_SURROGATE = re.compile(r"\\u[dD][89abcdefABCDEF]")
 
 
 def _check_unicode(value: Any) -> None:
-    stack = [value]
+    stack: list[tuple[Any, tuple[int | str, ...]]] = [(value, ())]
     while stack:
-        item = stack.pop()
+        item, loc = stack.pop()
         if isinstance(item, str):
-            _check_text(item)
+            _check_text(item, loc)
         elif isinstance(item, dict):
             for key, v in item.items():
-                _check_text(key)
-                stack.append(v)
+                _check_text(key, loc)  # the key itself cannot be named: its object is
+                stack.append((v, (*loc, key)))
         elif isinstance(item, list):
-            stack.extend(item)
+            stack.extend((v, (*loc, i)) for i, v in enumerate(item))
 
 
-def _check_text(text: str) -> None:
+def _check_text(text: str, loc: tuple[int | str, ...]) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
+        where = _path(loc)
         raise bad_request(
-            f"the request body contains a lone surrogate (\\u{ord(text[e.start]):04x}), which is not Unicode text",
+            f"the request body contains a lone surrogate (\\u{ord(text[e.start]):04x})"
+            f"{' in ' + where if where else ''}, which is not Unicode text",
+            param=where or None,
             code="invalid_json",
         ) from None
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    """``("messages", 0, "content")`` -> ``"messages[0].content"``; keys that are not
+    identifiers (a schema's property names) quoted: ``properties["a b"]``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier():
+            out += f".{part}" if out else part
+        else:
+            out += f"[{json.dumps(part, ensure_ascii=False)}]"
+    return out
 
 
 async def read_model(request: Request, model: type[M], *, max_bytes: int) -> M:

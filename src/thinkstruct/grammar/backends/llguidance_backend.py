@@ -89,6 +89,22 @@ class LLGuidanceBackend(GrammarBackend):
             eos_ids=frozenset(self.tokenizer.eos_token_ids),
         )
 
+    def runs_long(self, constraint: Constraint) -> bool:
+        """A schema whose merges (``allOf``, ``$ref`` beside other keywords) intersect more
+        than :data:`INLINE_MERGE_COMBINATIONS` alternatives (see :mod:`..schema_merges`)."""
+        from thinkstruct.grammar.schema_merges import merge_combinations
+
+        kind = constraint.kind
+        if kind is ConstraintKind.JSON_SCHEMA:
+            schemas = [constraint.document]
+        elif kind is ConstraintKind.STRUCTURAL_TAG:
+            schemas = [
+                s.get("schema") for s in constraint.document.get("structures") or () if isinstance(s, dict)
+            ]
+        else:
+            return False
+        return any(merge_combinations(s) > INLINE_MERGE_COMBINATIONS for s in schemas)
+
     def export(self, compiled: CompiledGrammar) -> None:
         """Nothing: llguidance grammars do not serialize. A worker's compile proves the
         grammar compiles (and passes its probe) in time; :meth:`load` builds it again."""
@@ -169,6 +185,11 @@ class LLGuidanceBackend(GrammarBackend):
             options["whitespace_pattern"] = self.json_format.whitespace_regex
         return options
 
+
+#: Most intersections of alternatives a schema's merges may take for its compile to run on
+#: a thread: about 0.3 ms each (measured: ``allOf`` of three 15-way ``anyOf`` lists,
+#: 2,744 of them, 0.8 s; three 29-way lists 7.8 s; four, minutes), so at most about 0.1 s.
+INLINE_MERGE_COMBINATIONS = 256
 
 #: Bytes a compiled llguidance grammar holds per character of its grammar text (measured).
 LLGUIDANCE_BYTES_PER_CHAR = 160

@@ -133,6 +133,7 @@ class XGrammarBackend(GrammarBackend):
         if kind is ConstraintKind.REGEX:
             return compiler.compile_regex(constraint.value)
         if kind is ConstraintKind.EBNF:
+            _refuse_raw_nul(constraint.value)
             return compiler.compile_grammar(constraint.value)
         if kind is ConstraintKind.CHOICE:
             options = constraint.document
@@ -159,6 +160,22 @@ class XGrammarBackend(GrammarBackend):
         if ws == 0:
             return {"any_whitespace": False, "separators": (",", ":"), "strict_mode": False}
         return {"any_whitespace": True, "max_whitespace_cnt": ws, "strict_mode": False}
+
+
+def _refuse_raw_nul(grammar: str) -> None:
+    """xgrammar reads a grammar as C text: a raw NUL ends it, and the rest would be dropped
+    without a word (``root ::= "a" | "b"\0 "c"`` accepted ``b``)."""
+    at = grammar.find("\0")
+    if at >= 0:
+        line = grammar.count("\n", 0, at) + 1
+        raise InvalidConstraint(
+            "a raw NUL character: xgrammar reads a grammar only up to it (write it as \\u0000)",
+            position=at,
+            line=line,
+            column=at - (grammar.rfind("\n", 0, at) + 1) + 1,
+            backend="xgrammar",
+            kind="ebnf",
+        )
 
 
 def _ebnf_literal(text: str) -> str:
