@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.server.constraints import RequestedConstraint
 from thinkstruct.server.errors import (
+    SERVER,
     UNAVAILABLE,
     APIError,
     bad_request,
@@ -193,7 +194,14 @@ async def collect(
     submitted: Submitted, request: Request, *, metrics: ServerMetrics
 ) -> list[Completion] | None:
     """Every choice's whole answer, or ``None`` when the client went away first (its
-    engine requests are then cancelled)."""
+    engine requests are then cancelled).
+
+    Raises:
+        APIError: 500 ``generation_failed`` when a choice failed while generating (its
+            grammar rejected a sampled token, its own sampling raised): an answer with a
+            missing or cut-off choice is not what was asked for, and the official clients
+            retry a 5xx by themselves. Other requests in the batch are not affected.
+    """
     gathered = asyncio.ensure_future(asyncio.gather(*(h.result() for h in submitted.handles)))
     gone = asyncio.ensure_future(_disconnected(request))
     waiting: set[asyncio.Future[Any]] = {gathered, gone}
@@ -210,6 +218,14 @@ async def collect(
         gone.cancel()
     for result in results:
         metrics.observe_finished(result.usage, started=submitted.started)
+    for index, result in enumerate(results):
+        if finish_reason_name(result.finish_reason) == "error":
+            raise APIError(
+                500,
+                f"choice {index} failed while generating: {result.error or 'internal error'}",
+                type=SERVER,
+                code="generation_failed",
+            )
     return results
 
 
