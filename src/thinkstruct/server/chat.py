@@ -7,8 +7,9 @@ and ``content`` deltas as the model writes them, then a chunk with the finish re
 ``stream_options.include_usage`` adds a last chunk with no choices and the usage.
 
 A choice that fails while generating (a token its grammar rejects, a fault in its own
-sampling) ends with ``finish_reason: "error"`` and an ``error.message`` beside it; the
-other choices and requests go on. Engine shutdown ends choices with ``"abort"``.
+sampling) ends with ``finish_reason: "error"`` and an ``error.message`` beside it in a
+stream, and makes a non-streamed answer a 500 ``generation_failed``; the other choices
+and requests go on. Engine shutdown ends choices with ``"abort"``.
 """
 
 from __future__ import annotations
