@@ -14,7 +14,9 @@ from thinkstruct.cli import main
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def test_every_backend_compiles_the_example_and_accepts_the_answer(capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_backend_compiles_the_example_and_accepts_the_answer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     code = main(["check", str(EXAMPLES / "person.schema.json"), str(EXAMPLES / "person.json")])
     out = capsys.readouterr().out
     assert code == 0
@@ -41,7 +43,9 @@ def test_unfinished_answer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "ends before it is complete" in capsys.readouterr().out
 
 
-def test_invalid_schema_is_reported_with_its_pointer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_invalid_schema_is_reported_with_its_pointer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     schema = tmp_path / "bad.schema.json"
     schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "strnig"}}}))
     assert main(["check", str(schema), "--backend", "llguidance"]) == 1
@@ -64,9 +68,19 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 def test_console_script_runs() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "thinkstruct.cli", "check", str(EXAMPLES / "person.schema.json"),
-         str(EXAMPLES / "person_bad.json"), "--backend", "llguidance"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "thinkstruct.cli",
+            "check",
+            str(EXAMPLES / "person.schema.json"),
+            str(EXAMPLES / "person_bad.json"),
+            "--backend",
+            "llguidance",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 1
     assert "rejected at character" in result.stdout

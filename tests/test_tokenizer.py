@@ -43,7 +43,9 @@ def test_backend_vocabularies_are_built_once(tokenizer: Tokenizer) -> None:
 
 
 @pytest.mark.parametrize("which", ["deepseek-v4", "smollm2"])
-def test_decoded_vocab_is_the_tokenizer_own_and_agrees_with_xgrammar(tokenizer: Tokenizer, which: str) -> None:
+def test_decoded_vocab_is_the_tokenizer_own_and_agrees_with_xgrammar(
+    tokenizer: Tokenizer, which: str
+) -> None:
     # Built from the tokenizer's decoder (no grammar library involved); xgrammar's reading
     # of the same vocabulary is the reference.
     from thinkstruct.grammar.backends.xgrammar_backend import tokenizer_info

@@ -101,7 +101,10 @@ def test_regex_and_choice_answers_match(engine, compiler, tiny_model) -> None:
     pattern = r"[a-z]{2,6}@[a-z]{2,4}\.(com|org)"
     cases = [
         (Constraint.regex(pattern), lambda s: re.fullmatch(pattern, s)),
-        (Constraint.choice(["alpha", "beta", "gamma delta"]), lambda s: s in ("alpha", "beta", "gamma delta")),
+        (
+            Constraint.choice(["alpha", "beta", "gamma delta"]),
+            lambda s: s in ("alpha", "beta", "gamma delta"),
+        ),
     ]
     for constraint, check in cases:
         grammar = compiler.compile(constraint)
@@ -123,9 +126,17 @@ def test_jump_forward_appends_forced_tokens_without_sampling(engine, compiler, t
         "additionalProperties": False,
     }
     grammar = compiler.compile(Constraint.json_schema(schema))
-    out = run(engine, prompt_ids=prompt_ids(tiny_model)[0], sampling=SamplingParams(max_tokens=40, seed=3), grammar=grammar)
+    out = run(
+        engine,
+        prompt_ids=prompt_ids(tiny_model)[0],
+        sampling=SamplingParams(max_tokens=40, seed=3),
+        grammar=grammar,
+    )
     assert out.finish_reason is FinishReason.STOP
-    assert json.loads(out.content) in ({"a_rather_long_property_name_to_force": True}, {"a_rather_long_property_name_to_force": False})
+    assert json.loads(out.content) in (
+        {"a_rather_long_property_name_to_force": True},
+        {"a_rather_long_property_name_to_force": False},
+    )
     assert out.usage.jump_forward_tokens >= 5
     assert engine.stats.jump_forward_tokens >= out.usage.jump_forward_tokens
 
@@ -156,7 +167,12 @@ def test_same_seed_same_output_whatever_else_is_in_the_batch(tiny_model, compile
     with Engine(tiny_model, config=EngineConfig(max_batch=4), compiler=compiler) as e:
         alone = run(e, prompt_ids=ids, sampling=params)
         others = [
-            e.submit(GenerationRequest(prompt_ids=prompt_ids(tiny_model, "x" * (i + 1))[0], sampling=SamplingParams(max_tokens=30, seed=i)))
+            e.submit(
+                GenerationRequest(
+                    prompt_ids=prompt_ids(tiny_model, "x" * (i + 1))[0],
+                    sampling=SamplingParams(max_tokens=30, seed=i),
+                )
+            )
             for i in range(3)
         ]
         time.sleep(0.05)
@@ -169,7 +185,12 @@ def test_same_seed_same_output_whatever_else_is_in_the_batch(tiny_model, compile
 def test_more_requests_than_slots_all_finish(tiny_model, compiler) -> None:
     with Engine(tiny_model, config=EngineConfig(max_batch=2), compiler=compiler) as e:
         handles = [
-            e.submit(GenerationRequest(prompt_ids=prompt_ids(tiny_model, str(i))[0], sampling=SamplingParams(max_tokens=4 + i, seed=i)))
+            e.submit(
+                GenerationRequest(
+                    prompt_ids=prompt_ids(tiny_model, str(i))[0],
+                    sampling=SamplingParams(max_tokens=4 + i, seed=i),
+                )
+            )
             for i in range(7)
         ]
         outs = [h.wait() for h in handles]
@@ -180,19 +201,28 @@ def test_more_requests_than_slots_all_finish(tiny_model, compiler) -> None:
 
 def test_stop_strings_end_the_answer(engine, compiler, tiny_model) -> None:
     grammar = compiler.compile(Constraint.regex("abc STOP def"))
-    out = run(engine, prompt_ids=prompt_ids(tiny_model)[0], sampling=SamplingParams(max_tokens=20, stop=("STOP",)), grammar=grammar)
+    out = run(
+        engine,
+        prompt_ids=prompt_ids(tiny_model)[0],
+        sampling=SamplingParams(max_tokens=20, stop=("STOP",)),
+        grammar=grammar,
+    )
     assert out.finish_reason is FinishReason.STOP
     assert out.content == "abc "
 
 
 def test_cancel_frees_the_slot_and_others_go_on(tiny_model, compiler) -> None:
     with Engine(tiny_model, config=EngineConfig(max_batch=1), compiler=compiler) as e:
-        long = e.submit(GenerationRequest(prompt_ids=prompt_ids(tiny_model)[0], sampling=SamplingParams(max_tokens=3000)))
+        long = e.submit(
+            GenerationRequest(prompt_ids=prompt_ids(tiny_model)[0], sampling=SamplingParams(max_tokens=3000))
+        )
         first = next(iter(long))  # it is running
         assert first.finish_reason is None
         long.cancel()
         assert long.wait().finish_reason is FinishReason.ABORT
-        after = e.submit(GenerationRequest(prompt_ids=prompt_ids(tiny_model)[0], sampling=SamplingParams(max_tokens=3)))
+        after = e.submit(
+            GenerationRequest(prompt_ids=prompt_ids(tiny_model)[0], sampling=SamplingParams(max_tokens=3))
+        )
         # With one slot, the second request can only run once the first one's slot is free.
         assert after.wait().finish_reason is FinishReason.LENGTH
         deadline = time.monotonic() + 10
@@ -206,7 +236,9 @@ def test_async_consumers_get_the_same_stream(engine, tiny_model) -> None:
     params = SamplingParams(max_tokens=8, seed=9)
 
     async def consume():
-        handle = engine.submit(GenerationRequest(prompt_ids=ids, sampling=params), loop=asyncio.get_running_loop())
+        handle = engine.submit(
+            GenerationRequest(prompt_ids=ids, sampling=params), loop=asyncio.get_running_loop()
+        )
         return await handle.result()
 
     async_out = asyncio.run(consume())
@@ -222,7 +254,11 @@ def test_a_failure_in_one_request_ends_only_that_request(engine, tiny_model) -> 
             raise RuntimeError("parser exploded")
 
     broken = BrokenParser(tiny_model.family, enabled=False)
-    bad = engine.submit(GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=20, seed=1), reasoning_parser=broken))
+    bad = engine.submit(
+        GenerationRequest(
+            prompt_ids=ids, sampling=SamplingParams(max_tokens=20, seed=1), reasoning_parser=broken
+        )
+    )
     good = engine.submit(GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=20, seed=2)))
     bad_out, good_out = bad.wait(), good.wait()
     assert bad_out.finish_reason is FinishReason.ERROR and "parser exploded" in bad_out.error
@@ -230,7 +266,9 @@ def test_a_failure_in_one_request_ends_only_that_request(engine, tiny_model) -> 
 
 
 def test_limits_are_refused_with_a_reason(tiny_model, compiler) -> None:
-    with Engine(tiny_model, config=EngineConfig(max_batch=1, max_queue=2, max_prompt_tokens=50), compiler=compiler) as e:
+    with Engine(
+        tiny_model, config=EngineConfig(max_batch=1, max_queue=2, max_prompt_tokens=50), compiler=compiler
+    ) as e:
         with pytest.raises(ValueError, match="51 tokens"):
             e.submit(GenerationRequest(prompt_ids=[5] * 51))
         with pytest.raises(ValueError, match="empty"):
@@ -240,7 +278,9 @@ def test_limits_are_refused_with_a_reason(tiny_model, compiler) -> None:
         handles = []
         with pytest.raises(EngineOverloaded) as overloaded:
             for _ in range(10):
-                handles.append(e.submit(GenerationRequest(prompt_ids=[5, 6], sampling=SamplingParams(max_tokens=200))))
+                handles.append(
+                    e.submit(GenerationRequest(prompt_ids=[5, 6], sampling=SamplingParams(max_tokens=200)))
+                )
         assert overloaded.value.retry_after_s >= 1
         for h in handles:
             h.cancel()
@@ -250,7 +290,10 @@ def test_limits_are_refused_with_a_reason(tiny_model, compiler) -> None:
 
 def test_close_ends_running_requests_cleanly(tiny_model, compiler) -> None:
     e = Engine(tiny_model, config=EngineConfig(max_batch=2), compiler=compiler).start()
-    handles = [e.submit(GenerationRequest(prompt_ids=[5, 6, 7], sampling=SamplingParams(max_tokens=5000))) for _ in range(3)]
+    handles = [
+        e.submit(GenerationRequest(prompt_ids=[5, 6, 7], sampling=SamplingParams(max_tokens=5000)))
+        for _ in range(3)
+    ]
     next(iter(handles[0]))
     closer = threading.Thread(target=e.close, kwargs={"grace_s": 0.2})
     closer.start()
@@ -276,7 +319,9 @@ def test_outputs_do_not_depend_on_the_schedule(tiny_model, compiler) -> None:
     with Engine(tiny_model, config=EngineConfig(max_batch=8), compiler=compiler) as e:
         alone = [run(e, prompt_ids=r.prompt_ids, sampling=r.sampling).token_ids for r in requests]
     with Engine(tiny_model, config=EngineConfig(max_batch=3, prefill_chunk=16), compiler=compiler) as e:
-        handles = [e.submit(GenerationRequest(prompt_ids=r.prompt_ids, sampling=r.sampling)) for r in requests]
+        handles = [
+            e.submit(GenerationRequest(prompt_ids=r.prompt_ids, sampling=r.sampling)) for r in requests
+        ]
         together = [h.wait().token_ids for h in handles]
     assert together == alone
 

@@ -13,7 +13,10 @@ from thinkstruct.parsers import render_chat
 
 SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 30}, "country": {"type": "string", "maxLength": 30}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 30},
+        "country": {"type": "string", "maxLength": 30},
+    },
     "required": ["city", "country"],
     "additionalProperties": False,
 }
@@ -38,7 +41,9 @@ def chat(model, text: str, *, thinking: bool = False):
 
 def test_greedy_answers_the_question(engine, smollm2) -> None:
     ids, _ = chat(smollm2, "What is the capital of France?")
-    out = engine.submit(GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=30, temperature=0))).wait()
+    out = engine.submit(
+        GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=30, temperature=0))
+    ).wait()
     assert out.finish_reason is FinishReason.STOP
     assert "Paris" in out.content
 

@@ -62,7 +62,9 @@ def greedy(loaded: LoadedModel, prompt_ids: list[int], n: int) -> list[int]:
 
 
 def chat_ids(loaded: LoadedModel, messages: list[dict], **kwargs: object) -> list[int]:
-    prompt = render_chat(messages, family=loaded.family, chat_template=loaded.chat_template, chat_template_kwargs=kwargs)
+    prompt = render_chat(
+        messages, family=loaded.family, chat_template=loaded.chat_template, chat_template_kwargs=kwargs
+    )
     return loaded.tokenizer.hf.encode(prompt.text, add_special_tokens=False)
 
 
@@ -101,7 +103,9 @@ def test_the_cache_is_complete_and_a_second_start_reads_it(smollm2: LoadedModel)
     assert entry is not None and entry.name == gguf_cache_key(smollm2_gguf_path())
     assert entry_problem(entry) is None
     manifest = read_manifest(entry)
-    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= set(manifest["files"])
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= set(
+        manifest["files"]
+    )
     assert manifest["meta"]["dtype"] == "float32"  # lossless: every dtype loads from it
     again = load_model(progress=False)
     assert not again.converted and again.weights_dir == entry
@@ -111,7 +115,9 @@ def test_the_cache_is_complete_and_a_second_start_reads_it(smollm2: LoadedModel)
 
 
 @pytest.mark.parametrize("dtype, expected", [("float32", torch.float32), ("float16", torch.float16)])
-def test_other_dtypes_load_from_the_same_cache(smollm2: LoadedModel, dtype: str, expected: torch.dtype) -> None:
+def test_other_dtypes_load_from_the_same_cache(
+    smollm2: LoadedModel, dtype: str, expected: torch.dtype
+) -> None:
     loaded = load_model(dtype=dtype, progress=False)
     assert loaded.dtype is expected and next(loaded.model.parameters()).dtype is expected
     assert loaded.weights_dir == smollm2.weights_dir and not loaded.converted
@@ -141,7 +147,9 @@ def test_keeping_outlier_layers_float_is_closer_to_float32(smollm2_int8: LoadedM
     from torch.ao.quantization import quantize_dynamic
 
     reference = load_model(dtype="float32", progress=False)
-    prompt = chat_ids(reference, [{"role": "user", "content": "Write a haiku about the sea."}], enable_thinking=False)
+    prompt = chat_ids(
+        reference, [{"role": "user", "content": "Write a haiku about the sea."}], enable_thinking=False
+    )
     ids = torch.tensor([prompt + greedy(reference, prompt, 24)])
     span = slice(len(prompt) - 1, ids.shape[1] - 1)
 
@@ -161,7 +169,9 @@ def test_keeping_outlier_layers_float_is_closer_to_float32(smollm2_int8: LoadedM
 # ---- a local model directory ----------------------------------------------------------------
 
 
-def test_a_tiny_deepseek_v4_directory_loads_with_native_think_tokens(tiny_model: LoadedModel, tiny_model_dir: Path) -> None:
+def test_a_tiny_deepseek_v4_directory_loads_with_native_think_tokens(
+    tiny_model: LoadedModel, tiny_model_dir: Path
+) -> None:
     assert tiny_model.name == "tiny-deepseek-v4" and tiny_model.path == tiny_model_dir.resolve()
     assert tiny_model.family.name == "deepseek-v4"
     assert tiny_model.weights_dir == tiny_model.path and not tiny_model.converted
@@ -196,7 +206,9 @@ def test_reasoning_parser_overrides_detection(tiny_model_dir: Path) -> None:
         load_model(tiny_model_dir, reasoning_parser="nonesuch", progress=False)
 
 
-def test_an_unknown_model_gets_the_plain_family_and_says_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unknown_model_gets_the_plain_family_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     directory = build_tiny_model(tmp_path, name="my-model")
     with caplog.at_level(logging.INFO, logger="thinkstruct.engine.models"):
         loaded = load_model(directory, progress=False)
@@ -260,7 +272,14 @@ def test_a_bad_model_pattern_is_refused_naming_the_family() -> None:
     from thinkstruct.parsers import InvalidTemplateSpec, ReasoningFamily
 
     with pytest.raises(InvalidTemplateSpec, match="'broken'.*'qwen\\('"):
-        ReasoningFamily(name="broken", think_start="<t>", think_end="</t>", forced=False, switch=None, model_patterns=("qwen(",))
+        ReasoningFamily(
+            name="broken",
+            think_start="<t>",
+            think_end="</t>",
+            forced=False,
+            switch=None,
+            model_patterns=("qwen(",),
+        )
 
 
 def test_a_registered_family_with_patterns_is_detected() -> None:
@@ -271,7 +290,12 @@ def test_a_registered_family_with_patterns_is_detected() -> None:
     )
 
     family = ReasoningFamily(
-        name="test-acme", think_start="<t>", think_end="</t>", forced=False, switch=None, model_patterns=(r"acme-\d+b",)
+        name="test-acme",
+        think_start="<t>",
+        think_end="</t>",
+        forced=False,
+        switch=None,
+        model_patterns=(r"acme-\d+b",),
     )
     register_reasoning_family(family)
     try:
@@ -356,12 +380,17 @@ def test_an_unsupported_gguf_architecture_is_refused_before_converting(tmp_path:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(UnsupportedModelError, match=f"{path}: GGUF architecture 'no-such-arch' is not supported"):
+    with pytest.raises(
+        UnsupportedModelError, match=f"{path}: GGUF architecture 'no-such-arch' is not supported"
+    ):
         load_model(path, progress=False)
     assert not (models_cache_dir() / gguf_cache_key(path)).exists()
 
 
-@pytest.mark.parametrize("kwargs, message", [({"dtype": "int4"}, "dtype must be one of"), ({"quantize": "int4"}, "quantize must be")])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [({"dtype": "int4"}, "dtype must be one of"), ({"quantize": "int4"}, "quantize must be")],
+)
 def test_bad_options_are_named(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         load_model(**kwargs)
@@ -383,7 +412,11 @@ print(json.dumps({"converted": m.converted, "tokens": out[0, len(ids):].tolist()
 def _start(cache: Path, code: str = _START) -> subprocess.Popen[str]:
     env = {**os.environ, "THINKSTRUCT_CACHE": str(cache)}
     return subprocess.Popen(
-        [sys.executable, "-c", code, SHORT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", code, SHORT],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -441,7 +474,9 @@ def test_a_kill_mid_conversion_leaves_no_entry(crashed_then_raced: dict) -> None
 @pytest.mark.slow
 def test_a_truncated_entry_is_detected_and_rebuilt(crashed_then_raced: dict) -> None:
     entry = crashed_then_raced["root"] / crashed_then_raced["key"]
-    assert crashed_then_raced["damage"].startswith(f"{entry / 'model.safetensors'} has {1 << 20} bytes, the manifest says ")
+    assert crashed_then_raced["damage"].startswith(
+        f"{entry / 'model.safetensors'} has {1 << 20} bytes, the manifest says "
+    )
     converter = next(r for r in crashed_then_raced["results"] if r["converted"])
     assert "is incomplete" in converter["stderr"] and "converting it again" in converter["stderr"]
     assert entry_problem(entry, full=True) is None  # rebuilt: every file matches its SHA-256
@@ -458,7 +493,6 @@ def test_concurrent_starts_convert_once_and_agree(crashed_then_raced: dict) -> N
     assert "waiting for another process converting" in waiter["stderr"]
     assert results[0]["tokens"] == results[1]["tokens"] and results[0]["entry"] == str(root / key)
     assert not list(root.glob(f"{key}.staging-*"))  # the killed start's leftovers are gone
-
 
 
 @pytest.mark.slow

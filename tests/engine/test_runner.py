@@ -105,7 +105,9 @@ def test_the_model_stays_correct_outside_the_runner(tiny_model) -> None:
     mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.inference_mode():
-        out = tiny_model.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
+        out = (
+            tiny_model.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
+        )
     import copy
 
     plain = copy.deepcopy(tiny_model.model)

@@ -48,7 +48,9 @@ def test_top_k_only_picks_among_the_k_best(seed: int, top_k: int, draw_seed: int
     temperature=st.sampled_from([0.3, 1.0, 2.5, 20.0]),
     draw_seed=st.integers(0, 2**40),
 )
-def test_top_p_picks_inside_the_exact_nucleus(seed: int, top_p: float, temperature: float, draw_seed: int) -> None:
+def test_top_p_picks_inside_the_exact_nucleus(
+    seed: int, top_p: float, temperature: float, draw_seed: int
+) -> None:
     # A high temperature flattens the distribution so that the first candidates hold less
     # than top_p of the mass: the sampler must widen to the whole vocabulary, not truncate.
     logits = _logits(seed)
@@ -84,7 +86,12 @@ def test_masked_tokens_are_never_sampled() -> None:
     masked = torch.full_like(logits, float("-inf"))
     masked[0, allowed] = logits[0, allowed]
     for s in range(50):
-        for params in (SamplingParams(), SamplingParams(top_p=0.5), SamplingParams(top_k=20), SamplingParams(temperature=0)):
+        for params in (
+            SamplingParams(),
+            SamplingParams(top_p=0.5),
+            SamplingParams(top_k=20),
+            SamplingParams(temperature=0),
+        ):
             assert sample(masked.clone(), [params], [new_generator(s)])[0] in allowed.tolist()
 
 

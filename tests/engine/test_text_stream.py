@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +13,9 @@ from thinkstruct.engine.stop_strings import StopStringMatcher
 
 # Multi-byte characters that byte-level vocabularies split across tokens.
 _TEXT = st.text(
-    alphabet=st.sampled_from(list("abc xyz{}\":,\n") + ["é", "ß", "漢", "字", "🙂", "👍", "\U0001F3FD", "\u200d", "ñ"]),
+    alphabet=st.sampled_from(
+        list('abc xyz{}":,\n') + ["é", "ß", "漢", "字", "🙂", "👍", "\U0001f3fd", "\u200d", "ñ"]
+    ),
     max_size=40,
 )
 
@@ -64,9 +68,11 @@ def test_the_stop_string_that_completes_first_wins() -> None:
     stops=st.lists(st.text(alphabet="abEND\n", min_size=1, max_size=5), min_size=1, max_size=3).map(tuple),
     cuts=st.lists(st.integers(0, 60), max_size=8),
 )
-def test_any_chunking_cuts_where_the_whole_text_would(text: str, stops: tuple[str, ...], cuts: list[int]) -> None:
+def test_any_chunking_cuts_where_the_whole_text_would(
+    text: str, stops: tuple[str, ...], cuts: list[int]
+) -> None:
     bounds = sorted({0, len(text), *(c for c in cuts if c <= len(text))})
     matcher = StopStringMatcher(stops)
-    out = "".join(matcher.feed(text[a:b]) for a, b in zip(bounds, bounds[1:])) + matcher.flush()
+    out = "".join(matcher.feed(text[a:b]) for a, b in itertools.pairwise(bounds)) + matcher.flush()
     assert out == _whole(text, stops)
     assert matcher.stopped == any(s in text for s in stops)

@@ -30,9 +30,10 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 EXPECTATIONS_PATH = HERE / "conformance_expectations.json"
@@ -123,8 +124,7 @@ def load_draft(draft: str, root: Path | None = None) -> list[SchemaCase]:
             groups = json.load(f)
         for index, group in enumerate(groups):
             instances = tuple(
-                Instance(t["description"], serialize(t["data"]), bool(t["valid"]))
-                for t in group["tests"]
+                Instance(t["description"], serialize(t["data"]), bool(t["valid"])) for t in group["tests"]
             )
             cases.append(
                 SchemaCase(draft, path.name, index, group["description"], group["schema"], instances)
@@ -219,9 +219,13 @@ class WorkerPool:
                     results[i] = self._one(backend, case, timeouts[backend], tokenizers[backend])
                     if progress:
                         r = results[i]
-                        print(f"{backend:10} {case.draft}/{case.id:40} {r.outcome[:30]:30} "
-                              f"{r.compile_seconds or 0:7.2f}s", file=sys.stderr, flush=True)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+                        print(
+                            f"{backend:10} {case.draft}/{case.id:40} {r.outcome[:30]:30} "
+                            f"{r.compile_seconds or 0:7.2f}s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+            except BaseException as e:
                 failures.append(e)
 
         threads = [threading.Thread(target=drive) for _ in range(min(self.size, len(todo)))]
@@ -248,14 +252,14 @@ class WorkerPool:
             return SchemaResult(case, backend, REFUSED, reason=str(e))
         except InternalCompileError as e:
             return SchemaResult(case, backend, CRASH, reason=f"worker died: {e}")
-        except Exception as e:  # noqa: BLE001 - reported as a finding, not hidden
+        except Exception as e:
             return SchemaResult(case, backend, ERROR, reason=f"{type(e).__name__}: {e}")
         seconds = compiled.compile_seconds or (time.perf_counter() - start)
         marks, errors = [], []
         for inst in case.instances:
             try:
                 marks.append(ACCEPTED if first_rejected(compiled, inst.text) is None else REJECTED)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 marks.append(MATCH_ERROR)
                 errors.append(f"{inst.text!r}: {type(e).__name__}: {e}")
         return SchemaResult(case, backend, "".join(marks), seconds, match_errors=errors)
@@ -280,8 +284,17 @@ class WorkerPool:
 def counts(outcomes: dict[str, str], cases: list[SchemaCase]) -> dict[str, int]:
     """The summary numbers of one backend on one draft, from per-schema outcomes."""
     c = dict.fromkeys(
-        ("schemas", "compiled", "compile_failures", "timeouts", "valid_total", "valid_accepted",
-         "invalid_total", "invalid_rejected", "silent_violations"),
+        (
+            "schemas",
+            "compiled",
+            "compile_failures",
+            "timeouts",
+            "valid_total",
+            "valid_accepted",
+            "invalid_total",
+            "invalid_rejected",
+            "silent_violations",
+        ),
         0,
     )
     for case in cases:
@@ -340,11 +353,11 @@ def write_expectations(doc: dict[str, Any], path: Path = EXPECTATIONS_PATH) -> N
     lines.append('  "results": {')
     backends = list(doc["results"])
     for bi, backend in enumerate(backends):
-        lines.append(f'    {json.dumps(backend)}: {{')
+        lines.append(f"    {json.dumps(backend)}: {{")
         drafts = list(doc["results"][backend])
         for di, draft in enumerate(drafts):
             sec = doc["results"][backend][draft]
-            lines.append(f'      {json.dumps(draft)}: {{')
+            lines.append(f"      {json.dumps(draft)}: {{")
             lines.append(f'        "counts": {json.dumps(sec["counts"])},')
             lines.append(f'        "slow": {json.dumps(sec.get("slow", []))},')
             lines.append('        "outcomes": {')
@@ -389,7 +402,9 @@ def updated_expectations(
         for b in BACKENDS
         if b in new["results"]
     }
-    new["compile_timeout_s"] = {b: new["compile_timeout_s"][b] for b in BACKENDS if b in new["compile_timeout_s"]}
+    new["compile_timeout_s"] = {
+        b: new["compile_timeout_s"][b] for b in BACKENDS if b in new["compile_timeout_s"]
+    }
     new["tokenizers"] = {b: new["tokenizers"][b] for b in BACKENDS if b in new["tokenizers"]}
     return new
 
@@ -475,9 +490,11 @@ def keyword_table(doc: dict[str, Any], drafts: Iterable[str] = DRAFTS) -> str:
                     else:
                         row[3] += 1
                         row[2] += mark == ACCEPTED
-    header = "| keyword (test file) | " + " | ".join(
-        f"{b} compiled | {b} silent violations" for b in BACKENDS
-    ) + " |"
+    header = (
+        "| keyword (test file) | "
+        + " | ".join(f"{b} compiled | {b} silent violations" for b in BACKENDS)
+        + " |"
+    )
     rule = "|---|" + "---:|---:|" * len(BACKENDS)
     lines = [header, rule]
     totals = {b: [0, 0, 0, 0, 0] for b in BACKENDS}
@@ -540,9 +557,7 @@ def capability_table() -> str:
         "|---|---|---|---|---|",
     ]
     for cls in backend_classes():
-        kinds = ", ".join(
-            f"{k.value} ({cls.rank[k] if k in cls.rank else '-'})" for k in ConstraintKind if k in cls.kinds
-        )
+        kinds = ", ".join(f"{k.value} ({cls.rank.get(k, '-')})" for k in ConstraintKind if k in cls.kinds)
         lenient = "mode" if cls.lenient_mode else "ignores them" if cls.ignores_inexact else "refuses them"
         where = "a worker process" if cls.isolated else "a thread (a worker past the inline size)"
         lines.append(
@@ -589,7 +604,9 @@ def run_all(
 
 
 def _main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--report", action="store_true", help="print the keyword tables")
     parser.add_argument("--run", action="store_true", help="run the suite instead of reading the file")
     parser.add_argument("--update", action="store_true", help="run and rewrite the expectations file")
@@ -597,10 +614,17 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--times", type=Path, help="write per-schema compile times and reasons here")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--quiet", action="store_true")
-    parser.add_argument("--limit", type=float, help="compile time limit (s) for every backend; "
-                        "for measuring only, not with --update")
-    parser.add_argument("--carry", action="store_true", help="with --update: carry the recorded "
-                        "timeouts and slow compiles instead of re-measuring them (as a plain test run does)")
+    parser.add_argument(
+        "--limit",
+        type=float,
+        help="compile time limit (s) for every backend; for measuring only, not with --update",
+    )
+    parser.add_argument(
+        "--carry",
+        action="store_true",
+        help="with --update: carry the recorded "
+        "timeouts and slow compiles instead of re-measuring them (as a plain test run does)",
+    )
     args = parser.parse_args(argv)
     backends = args.backend or list(BACKENDS)
     doc = read_expectations()
@@ -608,7 +632,7 @@ def _main(argv: list[str] | None = None) -> int:
         start = time.monotonic()
         if args.limit and args.update:
             parser.error("--limit is for measuring; the expectations use COMPILE_TIMEOUT_S")
-        timeouts = {b: args.limit for b in BACKENDS} if args.limit else None
+        timeouts = dict.fromkeys(BACKENDS, args.limit) if args.limit else None
         carry = doc if args.update and args.carry else None
         grouped, cases = run_all(
             backends, progress=not args.quiet, workers=args.workers, timeouts=timeouts, carry=carry
@@ -622,10 +646,17 @@ def _main(argv: list[str] | None = None) -> int:
         doc = run_doc
         if args.times:
             rows = [
-                {"backend": r.backend, "draft": r.case.draft, "id": r.case.id,
-                 "outcome": r.outcome, "seconds": r.compile_seconds, "reason": r.reason,
-                 "match_errors": r.match_errors}
-                for rs in grouped.values() for r in rs
+                {
+                    "backend": r.backend,
+                    "draft": r.case.draft,
+                    "id": r.case.id,
+                    "outcome": r.outcome,
+                    "seconds": r.compile_seconds,
+                    "reason": r.reason,
+                    "match_errors": r.match_errors,
+                }
+                for rs in grouped.values()
+                for r in rs
             ]
             args.times.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
     if args.report or not (args.run or args.update):

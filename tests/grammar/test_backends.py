@@ -76,7 +76,9 @@ def test_rollback_over_stop_and_answer_tokens(person: CompiledGrammar, tokenizer
     assert can_stop(g, tokenizer)
 
 
-def test_copy_starts_fresh_and_shares_the_compiled_grammar(person: CompiledGrammar, tokenizer: Tokenizer) -> None:
+def test_copy_starts_fresh_and_shares_the_compiled_grammar(
+    person: CompiledGrammar, tokenizer: Tokenizer
+) -> None:
     g = person.matcher()
     g.accept_tokens(tokenizer.encode('{"name":"A'))
     fresh = g.copy()
@@ -182,8 +184,10 @@ def _whitespace_variants(run: str) -> list[str]:
 @pytest.mark.parametrize("run", [" ", "  ", "\n\t", "   ", "\n  "], ids=repr)
 def test_every_backend_accepts_the_same_whitespace(run: str) -> None:
     verdicts = {
-        b: [first_rejected(compiled(b, Constraint.json_schema(PERSON_SCHEMA)), v) is None
-            for v in _whitespace_variants(run)]
+        b: [
+            first_rejected(compiled(b, Constraint.json_schema(PERSON_SCHEMA)), v) is None
+            for v in _whitespace_variants(run)
+        ]
         for b in BACKENDS
     }
     assert verdicts["xgrammar"] == verdicts["llguidance"] == verdicts["outlines"]

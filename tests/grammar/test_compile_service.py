@@ -91,7 +91,9 @@ def test_sixteen_heavy_xgrammar_compiles_each_end_at_their_deadline(tokenizer: T
                 future.result(timeout=config.timeout_s + 10)
             waits.append(time.monotonic() - start)
             assert info.value.kind == "json_schema"
-        print(f"\ntrivial compile: {trivial_s * 1000:.1f} ms; heavy ones ended after at most {max(waits):.2f} s")
+        print(
+            f"\ntrivial compile: {trivial_s * 1000:.1f} ms; heavy ones ended after at most {max(waits):.2f} s"
+        )
         assert max(waits) <= config.timeout_s + MARGIN_S
         # Only the one that ran to its limit may be remembered as the constraint's
         # failure; the fifteen that waited in the queue are load, tried again next time.
@@ -111,7 +113,9 @@ def test_a_worker_crash_is_retried_on_a_fresh_worker(tokenizer: Tokenizer) -> No
         assert c.stats.worker_crashes == 1 and c.stats.internal_errors == 0
 
 
-def test_a_constraint_that_kills_its_worker_twice_is_an_internal_error_not_cached(tokenizer: Tokenizer) -> None:
+def test_a_constraint_that_kills_its_worker_twice_is_an_internal_error_not_cached(
+    tokenizer: Tokenizer,
+) -> None:
     constraint = slow_outlines(0)
     with GrammarCompiler(tokenizer, CompilerConfig(timeout_s=60.0, failure_ttl_s=60.0)) as c:
         c.warm_up(("outlines",))
@@ -154,7 +158,9 @@ def test_large_llguidance_compiles_are_killable_and_keep_their_cause(tokenizer: 
         with pytest.raises(InvalidConstraint) as info:
             c.compile(Constraint.choice(options))
         elapsed = time.monotonic() - start
-        print(f"\n300,000 options: {type(info.value).__name__} after {elapsed:.1f} s: {str(info.value)[:160]}")
+        print(
+            f"\n300,000 options: {type(info.value).__name__} after {elapsed:.1f} s: {str(info.value)[:160]}"
+        )
         assert elapsed <= config.timeout_s + MARGIN_S
         assert "llguidance" in str(info.value) and "too big" in str(info.value)
         # Nothing of that compile still runs: the workers that ran it were killed or are
@@ -181,7 +187,9 @@ def test_size_limits_are_named(tokenizer: Tokenizer) -> None:
             c.compile(Constraint.choice([f"o{i}" for i in range(500)]))
     grammar = "root ::= " + " | ".join(f'"x{i}"' for i in range(20_000))
     with GrammarCompiler(tokenizer, CompilerConfig(worker_processes=0)) as c:
-        with pytest.raises(InvalidConstraint, match=r"too many alternatives for llguidance: 20,000 > limit 10,000"):
+        with pytest.raises(
+            InvalidConstraint, match=r"too many alternatives for llguidance: 20,000 > limit 10,000"
+        ):
             c.compile(Constraint.ebnf(grammar), backend="llguidance")
 
 

@@ -185,8 +185,16 @@ def test_lenient_falls_back_and_says_what_it_ignores(compiler: GrammarCompiler) 
 def test_strict_compiles_disjoint_one_of_exactly(tokenizer: Tokenizer) -> None:
     schema = {
         "oneOf": [
-            {"type": "object", "properties": {"kind": {"const": "circle"}, "r": {"type": "number"}}, "required": ["kind", "r"]},
-            {"type": "object", "properties": {"kind": {"const": "square"}, "side": {"type": "number"}}, "required": ["kind", "side"]},
+            {
+                "type": "object",
+                "properties": {"kind": {"const": "circle"}, "r": {"type": "number"}},
+                "required": ["kind", "r"],
+            },
+            {
+                "type": "object",
+                "properties": {"kind": {"const": "square"}, "side": {"type": "number"}},
+                "required": ["kind", "side"],
+            },
         ]
     }
     with GrammarCompiler(tokenizer, CompilerConfig(strict=True, worker_processes=0)) as c:
@@ -255,7 +263,12 @@ def test_per_call_backend_and_strict_are_part_of_the_key(compiler: GrammarCompil
 
 def test_config_is_frozen_and_checked() -> None:
     config = CompilerConfig()
-    assert (config.backend, config.strict, config.cache_entries, config.timeout_s) == ("auto", False, 1024, 30.0)
+    assert (config.backend, config.strict, config.cache_entries, config.timeout_s) == (
+        "auto",
+        False,
+        1024,
+        30.0,
+    )
     with pytest.raises(AttributeError):
         config.timeout_s = 1.0  # type: ignore[misc]
     for bad in ({"backend": "nope"}, {"timeout_s": 0}, {"cache_entries": 0}, {"threads": 0}):

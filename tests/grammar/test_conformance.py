@@ -51,11 +51,11 @@ from .conformance_support import (
     COMPILE_TIMEOUT_S,
     DRAFTS,
     EXPECTATIONS_PATH,
-    Instance,
     REJECTED,
     TIMEOUT,
     TOKENIZER_FOR_BACKEND,
     UPDATE_ENV,
+    Instance,
     SchemaCase,
     SchemaResult,
     WorkerPool,
@@ -175,14 +175,18 @@ def test_conformance_matches_expectations(
 
     doc = read_expectations()
     section = doc.get("results", {}).get(backend, {}).get(draft)
-    assert section is not None, f"{EXPECTATIONS_PATH.name} has no entry for {backend}/{draft}.\n{HOW_TO_UPDATE}"
+    assert section is not None, (
+        f"{EXPECTATIONS_PATH.name} has no entry for {backend}/{draft}.\n{HOW_TO_UPDATE}"
+    )
     assert _same_config(backend), (
         f"{EXPECTATIONS_PATH.name} was recorded with another tokenizer or compile time limit "
         f"for {backend} than {TOKENIZER_FOR_BACKEND[backend]!r} / {COMPILE_TIMEOUT_S[backend]} s.\n"
         f"{HOW_TO_UPDATE}"
     )
     cmp = compare(section["outcomes"], actual, cases, draft)
-    summary = f"{backend}/{draft}: recorded {section['counts']}\n{' ' * len(backend + draft)}   now      {now}"
+    summary = (
+        f"{backend}/{draft}: recorded {section['counts']}\n{' ' * len(backend + draft)}   now      {now}"
+    )
     if cmp.regressions:
         pytest.fail(
             f"conformance regressed.\n{summary}"
@@ -201,7 +205,9 @@ def test_conformance_matches_expectations(
             pytrace=False,
         )
     # The recorded counts are derived from the recorded outcomes; a hand edit shows here.
-    assert section["counts"] == now, f"counts in {EXPECTATIONS_PATH.name} do not match its outcomes.\n{HOW_TO_UPDATE}"
+    assert section["counts"] == now, (
+        f"counts in {EXPECTATIONS_PATH.name} do not match its outcomes.\n{HOW_TO_UPDATE}"
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -218,7 +224,11 @@ def test_no_backend_raises_instead_of_refusing(backend: str, runs: BackendRuns) 
 
 def test_a_compile_past_its_time_limit_is_a_timeout_and_the_pool_carries_on(pool: WorkerPool) -> None:
     case = SchemaCase(
-        "draft2020-12", "harness.json", 0, "integer", {"type": "integer"},
+        "draft2020-12",
+        "harness.json",
+        0,
+        "integer",
+        {"type": "integer"},
         (Instance("an integer", "12", True), Instance("a string", '"12"', False)),
     )
     # A limit of a millisecond expires before any answer can arrive, whatever the machine's speed.
@@ -227,4 +237,6 @@ def test_a_compile_past_its_time_limit_is_a_timeout_and_the_pool_carries_on(pool
     # The compile workers still serve; the next compiles and matches are normal.
     results = pool.run([("llguidance", case)] * 4)
     assert [r.outcome for r in results] == [ACCEPTED + REJECTED] * 4
-    assert pool.compiler("llguidance", TOKENIZER_FOR_BACKEND["llguidance"], COMPILE_TIMEOUT_S["llguidance"]).worker_pids()
+    assert pool.compiler(
+        "llguidance", TOKENIZER_FOR_BACKEND["llguidance"], COMPILE_TIMEOUT_S["llguidance"]
+    ).worker_pids()

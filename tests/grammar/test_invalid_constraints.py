@@ -35,7 +35,11 @@ def test_malformed_json_names_the_position() -> None:
         ({"type": "array", "minItems": 5, "maxItems": 2}, "/minItems", "unsatisfiable"),
         ({"type": "string", "minLength": 3, "maxLength": 1}, "/minLength", "unsatisfiable"),
         ({"type": "number", "minimum": 10, "maximum": 1}, "/minimum", "unsatisfiable"),
-        ({"type": "integer", "exclusiveMinimum": 5, "exclusiveMaximum": 5}, "/exclusiveMinimum", "unsatisfiable"),
+        (
+            {"type": "integer", "exclusiveMinimum": 5, "exclusiveMaximum": 5},
+            "/exclusiveMinimum",
+            "unsatisfiable",
+        ),
         ({"type": "string", "maxLength": -1}, "/maxLength", "non-negative integer"),
         ({"anyOf": []}, "/anyOf", "non-empty list"),
         ({"properties": {"a/b": {"pattern": "(unclosed"}}}, "/properties/a~1b/pattern", "invalid regex"),
@@ -95,8 +99,14 @@ def test_positions_of_nested_texts_are_not_given_as_the_constraint_s() -> None:
     "fmt, reason",
     [
         ({"type": "nope"}, "invalid structural tag: Format type not recognized: nope"),
-        ({"type": "tag", "begin": "<a>", "end": "</a>"}, "invalid structural tag: Tag format must have a content field"),
-        ({"type": "sequence", "elements": []}, "invalid structural tag: Sequence format must have at least one element"),
+        (
+            {"type": "tag", "begin": "<a>", "end": "</a>"},
+            "invalid structural tag: Tag format must have a content field",
+        ),
+        (
+            {"type": "sequence", "elements": []},
+            "invalid structural tag: Sequence format must have at least one element",
+        ),
     ],
 )
 def test_xgrammar_internal_check_text_never_reaches_the_user(fmt: dict, reason: str) -> None:
@@ -107,11 +117,17 @@ def test_xgrammar_internal_check_text_never_reaches_the_user(fmt: dict, reason: 
 
 NUL_CASES = [
     # (constraint, accepted answers, rejected answers); JSON writes NUL as \u0000.
-    (Constraint.json_schema({"type": "string", "pattern": "^/[^\u0000]+$"}), ['"/usr/bin"'], ['"/a\\u0000b"', '"usr"']),
+    (
+        Constraint.json_schema({"type": "string", "pattern": "^/[^\u0000]+$"}),
+        ['"/usr/bin"'],
+        ['"/a\\u0000b"', '"usr"'],
+    ),
     (Constraint.json_schema({"enum": ["a\u0000b", "c"]}), ['"a\\u0000b"', '"c"'], ['"ab"']),
     (Constraint.json_schema({"const": "x\u0000"}), ['"x\\u0000"'], ['"x"']),
     (
-        Constraint.json_schema({"type": "object", "properties": {"a\u0000": {"type": "integer"}}, "required": ["a\u0000"]}),
+        Constraint.json_schema(
+            {"type": "object", "properties": {"a\u0000": {"type": "integer"}}, "required": ["a\u0000"]}
+        ),
         ['{"a\\u0000":1}'],
         ['{"a":1}'],
     ),
@@ -206,9 +222,13 @@ def test_other_malformed_input(make, match) -> None:
 @pytest.mark.parametrize("backend_name", ["llguidance", "outlines"])
 def test_library_refusals_are_wrapped_with_backend_and_kind(backend_name: str) -> None:
     # Valid JSON Schema that these backends' own compilers refuse.
-    error = _compile_error(Constraint.json_schema({"type": "string", "format": "no-such-format"}), backend_name)
+    error = _compile_error(
+        Constraint.json_schema({"type": "string", "format": "no-such-format"}), backend_name
+    )
     assert error.kind == "json_schema" and error.backend == backend_name
-    assert str(error).startswith(f"json_schema (backend {backend_name}): {backend_name} could not compile it: ")
+    assert str(error).startswith(
+        f"json_schema (backend {backend_name}): {backend_name} could not compile it: "
+    )
     assert "no-such-format" in str(error) or "nosuch" in str(error)
 
 

@@ -21,7 +21,7 @@ def test_forced_key_tokens(backend: str, tokenizer: Tokenizer) -> None:
     assert 'temperature_celsius"'.startswith(text)
     # Forced tokens are accepted as they are, and the rest of the answer still fits.
     assert g.accept_tokens(forced) == len(forced)
-    rest = tokenizer.encode('temperature_celsius":21.5,"condition":"sunny"}'[len(text):])
+    rest = tokenizer.encode('temperature_celsius":21.5,"condition":"sunny"}'[len(text) :])
     assert g.accept_tokens(rest) == len(rest)
 
 

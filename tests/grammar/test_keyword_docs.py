@@ -24,7 +24,7 @@ def test_the_doc_holds_the_registry_table() -> None:
 
 def test_auto_tables_come_from_the_declarations() -> None:
     classes = {cls.name: cls for cls in backend_classes()}
-    assert auto.INEXACT == {name: cls.inexact_keywords for name, cls in classes.items()}
+    assert {name: cls.inexact_keywords for name, cls in classes.items()} == auto.INEXACT
     assert auto.JSON_ORDER == ("llguidance", "xgrammar", "outlines")
     assert auto.KIND_ORDER[ConstraintKind.STRUCTURAL_TAG] == ("xgrammar", "llguidance")
     assert auto.KIND_ORDER[ConstraintKind.JSON_OBJECT] == ("llguidance", "xgrammar")  # outlines: minutes

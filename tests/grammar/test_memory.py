@@ -19,7 +19,11 @@ def heavy(i: int, width: int = 400) -> Constraint:
     return Constraint.json_schema(
         {
             "anyOf": [
-                {"type": "object", "properties": {f"k{i}_{j}": {"type": "integer"}}, "required": [f"k{i}_{j}"]}
+                {
+                    "type": "object",
+                    "properties": {f"k{i}_{j}": {"type": "integer"}},
+                    "required": [f"k{i}_{j}"],
+                }
                 for j in range(width)
             ]
         }

@@ -15,7 +15,12 @@ from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_token_ids
 from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 
 ANYOF_2010 = Constraint.json_schema(
-    {"anyOf": [{"type": "object", "properties": {f"p{i}": {"type": "integer"}}, "required": [f"p{i}"]} for i in range(2010)]}
+    {
+        "anyOf": [
+            {"type": "object", "properties": {f"p{i}": {"type": "integer"}}, "required": [f"p{i}"]}
+            for i in range(2010)
+        ]
+    }
 )
 OPTIONAL_500 = Constraint.json_schema(
     {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(500)}}
@@ -50,7 +55,9 @@ def _contract_holds(compiled: CompiledGrammar, answer: str, *, samples: int = 12
         for t in rng.sample(allowed, min(samples, len(allowed))):
             fresh = compiled.matcher()
             fresh.accept_tokens(ids[:n])
-            assert fresh.accept_token(t), f"{tok.decode([t])!r} allowed after {tok.decode(ids[:n])!r} but refused"
+            assert fresh.accept_token(t), (
+                f"{tok.decode([t])!r} allowed after {tok.decode(ids[:n])!r} but refused"
+            )
     assert first_rejected(compiled, answer) is None
 
 
@@ -76,7 +83,9 @@ def test_wide_alternations_get_a_backend_that_can_produce_them(
 
 @pytest.mark.parametrize("constraint", [OPTIONAL_2600, EBNF_20K], ids=["optional-2600", "ebnf-20000"])
 def test_llguidance_past_its_row_limit_says_why(service: GrammarCompiler, constraint: Constraint) -> None:
-    with pytest.raises(InvalidConstraint, match=r"too many alternatives for llguidance: [\d,]+ > limit 10,000") as info:
+    with pytest.raises(
+        InvalidConstraint, match=r"too many alternatives for llguidance: [\d,]+ > limit 10,000"
+    ) as info:
         service.compile(constraint, backend="llguidance")
     assert info.value.backend == "llguidance"
 
@@ -85,7 +94,10 @@ def test_llguidance_past_its_row_limit_says_why(service: GrammarCompiler, constr
     "schema, pointer",
     [
         ({"$ref": "#"}, ""),
-        ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "/$defs/a"),
+        (
+            {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+            "/$defs/a",
+        ),
         ({"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}, ""),
         ({"type": "array", "minItems": 1, "items": False}, "/items"),
     ],
@@ -98,7 +110,13 @@ def test_schemas_without_a_finite_instance_are_refused(backend: str, schema: dic
 
 def test_recursion_with_a_base_case_compiles() -> None:
     tree = {
-        "$defs": {"node": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["kids"]}},
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                "required": ["kids"],
+            }
+        },
         "$ref": "#/$defs/node",
     }
     assert thinkstruct.accepts(Constraint.json_schema(tree), '{"kids":[{"kids":[]}]}')
@@ -109,10 +127,19 @@ def test_recursion_with_a_base_case_compiles() -> None:
     [
         ({"type": "array", "items": {"type": "integer"}, "minItems": 1_000_000_000}, "/minItems"),
         ({"type": "string", "minLength": 10**9}, "/minLength"),
-        ({"type": "object", "properties": {"a": {"type": "string", "minLength": 10**9}}, "required": ["a"]}, "/properties/a/minLength"),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"type": "string", "minLength": 10**9}},
+                "required": ["a"],
+            },
+            "/properties/a/minLength",
+        ),
     ],
 )
-def test_instances_longer_than_the_context_are_refused(tokenizer: Tokenizer, schema: dict, pointer: str) -> None:
+def test_instances_longer_than_the_context_are_refused(
+    tokenizer: Tokenizer, schema: dict, pointer: str
+) -> None:
     with GrammarCompiler(tokenizer, CompilerConfig(worker_processes=0, max_answer_tokens=131_072)) as c:
         with pytest.raises(InvalidConstraint, match="131,072 tokens") as info:
             c.compile(Constraint.json_schema(schema))
@@ -124,9 +151,11 @@ def test_instances_longer_than_the_context_are_refused(tokenizer: Tokenizer, sch
 @pytest.mark.parametrize("char", ["\x01", "\x1f", "\x7f"], ids=["U+0001", "U+001F", "U+007F"])
 def test_control_characters_in_property_names(char: str) -> None:
     key = f"a{char}b"
-    constraint = Constraint.json_schema({"type": "object", "properties": {key: {"type": "integer"}}, "required": [key]})
+    constraint = Constraint.json_schema(
+        {"type": "object", "properties": {key: {"type": "integer"}}, "required": [key]}
+    )
     raw = '{"a' + char + 'b":1}'
-    escaped = '{"a\\u%04xb":1}' % ord(char)
+    escaped = '{"a\\u' + f"{ord(char):04x}" + 'b":1}'
     spellings = [text for text in (raw, escaped) if _valid_json(text)]
     for backend in ("auto", "llguidance", "xgrammar", "outlines"):
         try:

@@ -119,14 +119,16 @@ class ReasoningMachine(RuleBasedStateMachine):
             assert int((mask != -1).sum()) <= 100
         elif self.n < len(self.script):
             reference = self.cg.matcher()
-            answer = self.script[self.tag_end + 1:self.n]
+            answer = self.script[self.tag_end + 1 : self.n]
             assert reference.accept_tokens(answer) == len(answer)
             assert torch.equal(mask, _mask(reference, self.tok.vocab_size))
 
 
 TestReasoningMachine = ReasoningMachine.TestCase
 TestReasoningMachine.settings = settings(
-    max_examples=20, stateful_step_count=20, deadline=None,
+    max_examples=20,
+    stateful_step_count=20,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 

@@ -45,7 +45,7 @@ def test_rollback_restores_mask_and_acceptance(
     g = cg.matcher()
     assert g.accept_tokens(ids[:prefix]) == prefix
     before = _mask(g, tokenizer.vocab_size)
-    assert g.accept_tokens(ids[prefix:prefix + k]) == k
+    assert g.accept_tokens(ids[prefix : prefix + k]) == k
     g.rollback(k)
     assert not g.is_terminated()
     assert torch.equal(_mask(g, tokenizer.vocab_size), before)
@@ -66,7 +66,7 @@ def test_interleaved_accepts_and_rollbacks_match_a_fresh_walk(
     for i, n in enumerate(steps):
         if i % 2 == 0:  # accept up to n tokens
             n = min(n, len(ids) - position)
-            assert g.accept_tokens(ids[position:position + n]) == n
+            assert g.accept_tokens(ids[position : position + n]) == n
             position += n
         else:  # roll back up to n tokens
             n = min(n, position)

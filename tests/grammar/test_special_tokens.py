@@ -57,7 +57,9 @@ def test_free_text_regex_allows_text_but_no_special_token(backend: str, tokenize
     cg = compiled(backend, Constraint.regex(r"(.|\n){0,40}"))
     allowed = _allowed(cg, tokenizer, "thinking about ")
     assert len(allowed) > 10_000  # free text really is free ...
-    assert not allowed & (tokenizer.special_token_ids - set(tokenizer.eos_token_ids))  # ... but not control tokens
+    assert not allowed & (
+        tokenizer.special_token_ids - set(tokenizer.eos_token_ids)
+    )  # ... but not control tokens
     assert set(tokenizer.eos_token_ids) <= allowed  # the answer may end here
 
 

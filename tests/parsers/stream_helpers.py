@@ -3,7 +3,7 @@ when several test folders have one)."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from thinkstruct.parsers import ParseResult, ReasoningParser
 

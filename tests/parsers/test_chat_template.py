@@ -44,7 +44,9 @@ def test_smollm2_own_template_renders_like_transformers(smollm2_tokenizer) -> No
     assert template is not None
     for messages in (CHAT, HISTORY):
         for add in (True, False):
-            expected = smollm2_tokenizer.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add)
+            expected = smollm2_tokenizer.hf.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add
+            )
             assert template.render(messages, add_generation_prompt=add) == expected
 
 
@@ -72,14 +74,19 @@ def test_template_from_a_model_directory(tmp_path: Path) -> None:
         "eos_token": "</s>",
         "chat_template": [
             {"name": "tool_use", "template": "TOOLS"},
-            {"name": "default", "template": "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"},
+            {
+                "name": "default",
+                "template": "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}",
+            },
         ],
     }
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     template = ChatTemplate.from_path(tmp_path)
     assert template.render(CHAT, add_generation_prompt=False) == "<s>[system]Be brief.[user]What is 2+2?"
     (tmp_path / "chat_template.jinja").write_text("J{{ eos_token }}", encoding="utf-8")
-    assert ChatTemplate.from_path(tmp_path).render(CHAT) == "J</s>"  # the .jinja file wins, as in transformers
+    assert (
+        ChatTemplate.from_path(tmp_path).render(CHAT) == "J</s>"
+    )  # the .jinja file wins, as in transformers
 
 
 def test_a_model_without_template(tokenizer, tmp_path: Path) -> None:
@@ -100,7 +107,9 @@ def test_deepseek_v4_uses_its_builtin_template(tokenizer) -> None:
     assert on.reasoning_enabled is True
     assert on.text.endswith("<｜Assistant｜><think>")
     ids = tokenizer.hf.encode(on.text, add_special_tokens=False)
-    assert ids[-1] == tokenizer.think_start_ids[0]  # the prompt opens the thought with the single <think> token
+    assert (
+        ids[-1] == tokenizer.think_start_ids[0]
+    )  # the prompt opens the thought with the single <think> token
     history = render_chat(HISTORY, family="deepseek-v4", tokenizer=tokenizer)
     assert "<｜Assistant｜></think>Hello!<｜end▁of▁sentence｜>" in history.text
     assert "greeting" not in history.text  # earlier thoughts are not sent back
@@ -114,7 +123,12 @@ def test_smollm2_think_writes_think_as_text(smollm2_tokenizer) -> None:
     assert on.text.startswith("<|im_start|>system\nBe brief.\n\n")
     # SmolLM2 has no <think> token: the tag is several ordinary tokens
     assert len(smollm2_tokenizer.hf.encode("<think>", add_special_tokens=False)) > 1
-    off = render_chat(CHAT, family="smollm2-think", tokenizer=smollm2_tokenizer, chat_template_kwargs={"enable_thinking": False})
+    off = render_chat(
+        CHAT,
+        family="smollm2-think",
+        tokenizer=smollm2_tokenizer,
+        chat_template_kwargs={"enable_thinking": False},
+    )
     assert off.reasoning_enabled is False
     assert off.text.endswith("<|im_start|>assistant\n")
     assert "<think>" not in off.text
@@ -133,7 +147,9 @@ def test_builtin_templates_agree_with_their_family(family: str, switch_on: bool)
     spec = reasoning_families()[family]
     kwargs = {}
     if spec.switch is not None:
-        kwargs[spec.switch.kwarg] = switch_on if spec.switch.style.value == "bool" else ("high" if switch_on else "none")
+        kwargs[spec.switch.kwarg] = (
+            switch_on if spec.switch.style.value == "bool" else ("high" if switch_on else "none")
+        )
     prompt = render_chat(HISTORY, family=family, chat_template_kwargs=kwargs)
     enabled = reasoning_enabled(family, kwargs)
     assert prompt.reasoning_enabled is enabled
@@ -172,23 +188,51 @@ def test_one_decision_reaches_prompt_and_parser(family: str, kwargs: dict | None
 def test_the_switch_reaches_a_models_own_template_even_when_unset() -> None:
     """The decision is handed to the template explicitly, whatever the template's default."""
     source = "{{ enable_thinking }}|{{ other }}"
-    assert render_chat(CHAT, family="qwen3", chat_template=source, chat_template_kwargs={"other": 1}).text == "True|1"
-    off = render_chat(CHAT, family="qwen3", chat_template=source, chat_template_kwargs={"enable_thinking": False})
+    assert (
+        render_chat(CHAT, family="qwen3", chat_template=source, chat_template_kwargs={"other": 1}).text
+        == "True|1"
+    )
+    off = render_chat(
+        CHAT, family="qwen3", chat_template=source, chat_template_kwargs={"enable_thinking": False}
+    )
     assert off.text.startswith("False|")
-    assert render_chat(CHAT, family="mistral", chat_template="{{ reasoning_effort }}",
-                       chat_template_kwargs={"reasoning_effort": "none"}).text == "none"
+    assert (
+        render_chat(
+            CHAT,
+            family="mistral",
+            chat_template="{{ reasoning_effort }}",
+            chat_template_kwargs={"reasoning_effort": "none"},
+        ).text
+        == "none"
+    )
 
 
 @pytest.mark.parametrize(
     "family, previous, continuation, expected_tail, expected",
     [
-        ("qwen3-thinking", "Let me think", " more.</think>\n\n4", "<|im_start|>assistant\n<think>\nLet me think",
-         (" more.", "4")),
-        ("smollm2-think", "Paris is", " the capital.\n</think>\nParis.", "assistant\n<think>\nParis is",
-         (" the capital.", "Paris.")),
+        (
+            "qwen3-thinking",
+            "Let me think",
+            " more.</think>\n\n4",
+            "<|im_start|>assistant\n<think>\nLet me think",
+            (" more.", "4"),
+        ),
+        (
+            "smollm2-think",
+            "Paris is",
+            " the capital.\n</think>\nParis.",
+            "assistant\n<think>\nParis is",
+            (" the capital.", "Paris."),
+        ),
         ("qwen3", "<think>\nHm", ", 4.</think>4", "<|im_start|>assistant\n<think>\nHm", (", 4.", "4")),
         ("qwen3", "The answer", " is 4.", "<|im_start|>assistant\nThe answer", ("", " is 4.")),
-        ("deepseek-r1", "<think>\nStep", " two.</think>Done", "<｜Assistant｜><think>\nStep", (" two.", "Done")),
+        (
+            "deepseek-r1",
+            "<think>\nStep",
+            " two.</think>Done",
+            "<｜Assistant｜><think>\nStep",
+            (" two.", "Done"),
+        ),
     ],
 )
 def test_continue_final_message_prompt_and_parser_agree(
@@ -203,12 +247,25 @@ def test_continue_final_message_prompt_and_parser_agree(
 
 def test_add_generation_prompt_and_continue_conflict() -> None:
     with pytest.raises(InvalidChatRequest, match="continue_final_message"):
-        render_chat([*CHAT, {"role": "assistant", "content": "x"}], family="qwen3",
-                    add_generation_prompt=True, continue_final_message=True)
+        render_chat(
+            [*CHAT, {"role": "assistant", "content": "x"}],
+            family="qwen3",
+            add_generation_prompt=True,
+            continue_final_message=True,
+        )
 
 
 def test_content_parts_are_rendered_as_text() -> None:
-    messages = [{"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "image"}, {"type": "text", "text": "there"}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Hello "},
+                {"type": "image"},
+                {"type": "text", "text": "there"},
+            ],
+        }
+    ]
     assert "<|im_start|>user\nHello there<|im_end|>" in render_chat(messages, family="qwen3").text
 
 
@@ -225,8 +282,10 @@ def test_helpers_like_transformers() -> None:
 
 
 def test_raise_exception_is_a_clear_error() -> None:
-    template = ChatTemplate("{% if messages[0].role != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}",
-                            name="strict")
+    template = ChatTemplate(
+        "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}",
+        name="strict",
+    )
     with pytest.raises(ChatTemplateError, match="strict.*Conversation must start with user"):
         template.render(CHAT)
 
@@ -328,8 +387,12 @@ def test_a_template_that_opens_the_thought_is_noticed() -> None:
     """Family qwen3 writes its own <think>, but this template opens it in the prompt."""
     prompt = render_chat(CHAT, family="qwen3", chat_template=QWEN35_STYLE)
     assert prompt.starts_in_thought is True
-    assert prompt.reasoning_parser().parse("Let me think.\n</think>\n\nHello!") == ParseResult("Let me think.", "Hello!")
-    off = render_chat(CHAT, family="qwen3", chat_template=QWEN35_STYLE, chat_template_kwargs={"enable_thinking": False})
+    assert prompt.reasoning_parser().parse("Let me think.\n</think>\n\nHello!") == ParseResult(
+        "Let me think.", "Hello!"
+    )
+    off = render_chat(
+        CHAT, family="qwen3", chat_template=QWEN35_STYLE, chat_template_kwargs={"enable_thinking": False}
+    )
     assert off.starts_in_thought is False and off.reasoning_enabled is False
     assert off.reasoning_parser().parse("Hello!") == ParseResult("", "Hello!")
     # and the other way: a forced family whose own template leaves the tag to the model
@@ -354,10 +417,26 @@ def test_a_thought_can_be_opened_in_the_prompt_for_a_grammar() -> None:
 
 # ---- tools through the built-in templates ---------------------------------------------
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 QUESTION = "What is the weather in Paris?"
-CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}}
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'},
+}
 TOOL_FAMILIES = sorted(name for name, f in reasoning_families().items() if f.tool_call_syntax)
 
 
@@ -373,7 +452,9 @@ def test_builtin_templates_write_calls_the_tool_parser_reads(family: str) -> Non
     assert "get_weather" in prompt.text.split(QUESTION)[0]  # the tool is described before the question
     tail = prompt.text.split(QUESTION)[-1]
     found = prompt.tool_parser(TOOLS).parse(tail)
-    assert [(c.name, json.loads(c.arguments)) for c in found.calls] == [("get_weather", {"city": "Paris", "days": 3})]
+    assert [(c.name, json.loads(c.arguments)) for c in found.calls] == [
+        ("get_weather", {"city": "Paris", "days": 3})
+    ]
     result = {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny, 24 C"}
     follow = render_chat([*messages, result], family=family, tools=TOOLS)
     assert "sunny, 24 C" in follow.text.split(QUESTION)[-1]
@@ -383,4 +464,7 @@ def test_builtin_templates_write_calls_the_tool_parser_reads(family: str) -> Non
 def test_tool_call_arguments_reach_a_models_template_as_an_object() -> None:
     source = "{% for m in messages %}{% for tc in m.tool_calls or [] %}{{ tc.function.arguments.city }}{% endfor %}{% endfor %}"
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [CALL]}]
-    assert render_chat(messages, family="qwen3", chat_template=source, add_generation_prompt=False).text == "Paris"
+    assert (
+        render_chat(messages, family="qwen3", chat_template=source, add_generation_prompt=False).text
+        == "Paris"
+    )

@@ -138,16 +138,24 @@ def test_load_a_mapping_by_name_and_round_trip(tmp_path: Path) -> None:
     original = get_completion_template("codellama")
     data = {"my-llama": {k: v for k, v in original.to_dict().items() if k != "name"}}
     (loaded,) = load_completion_templates(write(tmp_path, data))
-    assert loaded == CompletionTemplate("my-llama", original.begin, original.middle, original.end, original.position)
+    assert loaded == CompletionTemplate(
+        "my-llama", original.begin, original.middle, original.end, original.position
+    )
     assert "my-llama" not in completion_templates()  # not registered unless asked
 
 
 @pytest.mark.parametrize(
     "value, message",
     [
-        ([{"name": "x", "begin": "a", "middle": "b", "end": "c", "position": "start"}], "entry 0 .*'position'"),
+        (
+            [{"name": "x", "begin": "a", "middle": "b", "end": "c", "position": "start"}],
+            "entry 0 .*'position'",
+        ),
         ([{"name": "x", "begin": "a", "middle": "b", "position": "end"}], "'end' must be a string"),
-        ([{"name": "x", "begin": "a", "middle": "b", "end": "c", "position": "end", "fim": 1}], "unknown field.*'fim'"),
+        (
+            [{"name": "x", "begin": "a", "middle": "b", "end": "c", "position": "end", "fim": 1}],
+            "unknown field.*'fim'",
+        ),
         ([{"begin": "a", "middle": "b", "end": "c", "position": "end"}], "'name'"),
         ({"k": {"name": "other", "begin": "a", "middle": "b", "end": "c", "position": "end"}}, "key is 'k'"),
         (42, "expected a JSON list or object"),
@@ -174,7 +182,9 @@ def test_registering_twice_needs_override() -> None:
     try:
         with pytest.raises(DuplicateName):
             register_completion_template(template)
-        register_completion_template(CompletionTemplate("dup-test", "x", "y", "z", FimPosition.END), override=True)
+        register_completion_template(
+            CompletionTemplate("dup-test", "x", "y", "z", FimPosition.END), override=True
+        )
         assert fim_prompt("dup-test", "p", "s") == "xpzsy"
     finally:
         unregister_completion_template("dup-test")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import functools
 
 import pytest
-from stream_helpers import run_stream
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from stream_helpers import run_stream
 
 from thinkstruct.parsers import ParseResult, ReasoningFormat, ReasoningParser, reasoning_families
 
@@ -102,7 +102,9 @@ def test_any_chunking_gives_the_whole_text_result(family: str, stream_reasoning:
     def check(drawn) -> None:
         text, chunks, options = drawn
         whole = ReasoningParser(family, stream_reasoning=stream_reasoning, **options).parse(text)
-        streamed = run_stream(ReasoningParser(family, stream_reasoning=stream_reasoning, **options), chunks)[1]
+        streamed = run_stream(ReasoningParser(family, stream_reasoning=stream_reasoning, **options), chunks)[
+            1
+        ]
         assert streamed == whole, f"chunks={chunks!r} options={options!r}"
 
     check()

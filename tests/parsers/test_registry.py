@@ -42,7 +42,9 @@ def test_register_get_unregister() -> None:
 def test_a_taken_name_needs_override() -> None:
     registry: Registry[Item] = Registry("test item", Item)
     registry.register(Item("a", 1))
-    with pytest.raises(DuplicateName, match=r"^test item 'a' is already registered; pass override=True to replace it$"):
+    with pytest.raises(
+        DuplicateName, match=r"^test item 'a' is already registered; pass override=True to replace it$"
+    ):
         registry.register(Item("a", 2))
     assert registry.get("a").value == 1
     registry.register(Item("a", 2), override=True)

@@ -17,13 +17,20 @@ from thinkstruct.parsers.tool_calls import ToolCallParser, tool_call_structural_
 
 WEATHER = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 20}, "days": {"type": "integer", "minimum": 1, "maximum": 9},
-                   "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "days": {"type": "integer", "minimum": 1, "maximum": 9},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
     "required": ["city", "days"],
     "additionalProperties": False,
 }
-TIME = {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8}}, "required": ["zone"],
-        "additionalProperties": False}
+TIME = {
+    "type": "object",
+    "properties": {"zone": {"type": "string", "maxLength": 8}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
 TOOLS = [("get_weather", WEATHER), ("get_time", TIME)]
 OPENAI_TOOLS = [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in TOOLS]
 FORMED = sorted(name for name, s in tool_call_syntaxes().items() if s.form is not None)
@@ -34,18 +41,35 @@ def arguments_text(style: str, args: dict) -> str:
     if style == "json":
         return json.dumps(args)
     if style == "qwen_xml":
-        return "".join(f"<parameter={k}>{v if isinstance(v, str) else json.dumps(v)}</parameter>" for k, v in args.items())
+        return "".join(
+            f"<parameter={k}>{v if isinstance(v, str) else json.dumps(v)}</parameter>"
+            for k, v in args.items()
+        )
     if style == "deepseek_xml":
         return "".join(
             f'<｜DSML｜parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">'
-            f"{v if isinstance(v, str) else json.dumps(v)}</｜DSML｜parameter>\n" for k, v in args.items())
+            f"{v if isinstance(v, str) else json.dumps(v)}</｜DSML｜parameter>\n"
+            for k, v in args.items()
+        )
     if style == "glm_xml":
-        return "".join(f"<arg_key>{k}</arg_key><arg_value>{v if isinstance(v, str) else json.dumps(v)}</arg_value>"
-                       for k, v in args.items())
+        return "".join(
+            f"<arg_key>{k}</arg_key><arg_value>{v if isinstance(v, str) else json.dumps(v)}</arg_value>"
+            for k, v in args.items()
+        )
     if style == "minimax_xml":
-        return "".join(f'<parameter name="{k}">{v if isinstance(v, str) else json.dumps(v)}</parameter>\n' for k, v in args.items())
+        return "".join(
+            f'<parameter name="{k}">{v if isinstance(v, str) else json.dumps(v)}</parameter>\n'
+            for k, v in args.items()
+        )
     if style == "gemma":
-        return "{" + ",".join(f'{k}:<|"|>{v}<|"|>' if isinstance(v, str) else f"{k}:{json.dumps(v)}" for k, v in args.items()) + "}"
+        return (
+            "{"
+            + ",".join(
+                f'{k}:<|"|>{v}<|"|>' if isinstance(v, str) else f"{k}:{json.dumps(v)}"
+                for k, v in args.items()
+            )
+            + "}"
+        )
     raise AssertionError(style)
 
 
@@ -67,7 +91,9 @@ def compiler(tokenizer):
 
 
 def compiled(compiler, syntax: str, mode: str, *, parallel: bool = True, tools=TOOLS):
-    doc = tool_call_structural_tag(tool_call_syntaxes()[syntax].form, tools, mode=mode, parallel=parallel, max_whitespace=2)
+    doc = tool_call_structural_tag(
+        tool_call_syntaxes()[syntax].form, tools, mode=mode, parallel=parallel, max_whitespace=2
+    )
     return compiler.compile(Constraint.structural_tag(doc))
 
 
@@ -93,8 +119,12 @@ def test_a_required_call_is_the_answer_and_nothing_else(syntax: str, compiler, t
         parsed = ToolCallParser(syntax, tools=OPENAI_TOOLS).parse(text)
         assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == calls
     assert not accepts(grammar, tokenizer, "Sure. " + written(syntax, ONE))  # no text around the call
-    assert not accepts(grammar, tokenizer, written(syntax, [("get_wether", {"city": "Paris", "days": 3})]))  # no other name
-    assert not accepts(grammar, tokenizer, written(syntax, [("get_weather", {"city": "Paris"})]))  # the schema holds
+    assert not accepts(
+        grammar, tokenizer, written(syntax, [("get_wether", {"city": "Paris", "days": 3})])
+    )  # no other name
+    assert not accepts(
+        grammar, tokenizer, written(syntax, [("get_weather", {"city": "Paris"})])
+    )  # the schema holds
     assert not accepts(grammar, tokenizer, "")  # a call is required
     single = compiled(compiler, syntax, "required", parallel=False)
     assert accepts(single, tokenizer, written(syntax, ONE))
@@ -119,11 +149,15 @@ def test_auto_is_free_text_until_the_call_starts(syntax: str, compiler, tokenize
         assert accepts(grammar, tokenizer, "Let me look it up. " + call)
     assert accepts(grammar, tokenizer, call)
     assert not accepts(grammar, tokenizer, written(syntax, [("get_wether", {"city": "Paris", "days": 3})]))
-    assert not accepts(grammar, tokenizer, written(syntax, [("get_weather", {"city": "Paris", "days": "many"})]))
+    assert not accepts(
+        grammar, tokenizer, written(syntax, [("get_weather", {"city": "Paris", "days": "many"})])
+    )
 
 
 @pytest.mark.parametrize("syntax", ["hermes-list", "dsml", "qwen3-coder", "glm47", "kimi-k2"])
-def test_whatever_a_required_grammar_lets_through_parses_into_valid_calls(syntax: str, compiler, tokenizer) -> None:
+def test_whatever_a_required_grammar_lets_through_parses_into_valid_calls(
+    syntax: str, compiler, tokenizer
+) -> None:
     """A random walk over short tokens the mask allows (a model that knows nothing) ends in
     calls that name a tool and whose arguments validate."""
     import torch

@@ -7,7 +7,8 @@ text; the tests parse it back and stream it in random chunks.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 Call = tuple[str, dict[str, Any]]
 
@@ -35,11 +36,17 @@ def _gemma(value: Any) -> str:
 
 
 def hermes(calls: list[Call]) -> str:
-    return "\n".join(f'<tool_call>\n{{"name": {_j(n)}, "arguments": {_j(a)}}}\n</tool_call>' for n, a in calls)
+    return "\n".join(
+        f'<tool_call>\n{{"name": {_j(n)}, "arguments": {_j(a)}}}\n</tool_call>' for n, a in calls
+    )
 
 
 def hermes_list(calls: list[Call]) -> str:
-    return "<tool_call>[" + ", ".join(f'{{"name": {_j(n)}, "arguments": {_j(a)}}}' for n, a in calls) + "]</tool_call>"
+    return (
+        "<tool_call>["
+        + ", ".join(f'{{"name": {_j(n)}, "arguments": {_j(a)}}}' for n, a in calls)
+        + "]</tool_call>"
+    )
 
 
 def qwen_xml(calls: list[Call]) -> str:
@@ -64,7 +71,8 @@ def mistral_list(calls: list[Call]) -> str:
 
 def deepseek_v3(calls: list[Call]) -> str:
     body = "\n".join(
-        f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{n}\n```json\n{_j(a)}\n```<｜tool▁call▁end｜>" for n, a in calls
+        f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{n}\n```json\n{_j(a)}\n```<｜tool▁call▁end｜>"
+        for n, a in calls
     )
     return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
 
@@ -120,7 +128,11 @@ def harmony(calls: list[Call]) -> str:
 
 
 def pythonic(calls: list[Call]) -> str:
-    return "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={_py(v)}" for k, v in a.items()) + ")" for n, a in calls) + "]"
+    return (
+        "["
+        + ", ".join(f"{n}(" + ", ".join(f"{k}={_py(v)}" for k, v in a.items()) + ")" for n, a in calls)
+        + "]"
+    )
 
 
 def minimax(calls: list[Call]) -> str:
@@ -135,12 +147,17 @@ def minimax(calls: list[Call]) -> str:
 
 def gemma4(calls: list[Call]) -> str:
     return "".join(
-        f"<|tool_call>call:{n}{{" + ",".join(f"{k}:{_gemma(v)}" for k, v in a.items()) + "}<tool_call|>" for n, a in calls
+        f"<|tool_call>call:{n}{{" + ",".join(f"{k}:{_gemma(v)}" for k, v in a.items()) + "}<tool_call|>"
+        for n, a in calls
     )
 
 
 def hunyuan(calls: list[Call]) -> str:
-    return "<tool_calls>[" + ", ".join(f'{{"name": {_j(n)}, "arguments": {_j(a)}}}' for n, a in calls) + "]</tool_calls>"
+    return (
+        "<tool_calls>["
+        + ", ".join(f'{{"name": {_j(n)}, "arguments": {_j(a)}}}' for n, a in calls)
+        + "]</tool_calls>"
+    )
 
 
 def granite(calls: list[Call]) -> str:
@@ -150,7 +167,10 @@ def granite(calls: list[Call]) -> str:
 def cohere(calls: list[Call]) -> str:
     return (
         "<|START_ACTION|>["
-        + ", ".join(f'{{"tool_call_id": "{i}", "tool_name": {_j(n)}, "parameters": {_j(a)}}}' for i, (n, a) in enumerate(calls))
+        + ", ".join(
+            f'{{"tool_call_id": "{i}", "tool_name": {_j(n)}, "parameters": {_j(a)}}}'
+            for i, (n, a) in enumerate(calls)
+        )
         + "]<|END_ACTION|>"
     )
 
@@ -186,7 +206,13 @@ TEXT_VALUED = {"qwen3-coder-xml", "glm45", "glm47", "minimax-m2"}
 def tools_for(calls: list[Call]) -> list[dict[str, Any]]:
     """OpenAI tools whose parameter schemas fit ``calls`` (one type per key)."""
     names = {
-        str: "string", bool: "boolean", int: "integer", float: "number", list: "array", dict: "object", type(None): "null"
+        str: "string",
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        list: "array",
+        dict: "object",
+        type(None): "null",
     }
     tools: dict[str, dict[str, Any]] = {}
     for name, args in calls:

@@ -20,7 +20,9 @@ class StripPrefix:
         if scope["type"] == "http":
             path = scope["path"]
             if path != self.prefix and not path.startswith(self.prefix + "/"):
-                await send({"type": "http.response.start", "status": 404, "headers": [(b"content-length", b"0")]})
+                await send(
+                    {"type": "http.response.start", "status": 404, "headers": [(b"content-length", b"0")]}
+                )
                 await send({"type": "http.response.body", "body": b""})
                 return
             inner = path[len(self.prefix) :] or "/"

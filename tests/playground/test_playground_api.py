@@ -17,7 +17,14 @@ from thinkstruct.engine.engine import allowed_count
 
 TAGS = {
     "type": "object",
-    "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3, "uniqueItems": True}},
+    "properties": {
+        "tags": {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 8},
+            "maxItems": 3,
+            "uniqueItems": True,
+        }
+    },
     "required": ["tags"],
     "additionalProperties": False,
 }
@@ -45,12 +52,21 @@ def test_allowed_count_is_the_popcount_below_the_vocabulary(data: st.DataObject)
 def test_allowed_tokens_one_count_per_output_token(server: RunningServer) -> None:
     vocab = server.state.engine.tokenizer.vocab_size
     choices = ["Paris", "London", "Berlin"]
-    plain = _chat(server, messages=[{"role": "user", "content": "Capital of France?"}], choice=choices,
-                  chat_template_kwargs={"enable_thinking": False})
+    plain = _chat(
+        server,
+        messages=[{"role": "user", "content": "Capital of France?"}],
+        choice=choices,
+        chat_template_kwargs={"enable_thinking": False},
+    )
     assert plain["thinkstruct"]["allowed_tokens"] is None  # only when asked for
 
-    answer = _chat(server, messages=[{"role": "user", "content": "Capital of France?"}], choice=choices,
-                   chat_template_kwargs={"enable_thinking": False}, return_allowed_tokens=True)
+    answer = _chat(
+        server,
+        messages=[{"role": "user", "content": "Capital of France?"}],
+        choice=choices,
+        chat_template_kwargs={"enable_thinking": False},
+        return_allowed_tokens=True,
+    )
     assert answer["choices"][0]["message"]["content"] in choices
     (counts,) = answer["thinkstruct"]["allowed_tokens"]
     assert len(counts) == answer["usage"]["completion_tokens"]
@@ -60,9 +76,14 @@ def test_allowed_tokens_one_count_per_output_token(server: RunningServer) -> Non
 
     # With a thought: free while thinking (every token but the stop ids), narrow after it;
     # the budget forces the end tag, one allowed token per step.
-    thought = _chat(server, messages=[{"role": "user", "content": "Give two tags for a post on bread."}],
-                    response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": TAGS}},
-                    max_reasoning_tokens=6, max_tokens=96, return_allowed_tokens=True)
+    thought = _chat(
+        server,
+        messages=[{"role": "user", "content": "Give two tags for a post on bread."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": TAGS}},
+        max_reasoning_tokens=6,
+        max_tokens=96,
+        return_allowed_tokens=True,
+    )
     (counts,) = thought["thinkstruct"]["allowed_tokens"]
     reasoning = thought["usage"]["completion_tokens_details"]["reasoning_tokens"]
     assert len(counts) == thought["usage"]["completion_tokens"]
@@ -76,10 +97,14 @@ def test_lint_and_validate(server: RunningServer) -> None:
     import json
 
     with server.http() as http:
-        lenient = http.post("/playground/lint", json={"kind": "json_schema", "value": json.dumps(TAGS), "strict": False}).json()
+        lenient = http.post(
+            "/playground/lint", json={"kind": "json_schema", "value": json.dumps(TAGS), "strict": False}
+        ).json()
         assert lenient["ok"] and lenient["ignored_keywords"] == ["/properties/tags/uniqueItems"]
         assert lenient["backend"] and lenient["compile_ms"] >= 0
-        strict = http.post("/playground/lint", json={"kind": "json_schema", "value": json.dumps(TAGS), "strict": True}).json()
+        strict = http.post(
+            "/playground/lint", json={"kind": "json_schema", "value": json.dumps(TAGS), "strict": True}
+        ).json()
         assert not strict["ok"]
         assert strict["error"]["code"] == "unsupported_constraint"
         assert strict["error"]["pointer"] == "/properties/tags/uniqueItems"
@@ -87,14 +112,21 @@ def test_lint_and_validate(server: RunningServer) -> None:
         assert not ebnf["ok"] and "missing" in ebnf["error"]["message"], ebnf
 
         # The grammar holds the shape; jsonschema catches what the lenient grammar ignored.
-        twice = {"kind": "json_schema", "value": json.dumps(TAGS), "strict": False, "answer": '{"tags":["rye","rye"]}'}
+        twice = {
+            "kind": "json_schema",
+            "value": json.dumps(TAGS),
+            "strict": False,
+            "answer": '{"tags":["rye","rye"]}',
+        }
         result = http.post("/playground/validate", json=twice).json()
         assert result["grammar_accepts"] is True and result["valid"] is False
         assert [(e["pointer"], e["keyword"]) for e in result["errors"]] == [("/tags", "uniqueItems")]
         cut = http.post("/playground/validate", json={**twice, "answer": '{"tags":["rye"'}).json()
         assert cut["valid"] is False and cut["parse_error"] and cut["rejected_at"] == len('{"tags":["rye"')
         date = {"kind": "regex", "value": r"\d{4}-\d{2}-\d{2}"}
-        assert http.post("/playground/validate", json={**date, "answer": "1969-07-20"}).json()["valid"] is True
+        assert (
+            http.post("/playground/validate", json={**date, "answer": "1969-07-20"}).json()["valid"] is True
+        )
         wrong = http.post("/playground/validate", json={**date, "answer": "1969-7-20"}).json()
         assert wrong["valid"] is False and wrong["rejected_at"] == 6
 

@@ -62,7 +62,9 @@ def test_example_schema_answer_is_valid_and_plotted(server: RunningServer, page:
     assert console.errors() == []
 
 
-def test_broken_constraints_show_their_error_before_sending(server: RunningServer, page: Any, console: Any) -> None:
+def test_broken_constraints_show_their_error_before_sending(
+    server: RunningServer, page: Any, console: Any
+) -> None:
     sent: list[str] = []
     page.on("request", lambda r: sent.append(r.url) if "chat/completions" in r.url else None)
     _open(page, server.url + "/")
@@ -94,7 +96,9 @@ def test_broken_constraints_show_their_error_before_sending(server: RunningServe
     assert console.errors() == []
 
 
-def test_api_key_is_asked_once_and_kept_behind_a_prefix(keyed_server: RunningServer, page: Any, console: Any) -> None:
+def test_api_key_is_asked_once_and_kept_behind_a_prefix(
+    keyed_server: RunningServer, page: Any, console: Any
+) -> None:
     # Behind a proxy at /ts (no trailing slash): every call must go through the prefix.
     url = keyed_server.url + PREFIX
     page.goto(url)

@@ -32,7 +32,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_engine(tiny_model_dir: Path) -> Iterator[Any]:
     from thinkstruct.engine import load_model
 
-    engine = start_engine(load_model(tiny_model_dir, dtype="float32", progress=False), max_batch=8, max_queue=64)
+    engine = start_engine(
+        load_model(tiny_model_dir, dtype="float32", progress=False), max_batch=8, max_queue=64
+    )
     yield engine
     stop_engine(engine)
 

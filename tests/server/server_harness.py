@@ -30,7 +30,9 @@ class RunningServer:
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
 
     def __enter__(self) -> Self:
         self._thread.start()
@@ -78,8 +80,6 @@ def start_engine(model: Any, *, warm: bool = True, **config: Any) -> Any:
     if warm:
         compiler.warm_up(timeout_s=120.0)
     return engine
-
-
 
 
 def stop_engine(engine: Any) -> None:

@@ -45,7 +45,12 @@ CITY = {
     "required": ["city", "country"],
     "additionalProperties": False,
 }
-ANSWER = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"], "additionalProperties": False}
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
 COLORS = {
     "type": "array",
     "items": {"enum": ["red", "green", "blue", "yellow"]},
@@ -54,7 +59,10 @@ COLORS = {
 }
 VERDICT = {
     "type": "object",
-    "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]}, "score": {"type": "integer", "minimum": 1, "maximum": 5}},
+    "properties": {
+        "sentiment": {"enum": ["positive", "negative", "neutral"]},
+        "score": {"type": "integer", "minimum": 1, "maximum": 5},
+    },
     "required": ["sentiment", "score"],
     "additionalProperties": False,
 }
@@ -102,8 +110,14 @@ def test_json_schema_answers_validate(smol_server: RunningServer, model: str) ->
     answers = _concurrently(
         smol_server,
         [
-            {"model": model, "messages": _user(q), "max_tokens": 48, "temperature": 0, "response_format": _format(s),
-             "extra_body": OFF}
+            {
+                "model": model,
+                "messages": _user(q),
+                "max_tokens": 48,
+                "temperature": 0,
+                "response_format": _format(s),
+                "extra_body": OFF,
+            }
             for q, s in cases
         ],
     )
@@ -118,12 +132,27 @@ def test_regex_choice_and_ebnf_answers_match(smol_server: RunningServer, model: 
     regex, choice, ebnf = _concurrently(
         smol_server,
         [
-            {"model": model, "messages": _user("When did the Apollo 11 landing happen? Give the date."),
-             "max_tokens": 16, "temperature": 0, "extra_body": {**OFF, "regex": date}},
-            {"model": model, "messages": _user("What is the capital of France?"), "max_tokens": 8, "temperature": 0,
-             "extra_body": {**OFF, "choice": ["Paris", "London", "Berlin"]}},
-            {"model": model, "messages": _user("Is the sky blue?"), "max_tokens": 16, "temperature": 0,
-             "extra_body": {**OFF, "ebnf": grammar}},
+            {
+                "model": model,
+                "messages": _user("When did the Apollo 11 landing happen? Give the date."),
+                "max_tokens": 16,
+                "temperature": 0,
+                "extra_body": {**OFF, "regex": date},
+            },
+            {
+                "model": model,
+                "messages": _user("What is the capital of France?"),
+                "max_tokens": 8,
+                "temperature": 0,
+                "extra_body": {**OFF, "choice": ["Paris", "London", "Berlin"]},
+            },
+            {
+                "model": model,
+                "messages": _user("Is the sky blue?"),
+                "max_tokens": 16,
+                "temperature": 0,
+                "extra_body": {**OFF, "ebnf": grammar},
+            },
         ],
     )
     assert re.fullmatch(date, regex.choices[0].message.content), regex.choices[0].message.content
@@ -132,15 +161,29 @@ def test_regex_choice_and_ebnf_answers_match(smol_server: RunningServer, model: 
     assert all(r.choices[0].finish_reason == "stop" for r in (regex, choice, ebnf))
 
 
-def test_thinking_lands_in_reasoning_content_and_the_budget_forces_a_valid_answer(smol_server: RunningServer, model: str) -> None:
+def test_thinking_lands_in_reasoning_content_and_the_budget_forces_a_valid_answer(
+    smol_server: RunningServer, model: str
+) -> None:
     question = _user("What is 12 + 30? Answer as JSON.")
     free, tight = _concurrently(
         smol_server,
         [
-            {"model": model, "messages": question, "max_tokens": 64, "temperature": 0, "response_format": _format(ANSWER),
-             "extra_body": {"max_reasoning_tokens": 32}},
-            {"model": model, "messages": question, "max_tokens": 32, "temperature": 0, "response_format": _format(ANSWER),
-             "extra_body": {"max_reasoning_tokens": 6}},
+            {
+                "model": model,
+                "messages": question,
+                "max_tokens": 64,
+                "temperature": 0,
+                "response_format": _format(ANSWER),
+                "extra_body": {"max_reasoning_tokens": 32},
+            },
+            {
+                "model": model,
+                "messages": question,
+                "max_tokens": 32,
+                "temperature": 0,
+                "response_format": _format(ANSWER),
+                "extra_body": {"max_reasoning_tokens": 6},
+            },
         ],
     )
     for answer in (free, tight):
@@ -182,22 +225,36 @@ def test_streamed_answer_equals_the_non_streamed_one(smol_server: RunningServer,
 
     whole, (reasoning, content, finish) = asyncio.run(one_then_the_other())
     message = whole.choices[0].message
-    assert (reasoning, content, finish) == (message.reasoning_content, message.content, whole.choices[0].finish_reason)  # type: ignore[attr-defined]
+    assert (reasoning, content, finish) == (
+        message.reasoning_content,
+        message.content,
+        whole.choices[0].finish_reason,
+    )  # type: ignore[attr-defined]
     assert reasoning and content
 
 
 def test_bad_schema_is_a_400_and_the_next_request_succeeds(smol: openai.OpenAI, model: str) -> None:
     bad = {"type": "object", "properties": {"age": {"type": "integr"}}}
     with pytest.raises(openai.BadRequestError) as info:
-        smol.chat.completions.create(model=model, messages=_user("hi"), max_tokens=8, response_format=_format(bad))
+        smol.chat.completions.create(
+            model=model, messages=_user("hi"), max_tokens=8, response_format=_format(bad)
+        )
     body = info.value.body
     assert isinstance(body, dict) and body["pointer"] == "/properties/age/type"
-    answer = smol.chat.completions.create(model=model, messages=_user("Describe Ada, 36, as JSON."), max_tokens=64,
-                                          temperature=0, response_format=_format(PERSON), extra_body=OFF)
+    answer = smol.chat.completions.create(
+        model=model,
+        messages=_user("Describe Ada, 36, as JSON."),
+        max_tokens=64,
+        temperature=0,
+        response_format=_format(PERSON),
+        extra_body=OFF,
+    )
     assert _check_schema_answer(answer.choices[0], PERSON)
 
 
-def test_eight_concurrent_requests_with_different_schemas_and_backends_all_validate(smol_server: RunningServer, model: str) -> None:
+def test_eight_concurrent_requests_with_different_schemas_and_backends_all_validate(
+    smol_server: RunningServer, model: str
+) -> None:
     jobs = [
         ("Describe a person called Ada, 36, as JSON.", PERSON, "auto"),
         ("Describe a person called Linus, 54, as JSON.", PERSON, "xgrammar"),
@@ -209,8 +266,15 @@ def test_eight_concurrent_requests_with_different_schemas_and_backends_all_valid
         ("Review: 'Terrible food.' Give the sentiment as JSON.", VERDICT, "llguidance"),
     ]
     requests = [
-        {"model": model, "messages": _user(q), "max_tokens": 48, "temperature": 0.7, "seed": i,
-         "response_format": _format(s), "extra_body": {**OFF, "backend": b}}
+        {
+            "model": model,
+            "messages": _user(q),
+            "max_tokens": 48,
+            "temperature": 0.7,
+            "seed": i,
+            "response_format": _format(s),
+            "extra_body": {**OFF, "backend": b},
+        }
         for i, (q, s, b) in enumerate(jobs)
     ]
     answers = _concurrently(smol_server, requests)
@@ -219,10 +283,24 @@ def test_eight_concurrent_requests_with_different_schemas_and_backends_all_valid
 
 
 def test_a_seeded_answer_does_not_depend_on_the_batch(smol_server: RunningServer, model: str) -> None:
-    target = {"model": model, "messages": _user("Review: 'Terrible food.' Give the sentiment as JSON."), "max_tokens": 32,
-              "temperature": 0.8, "seed": 77, "response_format": _format(VERDICT), "extra_body": OFF}
-    others = [{**target, "seed": 78 + i, "messages": _user(f"Describe person number {i}, as JSON."),
-               "response_format": _format(PERSON)} for i in range(3)]
+    target = {
+        "model": model,
+        "messages": _user("Review: 'Terrible food.' Give the sentiment as JSON."),
+        "max_tokens": 32,
+        "temperature": 0.8,
+        "seed": 77,
+        "response_format": _format(VERDICT),
+        "extra_body": OFF,
+    }
+    others = [
+        {
+            **target,
+            "seed": 78 + i,
+            "messages": _user(f"Describe person number {i}, as JSON."),
+            "response_format": _format(PERSON),
+        }
+        for i in range(3)
+    ]
     batch = _concurrently(smol_server, [target, *others])
     (alone,) = _concurrently(smol_server, [target])
     same = alone.choices[0].message.content == batch[0].choices[0].message.content
@@ -238,13 +316,21 @@ def test_a_model_without_fim_template_refuses_suffix(smol: openai.OpenAI, model:
         smol.completions.create(model=model, prompt="def f():\n    ", suffix="\n", max_tokens=4)
     body = info.value.body
     assert isinstance(body, dict) and body["param"] == "suffix" and body["code"] == "fim_not_supported"
-    plain = smol.completions.create(model=model, prompt="The capital of France is", max_tokens=3, temperature=0)
+    plain = smol.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=3, temperature=0
+    )
     assert plain.choices[0].text.strip()
 
 
-def test_a_prompt_longer_than_the_context_is_a_400(smol: openai.OpenAI, model: str, smol_server: RunningServer) -> None:
+def test_a_prompt_longer_than_the_context_is_a_400(
+    smol: openai.OpenAI, model: str, smol_server: RunningServer
+) -> None:
     context = smol_server.state.engine.model.context_length
     with pytest.raises(openai.BadRequestError) as info:
         smol.chat.completions.create(model=model, messages=_user("word " * (context + 100)), max_tokens=4)
     body = info.value.body
-    assert isinstance(body, dict) and body["code"] == "context_length_exceeded" and str(context) in body["message"]
+    assert (
+        isinstance(body, dict)
+        and body["code"] == "context_length_exceeded"
+        and str(context) in body["message"]
+    )

@@ -20,7 +20,9 @@ def _chat(model: str, **fields: Any) -> dict[str, Any]:
     return {"model": model, "messages": MESSAGES, "max_tokens": 4, **fields}
 
 
-def _assert_error(response: httpx.Response, status: int, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def _assert_error(
+    response: httpx.Response, status: int, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
     assert response.status_code == status, response.text
     body = response.json()
     assert set(body) == {"error"}
@@ -50,10 +52,13 @@ RAW_BODIES = {
     "NaN literal": (b'{"model": "x", "messages": [], "temperature": NaN}', "invalid_json"),
     "Infinity literal": (b'{"model": "x", "messages": [], "temperature": Infinity}', "invalid_json"),
     "number too large for a float": (b'{"model": "x", "messages": [], "temperature": 1e999}', "invalid_json"),
-    "not an object": (b'[1, 2, 3]', "invalid_json"),
+    "not an object": (b"[1, 2, 3]", "invalid_json"),
     "empty body": (b"", "invalid_json"),
     "nested 10,000 deep": (b"[" * 10_000 + b"]" * 10_000, "invalid_json"),
-    "lone surrogate in a string": (b'{"model": "x", "messages": [{"role": "user", "content": "a\\ud800b"}]}', "invalid_json"),
+    "lone surrogate in a string": (
+        b'{"model": "x", "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+        "invalid_json",
+    ),
     "lone surrogate in a key": (b'{"model": "x", "messages": [], "\\udfff": 1}', "invalid_json"),
 }
 
@@ -69,14 +74,25 @@ def _field_cases(model: str) -> dict[str, tuple[dict[str, Any], int, str | None]
         "wrong type: max_tokens as text": (_chat(model, max_tokens="5"), 400, "max_tokens"),
         "wrong type: messages as text": ({"model": model, "messages": "hi"}, 400, "messages"),
         "wrong type: stream as text": (_chat(model, stream="yes"), 400, "stream"),
-        "wrong type: content as number": ({"model": model, "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+        "wrong type: content as number": (
+            {"model": model, "messages": [{"role": "user", "content": 5}]},
+            400,
+            "messages[0].content",
+        ),
         "negative max_tokens": (_chat(model, max_tokens=-1), 400, "max_tokens"),
         "huge max_tokens": (_chat(model, max_tokens=10**12), 400, "max_tokens"),
         "huge n": (_chat(model, n=10**9), 400, "n"),
         "empty messages": ({"model": model, "messages": []}, 400, "messages"),
-        "unknown role": ({"model": model, "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
+        "unknown role": (
+            {"model": model, "messages": [{"role": "wizard", "content": "x"}]},
+            400,
+            "messages[0].role",
+        ),
         "image content": (
-            {"model": model, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            {
+                "model": model,
+                "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+            },
             400,
             "messages[0].content",
         ),
@@ -97,7 +113,11 @@ def _field_cases(model: str) -> dict[str, tuple[dict[str, Any], int, str | None]
             "response_format.json_schema.schema",
         ),
         "unknown backend": (_chat(model, regex="a", backend="magic"), 400, "backend"),
-        "bad thinking switch": (_chat(model, chat_template_kwargs={"thinking": "yes"}), 400, "chat_template_kwargs"),
+        "bad thinking switch": (
+            _chat(model, chat_template_kwargs={"thinking": "yes"}),
+            400,
+            "chat_template_kwargs",
+        ),
         "negative thinking budget": (_chat(model, max_reasoning_tokens=-3), 400, "max_reasoning_tokens"),
         "max_tokens and max_completion_tokens disagree": (
             _chat(model, max_tokens=3, max_completion_tokens=5),
@@ -126,7 +146,10 @@ def test_bad_text_completion_fields(tiny_server: RunningServer, model: str) -> N
         "suffix with token ids": ({"model": model, "prompt": [1, 2], "suffix": "x"}, "suffix"),
         "logprobs": ({"model": model, "prompt": "x", "logprobs": 3}, "logprobs"),
         "best_of other than n": ({"model": model, "prompt": "x", "best_of": 3}, "best_of"),
-        "n for each of several prompts over the limit": ({"model": model, "prompt": ["a", "b", "c"], "n": 2}, "n"),
+        "n for each of several prompts over the limit": (
+            {"model": model, "prompt": ["a", "b", "c"], "n": 2},
+            "n",
+        ),
     }
     failures = []
     with tiny_server.http() as http:
@@ -143,14 +166,19 @@ def test_prompt_limits(tiny_server: RunningServer, model: str) -> None:
     long_text = "word " * 3000
     with tiny_server.http() as http:
         error = _assert_error(
-            http.post("/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": long_text}]}),
+            http.post(
+                "/v1/chat/completions",
+                json={"model": model, "messages": [{"role": "user", "content": long_text}]},
+            ),
             400,
             param="messages",
             code="prompt_too_long",
         )
         assert "2000" in error["message"]
         huge = "x" * (10 << 20)  # a 10 MB prompt: refused by size before it is parsed
-        _assert_error(http.post("/v1/completions", json={"model": model, "prompt": huge}), 413, code="request_too_large")
+        _assert_error(
+            http.post("/v1/completions", json={"model": model, "prompt": huge}), 413, code="request_too_large"
+        )
         # A prompt that fits the limit but leaves no room for max_tokens in the context.
         error = _assert_error(
             http.post("/v1/completions", json={"model": model, "prompt": "word " * 1500, "max_tokens": 4000}),
@@ -161,8 +189,14 @@ def test_prompt_limits(tiny_server: RunningServer, model: str) -> None:
         assert "4096" in error["message"]
 
 
-@pytest.mark.parametrize("text", ["\x00a\x00b\x01\x1f\x7f", "\ufffe\uffff \U0001f600"], ids=["nul-and-controls", "noncharacters-and-emoji"])
-def test_odd_characters_in_every_string_field_never_fail_the_server(tiny_server: RunningServer, model: str, text: str) -> None:
+@pytest.mark.parametrize(
+    "text",
+    ["\x00a\x00b\x01\x1f\x7f", "\ufffe\uffff \U0001f600"],
+    ids=["nul-and-controls", "noncharacters-and-emoji"],
+)
+def test_odd_characters_in_every_string_field_never_fail_the_server(
+    tiny_server: RunningServer, model: str, text: str
+) -> None:
     bodies = [
         {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 2},
         {"model": model + text, "messages": MESSAGES},
@@ -171,8 +205,18 @@ def test_odd_characters_in_every_string_field_never_fail_the_server(tiny_server:
         {"model": model, "messages": MESSAGES, "regex": text, "max_tokens": 2},
         {"model": model, "messages": MESSAGES, "ebnf": text, "max_tokens": 2},
         {"model": model, "messages": MESSAGES, "choice": [text], "max_tokens": 2},
-        {"model": model, "messages": MESSAGES, "max_tokens": 2,
-         "response_format": {"type": "json_schema", "json_schema": {"name": text, "schema": {"type": "object", "properties": {text: {"const": text}}}}}},
+        {
+            "model": model,
+            "messages": MESSAGES,
+            "max_tokens": 2,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": text,
+                    "schema": {"type": "object", "properties": {text: {"const": text}}},
+                },
+            },
+        },
         {"model": model, "messages": MESSAGES, "chat_template_kwargs": {text: text}, "max_tokens": 2},
     ]
     with tiny_server.http() as http:
@@ -181,7 +225,9 @@ def test_odd_characters_in_every_string_field_never_fail_the_server(tiny_server:
             assert response.status_code < 500, (body, response.text)
             if response.status_code >= 400:
                 _assert_error(response, response.status_code)
-        completion = http.post("/v1/completions", json={"model": model, "prompt": text, "suffix": text, "max_tokens": 2})
+        completion = http.post(
+            "/v1/completions", json={"model": model, "prompt": text, "suffix": text, "max_tokens": 2}
+        )
         assert completion.status_code < 500, completion.text
 
 
@@ -207,7 +253,9 @@ def test_fields_without_effect_are_accepted(tiny: openai.OpenAI, model: str) -> 
     assert answer.choices[0].finish_reason in ("stop", "length")
 
 
-def test_the_server_is_healthy_after_hostile_requests(tiny_server: RunningServer, tiny: openai.OpenAI, model: str) -> None:
+def test_the_server_is_healthy_after_hostile_requests(
+    tiny_server: RunningServer, tiny: openai.OpenAI, model: str
+) -> None:
     for body, _ in RAW_BODIES.values():
         _post_raw(tiny_server, body)
     answer = tiny.chat.completions.create(model=model, messages=MESSAGES, max_tokens=3)
@@ -234,8 +282,12 @@ def test_api_key_guards_every_endpoint_but_health(tiny_engine: Any) -> None:
                 ("GET", "/openapi.json"),
                 ("GET", "/no-such-path"),  # no key: 401, not 404 (nothing to learn about paths)
             ):
-                for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": f"Basic {API_KEY}"},
-                                {"authorization": f"Bearer {API_KEY}x"}):
+                for headers in (
+                    {},
+                    {"authorization": "Bearer wrong"},
+                    {"authorization": f"Basic {API_KEY}"},
+                    {"authorization": f"Bearer {API_KEY}x"},
+                ):
                     response = http.request(method, path, headers=headers, json={})
                     error = _assert_error(response, 401, code="invalid_api_key")
                     assert error["type"] == "authentication_error"
@@ -258,10 +310,14 @@ def test_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_openapi_document_describes_the_request_bodies(tiny_server: RunningServer) -> None:
     with tiny_server.http() as http:
         doc = http.get("/openapi.json").json()
-    body = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    body = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"][
+        "schema"
+    ]
     name = body["$ref"].rsplit("/", 1)[1]
     schema = doc["components"]["schemas"][name]
-    assert {"messages", "model", "response_format", "regex", "max_reasoning_tokens"} <= set(schema["properties"])
+    assert {"messages", "model", "response_format", "regex", "max_reasoning_tokens"} <= set(
+        schema["properties"]
+    )
     assert schema["additionalProperties"] is False
     json.dumps(doc)  # every $ref target is in components: the document is self-contained
     refs = {v for v in _walk(doc) if isinstance(v, str) and v.startswith("#/components/schemas/")}

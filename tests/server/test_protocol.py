@@ -25,7 +25,10 @@ from thinkstruct.server import ServerSettings, create_app
 MESSAGES = [{"role": "user", "content": "Say something."}]
 SMALL_SCHEMA = {
     "type": "object",
-    "properties": {"color": {"enum": ["red", "green", "blue"]}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+    "properties": {
+        "color": {"enum": ["red", "green", "blue"]},
+        "n": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
     "required": ["color", "n"],
     "additionalProperties": False,
 }
@@ -55,7 +58,9 @@ def test_chat_completion_shape_and_usage(tiny: openai.OpenAI, model: str) -> Non
     assert usage is not None
     assert 1 <= usage.completion_tokens <= 6
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
-    assert usage.completion_tokens_details is not None and usage.completion_tokens_details.reasoning_tokens == 0
+    assert (
+        usage.completion_tokens_details is not None and usage.completion_tokens_details.reasoning_tokens == 0
+    )
     # deepseek-v4 thinks only when asked: no thought, so no reasoning_content.
     assert getattr(choice.message, "reasoning_content", None) is None
 
@@ -65,12 +70,18 @@ def test_chat_completion_shape_and_usage(tiny: openai.OpenAI, model: str) -> Non
     [
         ("regex", r"[a-z]{3,8}( [a-z]{2,5})?", lambda text: re.fullmatch(r"[a-z]{3,8}( [a-z]{2,5})?", text)),
         ("choice", ["alpha", "beta", "gamma delta"], lambda text: text in ("alpha", "beta", "gamma delta")),
-        ("ebnf", 'root ::= "yes" | "no" | "maybe " [0-9]', lambda text: re.fullmatch(r"yes|no|maybe [0-9]", text)),
+        (
+            "ebnf",
+            'root ::= "yes" | "no" | "maybe " [0-9]',
+            lambda text: re.fullmatch(r"yes|no|maybe [0-9]", text),
+        ),
     ],
     ids=["regex", "choice", "ebnf"],
 )
 @pytest.mark.parametrize("backend", ["auto", "xgrammar", "llguidance"])
-def test_constrained_answers_match(tiny: openai.OpenAI, model: str, field: str, value: Any, check: Callable[[str], Any], backend: str) -> None:
+def test_constrained_answers_match(
+    tiny: openai.OpenAI, model: str, field: str, value: Any, check: Callable[[str], Any], backend: str
+) -> None:
     answer = tiny.chat.completions.create(
         model=model, messages=MESSAGES, max_tokens=24, seed=3, extra_body={field: value, "backend": backend}
     )
@@ -78,7 +89,11 @@ def test_constrained_answers_match(tiny: openai.OpenAI, model: str, field: str, 
     assert choice.finish_reason == "stop", choice
     assert check(choice.message.content or ""), choice.message.content
     info = (answer.model_extra or {})["thinkstruct"]
-    assert info["backend"] == backend if backend != "auto" else info["backend"] in ("xgrammar", "llguidance", "outlines")
+    assert (
+        info["backend"] == backend
+        if backend != "auto"
+        else info["backend"] in ("xgrammar", "llguidance", "outlines")
+    )
     assert info["compile_seconds"] >= 0 and info["ignored_keywords"] == []
 
 
@@ -90,7 +105,10 @@ def test_json_schema_answers_validate(tiny: openai.OpenAI, model: str) -> None:
             messages=MESSAGES,
             max_tokens=48,
             seed=seed,
-            response_format={"type": "json_schema", "json_schema": {"name": "small", "schema": SMALL_SCHEMA, "strict": True}},
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "small", "schema": SMALL_SCHEMA, "strict": True},
+            },
         )
         choice = answer.choices[0]
         if choice.finish_reason == "length":
@@ -101,13 +119,19 @@ def test_json_schema_answers_validate(tiny: openai.OpenAI, model: str) -> None:
     assert finished >= 1
 
 
-def test_thinking_goes_to_reasoning_content_and_the_budget_forces_the_answer(tiny: openai.OpenAI, model: str) -> None:
+def test_thinking_goes_to_reasoning_content_and_the_budget_forces_the_answer(
+    tiny: openai.OpenAI, model: str
+) -> None:
     answer = tiny.chat.completions.create(
         model=model,
         messages=MESSAGES,
         max_tokens=40,
         seed=5,
-        extra_body={"chat_template_kwargs": {"thinking": True}, "max_reasoning_tokens": 6, "regex": "[0-9]{2,4}"},
+        extra_body={
+            "chat_template_kwargs": {"thinking": True},
+            "max_reasoning_tokens": 6,
+            "regex": "[0-9]{2,4}",
+        },
     )
     choice = answer.choices[0]
     reasoning = choice.message.reasoning_content  # type: ignore[attr-defined]
@@ -116,13 +140,18 @@ def test_thinking_goes_to_reasoning_content_and_the_budget_forces_the_answer(tin
     assert re.fullmatch("[0-9]{2,4}", choice.message.content or ""), choice.message.content
     assert choice.finish_reason == "stop"
     assert answer.usage is not None and answer.usage.completion_tokens_details is not None
-    assert 1 <= answer.usage.completion_tokens_details.reasoning_tokens <= 6 + 1  # the budget, then the end tag
+    assert (
+        1 <= answer.usage.completion_tokens_details.reasoning_tokens <= 6 + 1
+    )  # the budget, then the end tag
 
 
 def test_enable_thinking_is_the_same_switch(tiny: openai.OpenAI, model: str) -> None:
     # deepseek-v4's switch is "thinking"; "enable_thinking" (Qwen's spelling) means the same.
     answer = tiny.chat.completions.create(
-        model=model, messages=MESSAGES, max_tokens=12, seed=5,
+        model=model,
+        messages=MESSAGES,
+        max_tokens=12,
+        seed=5,
         extra_body={"chat_template_kwargs": {"enable_thinking": True}, "max_reasoning_tokens": 3},
     )
     assert answer.choices[0].message.reasoning_content  # type: ignore[attr-defined]
@@ -130,9 +159,15 @@ def test_enable_thinking_is_the_same_switch(tiny: openai.OpenAI, model: str) -> 
 
 def test_separate_reasoning_false_keeps_the_raw_text(tiny: openai.OpenAI, model: str) -> None:
     body = {"chat_template_kwargs": {"thinking": True}, "max_reasoning_tokens": 3, "regex": "[a-z]{3}"}
-    split = tiny.chat.completions.create(model=model, messages=MESSAGES, max_tokens=20, seed=9, extra_body=body)
+    split = tiny.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=20, seed=9, extra_body=body
+    )
     raw = tiny.chat.completions.create(
-        model=model, messages=MESSAGES, max_tokens=20, seed=9, extra_body={**body, "separate_reasoning": False}
+        model=model,
+        messages=MESSAGES,
+        max_tokens=20,
+        seed=9,
+        extra_body={**body, "separate_reasoning": False},
     )
     message = raw.choices[0].message
     assert getattr(message, "reasoning_content", None) is None
@@ -150,7 +185,9 @@ def _stream_text(stream: Any) -> tuple[dict[int, str], dict[int, str], dict[int,
             usage.append(chunk.usage)
         for choice in chunk.choices:
             delta = choice.delta
-            reasoning[choice.index] = reasoning.get(choice.index, "") + (getattr(delta, "reasoning_content", None) or "")
+            reasoning[choice.index] = reasoning.get(choice.index, "") + (
+                getattr(delta, "reasoning_content", None) or ""
+            )
             content[choice.index] = content.get(choice.index, "") + (delta.content or "")
             if choice.finish_reason is not None:
                 finish[choice.index] = choice.finish_reason
@@ -164,8 +201,11 @@ def test_streamed_equals_non_streamed_with_the_same_seed(tiny: openai.OpenAI, mo
         "max_tokens": 24,
         "seed": 11,
         "temperature": 1.0,
-        "extra_body": {"chat_template_kwargs": {"thinking": True}, "max_reasoning_tokens": 8,
-                       "response_format": {"type": "json_object"}},
+        "extra_body": {
+            "chat_template_kwargs": {"thinking": True},
+            "max_reasoning_tokens": 8,
+            "response_format": {"type": "json_object"},
+        },
     }
     whole = tiny.chat.completions.create(**body)
     reasoning, content, finish, usage = _stream_text(
@@ -202,7 +242,9 @@ def test_n_choices_use_consecutive_seeds(tiny: openai.OpenAI, model: str) -> Non
     # The prompt is counted once, the completions of all choices summed.
     assert both.usage is not None
     assert (both.usage.prompt_tokens, both.usage.completion_tokens) == (prompt_tokens, tokens)
-    streamed = _stream_text(tiny.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, seed=40, n=3, stream=True))
+    streamed = _stream_text(
+        tiny.chat.completions.create(model=model, messages=MESSAGES, max_tokens=8, seed=40, n=3, stream=True)
+    )
     assert [streamed[1][i] for i in range(3)] == [c.message.content for c in both.choices]
 
 
@@ -216,11 +258,17 @@ def test_text_completions(tiny: openai.OpenAI, model: str) -> None:
     many = tiny.completions.create(model=model, prompt=["a", "b"], n=2, max_tokens=3, seed=2)
     assert [c.index for c in many.choices] == [0, 1, 2, 3]
     # Token ids are a prompt too.
-    ids = tiny.completions.create(model=model, prompt=[0, 100, 200], max_tokens=3, seed=2, extra_body={"regex": "[xyz]{3}"})
+    ids = tiny.completions.create(
+        model=model, prompt=[0, 100, 200], max_tokens=3, seed=2, extra_body={"regex": "[xyz]{3}"}
+    )
     assert re.fullmatch("[xyz]{3}", ids.choices[0].text)
     # A constraint holds from the first token (no chat template, no thought).
     fim = tiny.completions.create(
-        model=model, prompt="def add(a, b):\n    return ", suffix="\n", max_tokens=8, extra_body={"regex": "a [+] b"}
+        model=model,
+        prompt="def add(a, b):\n    return ",
+        suffix="\n",
+        max_tokens=8,
+        extra_body={"regex": "a [+] b"},
     )
     assert fim.choices[0].text == "a + b" and fim.choices[0].finish_reason == "stop"
 
@@ -257,19 +305,28 @@ def test_health_is_503_until_the_engine_is_attached(tiny_engine: Any) -> None:
         assert http.get("/health").status_code == 503
 
 
-def test_bad_schema_is_400_with_its_pointer_and_the_next_request_succeeds(tiny: openai.OpenAI, model: str) -> None:
+def test_bad_schema_is_400_with_its_pointer_and_the_next_request_succeeds(
+    tiny: openai.OpenAI, model: str
+) -> None:
     bad = {"type": "object", "properties": {"age": {"type": "integer", "minimum": "ten"}}}
     with pytest.raises(openai.BadRequestError) as info:
         tiny.chat.completions.create(
-            model=model, messages=MESSAGES, max_tokens=8,
+            model=model,
+            messages=MESSAGES,
+            max_tokens=8,
             response_format={"type": "json_schema", "json_schema": {"name": "bad", "schema": bad}},
         )
     error = info.value.body
     assert isinstance(error, dict)
-    assert error["param"] == "response_format.json_schema.schema" and error["pointer"] == "/properties/age/minimum"
+    assert (
+        error["param"] == "response_format.json_schema.schema"
+        and error["pointer"] == "/properties/age/minimum"
+    )
     assert "/properties/age/minimum" in error["message"]
     answer = tiny.chat.completions.create(
-        model=model, messages=MESSAGES, max_tokens=48,
+        model=model,
+        messages=MESSAGES,
+        max_tokens=48,
         response_format={"type": "json_schema", "json_schema": {"name": "ok", "schema": SMALL_SCHEMA}},
     )
     assert answer.choices[0].finish_reason in ("stop", "length")
@@ -278,17 +335,27 @@ def test_bad_schema_is_400_with_its_pointer_and_the_next_request_succeeds(tiny: 
 def test_bad_regex_and_grammar_name_the_position(tiny: openai.OpenAI, model: str) -> None:
     for field, value in (("regex", "ab(c"), ("ebnf", 'root ::= "a" missing_rule')):
         with pytest.raises(openai.BadRequestError) as info:
-            tiny.chat.completions.create(model=model, messages=MESSAGES, max_tokens=4, extra_body={field: value})
+            tiny.chat.completions.create(
+                model=model, messages=MESSAGES, max_tokens=4, extra_body={field: value}
+            )
         body = info.value.body
         assert isinstance(body, dict) and body["param"] == field and body["code"] == "invalid_constraint"
 
 
 def test_strict_refuses_what_no_backend_enforces(tiny: openai.OpenAI, model: str) -> None:
-    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}}
+    schema = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+    }
     with pytest.raises(openai.BadRequestError) as info:
         tiny.chat.completions.create(
-            model=model, messages=MESSAGES, max_tokens=4,
-            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}},
+            model=model,
+            messages=MESSAGES,
+            max_tokens=4,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": schema, "strict": True},
+            },
         )
     body = info.value.body
     assert isinstance(body, dict)
@@ -296,8 +363,13 @@ def test_strict_refuses_what_no_backend_enforces(tiny: openai.OpenAI, model: str
     assert "uniqueItems" in body["message"]
     # Not strict: compiled with that keyword ignored (the server's default here).
     lenient = tiny.chat.completions.create(
-        model=model, messages=MESSAGES, max_tokens=4,
-        response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": False}},
+        model=model,
+        messages=MESSAGES,
+        max_tokens=4,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "s", "schema": schema, "strict": False},
+        },
     )
     assert lenient.choices[0].finish_reason in ("stop", "length")
     assert (lenient.model_extra or {})["thinkstruct"]["ignored_keywords"] == ["/properties/tags/uniqueItems"]
@@ -331,12 +403,23 @@ def test_queue_full_is_429_with_retry_after(tiny_engine: Any) -> None:
         stop_engine(engine)
 
 
-def test_client_disconnect_cancels_the_request(tiny_server: RunningServer, tiny_engine: Any, model: str) -> None:
+def test_client_disconnect_cancels_the_request(
+    tiny_server: RunningServer, tiny_engine: Any, model: str
+) -> None:
     stats = tiny_engine.stats
     aborted = stats.finished["abort"]
-    body = {"model": model, "messages": MESSAGES, "max_tokens": 2000, "stream": True, "temperature": 1.0,
-            "chat_template_kwargs": {"thinking": True}}
-    with httpx.Client(base_url=tiny_server.url, timeout=60) as http, http.stream("POST", "/v1/chat/completions", json=body) as response:
+    body = {
+        "model": model,
+        "messages": MESSAGES,
+        "max_tokens": 2000,
+        "stream": True,
+        "temperature": 1.0,
+        "chat_template_kwargs": {"thinking": True},
+    }
+    with (
+        httpx.Client(base_url=tiny_server.url, timeout=60) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
         assert response.status_code == 200
         for i, _ in enumerate(response.iter_lines()):
             if i > 6:
@@ -350,7 +433,9 @@ def test_client_disconnect_cancels_the_request(tiny_server: RunningServer, tiny_
 
 
 def test_metrics_count_what_happened(tiny_server: RunningServer, tiny: openai.OpenAI, model: str) -> None:
-    tiny.chat.completions.create(model=model, messages=MESSAGES, max_tokens=24, extra_body={"choice": ["up", "down"]})
+    tiny.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=24, extra_body={"choice": ["up", "down"]}
+    )
     with tiny_server.http() as http:
         text = http.get("/metrics").text
     values = _samples(text)
@@ -362,9 +447,15 @@ def test_metrics_count_what_happened(tiny_server: RunningServer, tiny: openai.Op
     assert values["thinkstruct_grammar_compile_wait_seconds_count"] >= 1
     assert any(k.startswith("thinkstruct_grammar_backend_chosen_total{backend=") for k in values)
     assert values["thinkstruct_grammar_misses_total"] >= 1
-    for name in ("thinkstruct_queue_length", "thinkstruct_batch_size", "thinkstruct_engine_jump_forward_tokens_total",
-                 "thinkstruct_grammar_hits_total", "thinkstruct_grammar_compile_seconds_total",
-                 "thinkstruct_grammar_timeouts_total", "thinkstruct_engine_ready"):
+    for name in (
+        "thinkstruct_queue_length",
+        "thinkstruct_batch_size",
+        "thinkstruct_engine_jump_forward_tokens_total",
+        "thinkstruct_grammar_hits_total",
+        "thinkstruct_grammar_compile_seconds_total",
+        "thinkstruct_grammar_timeouts_total",
+        "thinkstruct_engine_ready",
+    ):
         assert name in values, name
     assert values["thinkstruct_engine_ready"] == 1.0
 
@@ -378,18 +469,25 @@ def _samples(text: str) -> dict[str, float]:
     return out
 
 
-def test_a_family_whose_model_opens_its_thought_still_splits_a_constrained_answer(tiny_model_dir: Any) -> None:
+def test_a_family_whose_model_opens_its_thought_still_splits_a_constrained_answer(
+    tiny_model_dir: Any,
+) -> None:
     # qwen3's template leaves <think> to the model; the grammar starts inside the thought,
     # so a constrained request gets the tag written into its prompt instead.
     from thinkstruct.engine import load_model
 
-    engine = start_engine(load_model(tiny_model_dir, dtype="float32", reasoning_parser="qwen3", progress=False), warm=False)
+    engine = start_engine(
+        load_model(tiny_model_dir, dtype="float32", reasoning_parser="qwen3", progress=False), warm=False
+    )
     try:
         with serving(engine) as server:
             client = server.openai()
             model = server.state.model_name
             answer = client.chat.completions.create(
-                model=model, messages=MESSAGES, max_tokens=30, seed=2,
+                model=model,
+                messages=MESSAGES,
+                max_tokens=30,
+                seed=2,
                 extra_body={"max_reasoning_tokens": 5, "regex": "[a-z]{4}"},
             )
             message = answer.choices[0].message

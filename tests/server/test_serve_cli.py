@@ -18,7 +18,12 @@ import pytest
 
 from thinkstruct.cli import main
 
-BOOLEAN_ANSWER = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+BOOLEAN_ANSWER = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
 
 
 def _environment() -> dict[str, str]:
@@ -34,7 +39,17 @@ class _Serve:
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "thinkstruct.cli", "serve", "--port", "0", "--log-level", "warning", *args],
+            [
+                sys.executable,
+                "-m",
+                "thinkstruct.cli",
+                "serve",
+                "--port",
+                "0",
+                "--log-level",
+                "warning",
+                *args,
+            ],
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,
@@ -80,7 +95,9 @@ class _Serve:
 
 def test_serve_answers_then_sigterm_ends_in_flight_requests_and_exits_0(tiny_model_dir: Path) -> None:
     # One backend: the server warms only its compile workers before it reports healthy.
-    server = _Serve("--model", str(tiny_model_dir), "--dtype", "float32", "--grace", "1", "--backend", "llguidance")
+    server = _Serve(
+        "--model", str(tiny_model_dir), "--dtype", "float32", "--grace", "1", "--backend", "llguidance"
+    )
     statuses = server.wait_healthy()
     assert set(statuses) <= {503, 200} and statuses[-1] == 200
     model = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["id"]
@@ -88,7 +105,12 @@ def test_serve_answers_then_sigterm_ends_in_flight_requests_and_exits_0(tiny_mod
     started = threading.Event()
 
     def stream() -> None:
-        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3000, "stream": True}
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 3000,
+            "stream": True,
+        }
         with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=120) as response:
             for line in response.iter_lines():
                 if line:
@@ -101,12 +123,14 @@ def test_serve_answers_then_sigterm_ends_in_flight_requests_and_exits_0(tiny_mod
     assert server.stop(signal.SIGTERM) == 0
     reader.join(30)
     assert lines[-1] == "data: [DONE]"
-    finishes = [json.loads(l[6:])["choices"][0].get("finish_reason") for l in lines[:-1]]
+    finishes = [json.loads(line[6:])["choices"][0].get("finish_reason") for line in lines[:-1]]
     assert finishes[-1] in ("abort", "stop", "length")
 
 
 def test_serve_exits_0_on_ctrl_c(tiny_model_dir: Path) -> None:
-    server = _Serve("--model", str(tiny_model_dir), "--dtype", "float32", "--api-key", "secret", "--backend", "llguidance")
+    server = _Serve(
+        "--model", str(tiny_model_dir), "--dtype", "float32", "--api-key", "secret", "--backend", "llguidance"
+    )
     server.wait_healthy()
     assert httpx.get(f"{server.url}/v1/models", timeout=10).status_code == 401
     assert server.stop(signal.SIGINT) == 0
@@ -124,8 +148,25 @@ def test_generate_prints_the_reasoning_and_the_validated_answer(
 ) -> None:
     schema = tmp_path / "answer.schema.json"
     schema.write_text(json.dumps(BOOLEAN_ANSWER))
-    code = main(["generate", "--model", str(tiny_model_dir), "--dtype", "float32", "--schema", str(schema),
-                 "--think", "--max-reasoning-tokens", "4", "--max-tokens", "40", "--seed", "3", "Is it on?"])
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(tiny_model_dir),
+            "--dtype",
+            "float32",
+            "--schema",
+            str(schema),
+            "--think",
+            "--max-reasoning-tokens",
+            "4",
+            "--max-tokens",
+            "40",
+            "--seed",
+            "3",
+            "Is it on?",
+        ]
+    )
     out, err = capsys.readouterr()
     assert "--- reasoning" in err and "--- answer" in err
     assert code == 0, err
@@ -133,7 +174,9 @@ def test_generate_prints_the_reasoning_and_the_validated_answer(
     assert "valid" in err
 
 
-def test_generate_refuses_a_bad_schema(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_generate_refuses_a_bad_schema(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     schema = tmp_path / "bad.schema.json"
     schema.write_text('{"type": "object", "properties": {"a": {"type": "strnig"}}}')
     assert main(["generate", "--model", str(tiny_model_dir), "--schema", str(schema), "hi"]) == 1

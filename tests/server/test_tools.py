@@ -30,9 +30,17 @@ WEATHER = {
     "required": ["unit", "days"],
     "additionalProperties": False,
 }
-TIME = {"type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"], "additionalProperties": False}
+TIME = {
+    "type": "object",
+    "properties": {"utc": {"type": "boolean"}},
+    "required": ["utc"],
+    "additionalProperties": False,
+}
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast", "parameters": WEATHER}},
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather forecast", "parameters": WEATHER},
+    },
     {"type": "function", "function": {"name": "get_time", "description": "The time now", "parameters": TIME}},
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
@@ -79,7 +87,9 @@ def test_required_calls_name_a_tool_and_validate(tiny: openai.OpenAI, model: str
 
 def test_a_named_function_is_the_one_called(tiny: openai.OpenAI, model: str) -> None:
     for seed in range(3):
-        answer = ask(tiny, model, tool_choice={"type": "function", "function": {"name": "get_time"}}, seed=seed)
+        answer = ask(
+            tiny, model, tool_choice={"type": "function", "function": {"name": "get_time"}}, seed=seed
+        )
         choice = answer.choices[0]
         if choice.finish_reason == "length":
             continue
@@ -126,7 +136,11 @@ def test_streamed_calls_join_to_the_non_streamed_ones(tiny: openai.OpenAI, model
 
 def test_a_thinking_budget_ends_the_thought_before_a_required_call(tiny: openai.OpenAI, model: str) -> None:
     answer = ask(
-        tiny, model, tool_choice="required", seed=2, max_tokens=160,
+        tiny,
+        model,
+        tool_choice="required",
+        seed=2,
+        max_tokens=160,
         extra_body={"chat_template_kwargs": {"thinking": True}, "max_reasoning_tokens": 5},
     )
     choice = answer.choices[0]
@@ -139,8 +153,17 @@ def test_a_thinking_budget_ends_the_thought_before_a_required_call(tiny: openai.
 def test_a_conversation_with_tool_results_renders(tiny: openai.OpenAI, model: str) -> None:
     messages = [
         *MESSAGES,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"unit": "celsius", "days": 1}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"unit": "celsius", "days": 1}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 24 C"},
     ]
     answer = ask(tiny, model, messages=messages, max_tokens=8)
@@ -151,32 +174,70 @@ def test_a_conversation_with_tool_results_renders(tiny: openai.OpenAI, model: st
     ("fields", "param"),
     [
         ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, "tools[0].function.parameters"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+            "tools[0].function.parameters",
+        ),
         ({"tools": TOOLS + TOOLS[:1]}, "tools[2].function.name"),
-        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice.function.name",
+        ),
         ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
-        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+        (
+            {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "response_format",
+        ),
     ],
-    ids=["name", "parameters", "duplicate", "unknown-named", "bad-choice", "required-without-tools", "parallel",
-         "two-constraints"],
+    ids=[
+        "name",
+        "parameters",
+        "duplicate",
+        "unknown-named",
+        "bad-choice",
+        "required-without-tools",
+        "parallel",
+        "two-constraints",
+    ],
 )
-def test_malformed_tool_requests_are_400s_naming_the_field(tiny_server: RunningServer, model: str, fields: dict, param: str) -> None:
+def test_malformed_tool_requests_are_400s_naming_the_field(
+    tiny_server: RunningServer, model: str, fields: dict, param: str
+) -> None:
     with tiny_server.http() as http:
-        response = http.post("/v1/chat/completions", json={"model": model, "messages": MESSAGES, "max_tokens": 4, **fields})
+        response = http.post(
+            "/v1/chat/completions", json={"model": model, "messages": MESSAGES, "max_tokens": 4, **fields}
+        )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
 
 
 @pytest.mark.slow
 def test_smollm2_calls_the_weather_tool(smol: openai.OpenAI, smol_server: RunningServer) -> None:
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
-              "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
-                             "required": ["city"], "additionalProperties": False}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Get the current weather in a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "maxLength": 40}},
+                    "required": ["city"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+    ]
     answer = smol.chat.completions.create(
-        model=str(smol_server.state.model_name), messages=MESSAGES, tools=tools, tool_choice="required",
-        max_tokens=60, temperature=0, extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+        model=str(smol_server.state.model_name),
+        messages=MESSAGES,
+        tools=tools,
+        tool_choice="required",
+        max_tokens=60,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
     )
     choice = answer.choices[0]
     assert choice.finish_reason == "tool_calls", choice
