@@ -186,9 +186,9 @@ def report(suite: str, rows: dict[str, Tally]) -> None:
         rate = t.compiled / t.schemas if t.schemas else 0.0
         print(
             f"| {mode} | {t.schemas} | {t.compiled} | {rate:.1%} | {t.timeouts} "
-            f"| {_pct(t.compile_s, .5) * 1e3:.2f} | {_pct(t.compile_s, .9) * 1e3:.2f} "
-            f"| {_pct(t.first_mask_s, .5) * 1e3:.2f} | {_pct(t.first_mask_s, .9) * 1e3:.2f} "
-            f"| {_pct(t.hit_s, .5) * 1e6:.1f} | {_pct(t.fill_s, .5) * 1e6:.1f} | {_pct(t.fill_s, .99) * 1e6:.1f} "
+            f"| {_pct(t.compile_s, 0.5) * 1e3:.2f} | {_pct(t.compile_s, 0.9) * 1e3:.2f} "
+            f"| {_pct(t.first_mask_s, 0.5) * 1e3:.2f} | {_pct(t.first_mask_s, 0.9) * 1e3:.2f} "
+            f"| {_pct(t.hit_s, 0.5) * 1e6:.1f} | {_pct(t.fill_s, 0.5) * 1e6:.1f} | {_pct(t.fill_s, 0.99) * 1e6:.1f} "
             f"| {t.valid_accepted}/{t.valid} | {t.invalid_accepted}/{t.invalid} | {t.silent} |"
         )
     for mode, t in rows.items():
@@ -199,12 +199,18 @@ def report(suite: str, rows: dict[str, Tally]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    parser.add_argument("--suites", nargs="+", default=["maskbench", "test-suite"], choices=["maskbench", "test-suite"])
+    parser.add_argument(
+        "--suites", nargs="+", default=["maskbench", "test-suite"], choices=["maskbench", "test-suite"]
+    )
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per compile (default 10)")
     parser.add_argument(
-        "--slow-sample", type=int, default=150,
+        "--slow-sample",
+        type=int,
+        default=150,
         help="schemas per suite for xgrammar and outlines, whose compiles take seconds "
         "(seeded sample; 0 = all; default 150)",
     )
@@ -221,7 +227,10 @@ def main(argv: list[str] | None = None) -> int:
                 chosen = random.Random(args.seed).sample(cases, min(args.slow_sample, len(cases)))
             start = time.perf_counter()
             rows[mode] = run_mode(mode, chosen, timeout_s=args.timeout, max_fill_tokens=args.fill_tokens)
-            print(f"[{suite} {mode}: {len(chosen)} schemas in {time.perf_counter() - start:.0f} s]", file=sys.stderr)
+            print(
+                f"[{suite} {mode}: {len(chosen)} schemas in {time.perf_counter() - start:.0f} s]",
+                file=sys.stderr,
+            )
         report(suite, rows)
     print(
         "\nxgrammar and outlines rows cover a seeded sample (--slow-sample); compile times are the"

@@ -35,16 +35,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from forward_baselines import (  # noqa: E402
+from forward_baselines import (
     VARIANTS,
     bare_forward_tokens_per_s,
     chat_prompt_ids,
     generate_tokens_per_s,
     greedy_agreement,
 )
-
-from thinkstruct import Constraint  # noqa: E402
-from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model  # noqa: E402
+from thinkstruct import Constraint
+from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
 
 PERSON = {
     "type": "object",
@@ -95,7 +94,9 @@ class Side:
 JSON_HINT = " Answer with a JSON object with name, age, city and hobbies."
 
 
-def closed_loop(engine: Engine, prompts: list[list[int]], *, clients: int, grammar, window_s: float, side: Side) -> None:
+def closed_loop(
+    engine: Engine, prompts: list[list[int]], *, clients: int, grammar, window_s: float, side: Side
+) -> None:
     """``clients`` threads sending requests back to back for ``window_s``; tokens/s over the window."""
     stop_at = time.monotonic() + window_s
     counted = [0] * clients
@@ -105,7 +106,9 @@ def closed_loop(engine: Engine, prompts: list[list[int]], *, clients: int, gramm
         i = k
         while time.monotonic() < stop_at:
             params = SamplingParams(max_tokens=128, temperature=0.7, seed=i)
-            handle = engine.submit(GenerationRequest(prompt_ids=prompts[i % len(prompts)], sampling=params, grammar=grammar))
+            handle = engine.submit(
+                GenerationRequest(prompt_ids=prompts[i % len(prompts)], sampling=params, grammar=grammar)
+            )
             for delta in handle:
                 if time.monotonic() <= stop_at:
                     counted[k] += len(delta.token_ids)
@@ -130,7 +133,9 @@ def closed_loop(engine: Engine, prompts: list[list[int]], *, clients: int, gramm
 def idle_ttft(engine: Engine, prompt: list[int], repeats: int = 5) -> float:
     times = []
     for _ in range(repeats):
-        handle = engine.submit(GenerationRequest(prompt_ids=prompt, sampling=SamplingParams(max_tokens=1, temperature=0)))
+        handle = engine.submit(
+            GenerationRequest(prompt_ids=prompt, sampling=SamplingParams(max_tokens=1, temperature=0))
+        )
         times.append(handle.wait().usage.time_to_first_token_s)
     return statistics.median(times)
 
@@ -138,9 +143,14 @@ def idle_ttft(engine: Engine, prompt: list[int], repeats: int = 5) -> float:
 def valid_rate(engine: Engine, prompts: list[list[int]], grammar) -> tuple[float, float]:
     """(valid share of constrained answers that finished with stop, valid share without
     a constraint when the prompt asks for the same JSON): greedy, one pass each."""
+
     def share(g) -> float:
         handles = [
-            engine.submit(GenerationRequest(prompt_ids=p, sampling=SamplingParams(max_tokens=160, temperature=0), grammar=g))
+            engine.submit(
+                GenerationRequest(
+                    prompt_ids=p, sampling=SamplingParams(max_tokens=160, temperature=0), grammar=g
+                )
+            )
             for p in prompts
         ]
         ok = 0
@@ -176,8 +186,12 @@ def bench_dtype(label: str, args) -> dict[str, float]:
     ttft = idle_ttft(engine, fifty)
     for _ in range(args.rounds):
         for c in (1, 8):
-            closed_loop(engine, plain_prompts, clients=c, grammar=None, window_s=args.window, side=sides[c, "free"])
-            closed_loop(engine, json_prompts, clients=c, grammar=grammar, window_s=args.window, side=sides[c, "json"])
+            closed_loop(
+                engine, plain_prompts, clients=c, grammar=None, window_s=args.window, side=sides[c, "free"]
+            )
+            closed_loop(
+                engine, json_prompts, clients=c, grammar=grammar, window_s=args.window, side=sides[c, "json"]
+            )
             bare[c].samples.append(bare_forward_tokens_per_s(baseline, plain_prompts[:c], new_tokens=64))
             gen[c].samples.append(generate_tokens_per_s(baseline, plain_prompts[:c], new_tokens=64))
     valid_json, valid_free = valid_rate(engine, json_prompts, grammar)
@@ -207,7 +221,9 @@ def bench_dtype(label: str, args) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--window", type=float, default=15.0, help="seconds per closed-loop measurement")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of every side")
     parser.add_argument("--dtypes", nargs="+", default=["int8", "bf16"], choices=["bf16", "int8", "fp32"])

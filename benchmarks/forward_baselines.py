@@ -150,7 +150,12 @@ def bare_forward(loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_t
     with torch.inference_mode():
         started = time.perf_counter()
         logits = model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **{kw: cache}
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{kw: cache},
         ).logits
         token = logits[:, -1].argmax(-1)
         out.append(token)
@@ -174,7 +179,9 @@ def bare_forward(loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_t
     return ForwardTiming(len(prompts), new_tokens, finished - started, prefilled - started, tokens)
 
 
-def transformers_generate(loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int) -> ForwardTiming:
+def transformers_generate(
+    loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int
+) -> ForwardTiming:
     """``model.generate()`` on the left-padded batch: greedy, exactly ``new_tokens`` per row."""
     from transformers import GenerationConfig
 
@@ -195,12 +202,16 @@ def transformers_generate(loaded: LoadedModel, prompts: Sequence[Sequence[int]],
     return ForwardTiming(len(prompts), new_tokens, finished - started, None, tokens)
 
 
-def bare_forward_tokens_per_s(loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int = 64) -> float:
+def bare_forward_tokens_per_s(
+    loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int = 64
+) -> float:
     """:func:`bare_forward`'s generated tokens per second, prefill included."""
     return bare_forward(loaded, prompts, new_tokens=new_tokens).tokens_per_s
 
 
-def generate_tokens_per_s(loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int = 64) -> float:
+def generate_tokens_per_s(
+    loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int = 64
+) -> float:
     """:func:`transformers_generate`'s generated tokens per second."""
     return transformers_generate(loaded, prompts, new_tokens=new_tokens).tokens_per_s
 
@@ -345,7 +356,9 @@ def interleaved_table(
     two flips every round. Returns one row per (model, batch) with the median tokens/s.
     """
     cells: dict[tuple[str, int, str], list[ForwardTiming]] = {}
-    prompt_ids = {label: [chat_prompt_ids(m, q) for q in QUESTIONS[: max(batches)]] for label, m in models.items()}
+    prompt_ids = {
+        label: [chat_prompt_ids(m, q) for q in QUESTIONS[: max(batches)]] for label, m in models.items()
+    }
     for label, loaded in models.items():  # warm-up: first forwards page weights in and pick kernels
         bare_forward(loaded, prompt_ids[label][:1], new_tokens=2)
         transformers_generate(loaded, prompt_ids[label][:1], new_tokens=2)
@@ -380,8 +393,12 @@ def interleaved_table(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="a model directory or .gguf (default: the embedded SmolLM2)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--model", default=None, help="a model directory or .gguf (default: the embedded SmolLM2)"
+    )
     parser.add_argument("--variants", nargs="+", default=["bf16", "int8", "fp32"], choices=sorted(VARIANTS))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--new-tokens", type=int, default=32, help="decode steps per timed run")
@@ -406,7 +423,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"CPU capability {torch.backends.cpu.get_cpu_capability()}"
     )
     print(f"# load: {', '.join(f'{k} {m.load_seconds:.1f} s' for k, m in models.items())}")
-    print(f"# {args.new_tokens} new tokens per row, median of {args.rounds} interleaved rounds, tokens/s incl. prefill\n")
+    print(
+        f"# {args.new_tokens} new tokens per row, median of {args.rounds} interleaved rounds, tokens/s incl. prefill\n"
+    )
     rows = interleaved_table(models, batches=args.batches, new_tokens=args.new_tokens, rounds=args.rounds)
     header = f"{'variant':8} {'batch':>5} {'prompt tok':>10} {'bare tok/s':>10} {'(decode)':>9} {'prefill s':>9} {'generate() tok/s':>16} {'gen/bare':>8}"
     print(header)
@@ -425,11 +444,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             label: [greedy_completion(m, p, new_tokens=args.agreement_tokens) for p in prompts]
             for label, m in models.items()
         }
-        print(f"\n# greedy agreement, {len(prompts)} chat prompts, up to {args.agreement_tokens} tokens or EOS, batch 1")
+        print(
+            f"\n# greedy agreement, {len(prompts)} chat prompts, up to {args.agreement_tokens} tokens or EOS, batch 1"
+        )
         order = list(VARIANTS)
         for reference in order:
             for candidate in order:
-                if reference in completions and candidate in completions and order.index(candidate) > order.index(reference):
+                if (
+                    reference in completions
+                    and candidate in completions
+                    and order.index(candidate) > order.index(reference)
+                ):
                     agreement = compare_completions(completions[candidate], completions[reference])
                     print(f"{candidate} vs {reference}: {agreement}")
         reference = "fp32" if "fp32" in models else order[0]

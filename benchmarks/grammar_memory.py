@@ -51,7 +51,18 @@ def _properties(i: int, width: int) -> dict[str, Any]:
 class _MallInfo2(ctypes.Structure):
     _fields_ = [
         (name, ctypes.c_size_t)
-        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
     ]
 
 
@@ -96,13 +107,17 @@ def fill(backend: str, count: int, budget: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--backends", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--count", type=int, default=12, help="distinct grammars per backend")
     args = parser.parse_args(argv)
     mb = 2**20
-    print("| backend | grammar | n | RSS growth | heap in use | accounted | heap / accounted | "
-          "small budget | RSS growth under it | heap in use under it | entries kept |")
+    print(
+        "| backend | grammar | n | RSS growth | heap in use | accounted | heap / accounted | "
+        "small budget | RSS growth under it | heap in use under it | entries kept |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for backend in args.backends:
         full = fill(backend, args.count, 64 << 30)

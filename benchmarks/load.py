@@ -28,7 +28,6 @@ import os
 import random
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -41,7 +40,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from maskbench_sample import load_maskbench  # noqa: E402
+from maskbench_sample import load_maskbench
 
 #: What the clients send, by weight.
 MIX = {"schema": 40, "chat": 20, "reasoning": 12, "fim": 5, "hostile": 23}
@@ -73,10 +72,31 @@ def hostile_requests() -> list[tuple[str, bytes | None, dict]]:
         ("huge n", None, {"messages": msg, "n": 100000}),
         ("temperature NaN", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', {}),
         ("unknown model", None, {"model": "no-such-model", "messages": msg}),
-        ("unsatisfiable schema", None, {"messages": msg, "response_format": {"type": "json_schema", "json_schema": {
-            "name": "x", "schema": {"type": "string", "minLength": 10, "maxLength": 2}}}}),
-        ("dangling $ref", None, {"messages": msg, "response_format": {"type": "json_schema", "json_schema": {
-            "name": "x", "schema": {"$ref": "#/$defs/missing"}}}}),
+        (
+            "unsatisfiable schema",
+            None,
+            {
+                "messages": msg,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"type": "string", "minLength": 10, "maxLength": 2},
+                    },
+                },
+            },
+        ),
+        (
+            "dangling $ref",
+            None,
+            {
+                "messages": msg,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/missing"}},
+                },
+            },
+        ),
         ("unbalanced regex", None, {"messages": msg, "regex": "(ab[c"}),
         ("undefined EBNF rule", None, {"messages": msg, "ebnf": "root ::= foo"}),
         ("lone surrogate", b'{"messages": [{"role": "user", "content": "\\ud800"}]}', {}),
@@ -133,8 +153,18 @@ def free_port() -> int:
 
 def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
     cmd = [
-        sys.executable, "-m", "thinkstruct.cli", "serve", "--port", str(port),
-        "--max-batch", str(args.max_batch), "--max-queue", str(args.max_queue), "--log-level", "warning",
+        sys.executable,
+        "-m",
+        "thinkstruct.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--max-batch",
+        str(args.max_batch),
+        "--max-queue",
+        str(args.max_queue),
+        "--log-level",
+        "warning",
     ]
     if args.quantize:
         cmd += ["--quantize", args.quantize]
@@ -168,33 +198,60 @@ async def wait_healthy(client: httpx.AsyncClient, proc: subprocess.Popen, timeou
 def body_for(kind: str, rng: random.Random, schemas: list[dict], model: str) -> tuple[str, dict, dict | None]:
     """(path, JSON body, schema to validate against) of one request of ``kind``."""
     question = rng.choice(QUESTIONS)
-    common = {"model": model, "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 96, "temperature": 0.7,
-              "seed": rng.randrange(1 << 30)}
+    common = {
+        "model": model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 96,
+        "temperature": 0.7,
+        "seed": rng.randrange(1 << 30),
+    }
     if kind == "schema":
         schema = rng.choice(schemas)
-        return "/v1/chat/completions", {
-            **common,
-            "messages": [{"role": "user", "content": f"{question} Answer as JSON."}],
-            "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}},
-            "chat_template_kwargs": {"enable_thinking": False},
-        }, schema
+        return (
+            "/v1/chat/completions",
+            {
+                **common,
+                "messages": [{"role": "user", "content": f"{question} Answer as JSON."}],
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "answer", "schema": schema, "strict": True},
+                },
+                "chat_template_kwargs": {"enable_thinking": False},
+            },
+            schema,
+        )
     if kind == "reasoning":
-        return "/v1/chat/completions", {
+        return (
+            "/v1/chat/completions",
+            {
+                **common,
+                "messages": [{"role": "user", "content": question}],
+                "chat_template_kwargs": {"enable_thinking": True},
+                "max_reasoning_tokens": 48,
+            },
+            None,
+        )
+    if kind == "fim":
+        return (
+            "/v1/completions",
+            {**common, "prompt": "def add(a, b):\n    ", "suffix": "\n\nprint(add(1, 2))\n"},
+            None,
+        )
+    return (
+        "/v1/chat/completions",
+        {
             **common,
             "messages": [{"role": "user", "content": question}],
-            "chat_template_kwargs": {"enable_thinking": True},
-            "max_reasoning_tokens": 48,
-        }, None
-    if kind == "fim":
-        return "/v1/completions", {**common, "prompt": "def add(a, b):\n    ", "suffix": "\n\nprint(add(1, 2))\n"}, None
-    return "/v1/chat/completions", {
-        **common,
-        "messages": [{"role": "user", "content": question}],
-        "chat_template_kwargs": {"enable_thinking": False},
-    }, None
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+        None,
+    )
 
 
-async def streamed(client: httpx.AsyncClient, kind: str, path: str, body: dict, schema: dict | None) -> Result:
+async def streamed(
+    client: httpx.AsyncClient, kind: str, path: str, body: dict, schema: dict | None
+) -> Result:
     started = time.perf_counter()
     result = Result(kind, 0, 0.0)
     content: list[str] = []
@@ -209,7 +266,7 @@ async def streamed(client: httpx.AsyncClient, kind: str, path: str, body: dict, 
             async for line in response.aiter_lines():
                 if not line.startswith("data: "):
                     continue
-                data = line[len("data: "):]
+                data = line[len("data: ") :]
                 if data == "[DONE]":
                     done = True
                     break
@@ -240,7 +297,9 @@ async def hostile(client: httpx.AsyncClient, rng: random.Random, cases: list) ->
     label, raw, body = rng.choice(cases)
     started = time.perf_counter()
     if raw is not None:
-        response = await client.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+        response = await client.post(
+            "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
+        )
     else:
         response = await client.post("/v1/chat/completions", json=body)
     result = Result(f"hostile: {label}", response.status_code, time.perf_counter() - started)
@@ -290,12 +349,16 @@ async def run(args: argparse.Namespace) -> int:
     limits = httpx.Limits(max_connections=args.clients + 8, max_keepalive_connections=args.clients + 8)
     timeout = httpx.Timeout(300.0)
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=timeout) as client:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=timeout
+        ) as client:
             await wait_healthy(client, proc)
             model = (await client.get("/v1/models")).json()["data"][0]["id"]
             warm: list[Result] = []
             warm_until = time.monotonic() + args.warmup
-            await asyncio.gather(*(client_loop(k, client, warm_until, schemas, model, warm) for k in range(8)))
+            await asyncio.gather(
+                *(client_loop(k, client, warm_until, schemas, model, warm) for k in range(8))
+            )
             rss_warm = rss_bytes(proc.pid)
             results: list[Result] = []
             peak = list(rss_warm)
@@ -309,7 +372,8 @@ async def run(args: argparse.Namespace) -> int:
 
             started = time.monotonic()
             await asyncio.gather(
-                sample_rss(), *(client_loop(k, client, stop_at, schemas, model, results) for k in range(args.clients))
+                sample_rss(),
+                *(client_loop(k, client, stop_at, schemas, model, results) for k in range(args.clients)),
             )
             elapsed = time.monotonic() - started
             rss_after = rss_bytes(proc.pid)
@@ -324,7 +388,9 @@ async def run(args: argparse.Namespace) -> int:
     return report(args, results, elapsed, rss_warm, rss_after, peak, health, exit_code)
 
 
-def report(args, results: list[Result], elapsed: float, rss_warm, rss_after, peak, health: int, exit_code: int) -> int:
+def report(
+    args, results: list[Result], elapsed: float, rss_warm, rss_after, peak, health: int, exit_code: int
+) -> int:
     by_status: dict[int, int] = {}
     for r in results:
         by_status[r.status] = by_status.get(r.status, 0) + 1
@@ -338,21 +404,27 @@ def report(args, results: list[Result], elapsed: float, rss_warm, rss_after, pea
     constrained = [r for r in ok if r.valid is not None]
     invalid = [r for r in constrained if not r.valid]
     mib = 1 << 20
-    print(f"\n## load: {args.clients} streaming clients for {elapsed:.0f} s (max batch {args.max_batch}, "
-          f"{args.quantize or 'bf16'})")
+    print(
+        f"\n## load: {args.clients} streaming clients for {elapsed:.0f} s (max batch {args.max_batch}, "
+        f"{args.quantize or 'bf16'})"
+    )
     print(f"requests sent               {len(results)}")
     print(f"answers by status           {dict(sorted(by_status.items()))}")
     kinds: dict[str, int] = {}
     for r in results:
-        kinds[r.kind.split(':')[0]] = kinds.get(r.kind.split(':')[0], 0) + 1
+        kinds[r.kind.split(":")[0]] = kinds.get(r.kind.split(":")[0], 0) + 1
     print(f"requests by kind            {kinds}")
     print(f"latency p50 / p99 (200s)    {pct(latency, 0.5):.2f} s / {pct(latency, 0.99):.2f} s")
     print(f"TTFT p50 / p99, all         {pct(all_ttft, 0.5):.2f} s / {pct(all_ttft, 0.99):.2f} s")
     print(f"TTFT p50 / p99, plain chat  {pct(simple_ttft, 0.5):.2f} s / {pct(simple_ttft, 0.99):.2f} s")
     print(f"tokens generated            {tokens} ({tokens / elapsed:.1f} tok/s)")
     print(f"constrained answers (stop)  {len(constrained)}, invalid {len(invalid)}")
-    print(f"RSS server after warm-up    {rss_warm[0] / mib:.0f} MiB (with compile workers {rss_warm[1] / mib:.0f})")
-    print(f"RSS server after the run    {rss_after[0] / mib:.0f} MiB (with compile workers {rss_after[1] / mib:.0f})")
+    print(
+        f"RSS server after warm-up    {rss_warm[0] / mib:.0f} MiB (with compile workers {rss_warm[1] / mib:.0f})"
+    )
+    print(
+        f"RSS server after the run    {rss_after[0] / mib:.0f} MiB (with compile workers {rss_after[1] / mib:.0f})"
+    )
     print(f"RSS server peak             {peak[0] / mib:.0f} MiB (with compile workers {peak[1] / mib:.0f})")
     print(f"health after / exit code    {health} / {exit_code}")
     growth = rss_after[0] / rss_warm[0]
@@ -372,7 +444,9 @@ def report(args, results: list[Result], elapsed: float, rss_warm, rss_after, pea
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--warmup", type=float, default=15.0)

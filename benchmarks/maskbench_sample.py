@@ -18,14 +18,13 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 #: Where the sample is unless ``$THINKSTRUCT_MASKBENCH`` says otherwise.
-DEFAULT_MASKBENCH_DIR = Path(
-    os.environ.get("THINKSTRUCT_MASKBENCH", "/work/shared/conformance/maskbench")
-)
+DEFAULT_MASKBENCH_DIR = Path(os.environ.get("THINKSTRUCT_MASKBENCH", "/work/shared/conformance/maskbench"))
 
 
 @dataclass(frozen=True)
@@ -63,16 +62,12 @@ def load_maskbench(
     root = Path(directory)
     paths = sorted(root.glob("*.json"))
     if not paths:
-        raise FileNotFoundError(
-            f"no JSONSchemaBench sample (*.json) in {root}; set THINKSTRUCT_MASKBENCH"
-        )
+        raise FileNotFoundError(f"no JSONSchemaBench sample (*.json) in {root}; set THINKSTRUCT_MASKBENCH")
     schemas = []
     for path in paths:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
-        instances = tuple(
-            compact_json(test["data"]) for test in doc.get("tests", []) if test.get("valid")
-        )
+        instances = tuple(compact_json(test["data"]) for test in doc.get("tests", []) if test.get("valid"))
         if with_valid_instances and not instances:
             continue
         schemas.append(MaskbenchSchema(path.stem, compact_json(doc["schema"]), instances))

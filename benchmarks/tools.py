@@ -40,8 +40,15 @@ import jsonschema
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from thinkstruct import Constraint, GrammarCompiler
+from thinkstruct.engine import (
+    Engine,
+    EngineConfig,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    load_model,
+)
 from thinkstruct.grammar.compiler import CompilerConfig
-from thinkstruct.engine import Engine, EngineConfig, FinishReason, GenerationRequest, SamplingParams, load_model
 from thinkstruct.parsers import render_chat
 from thinkstruct.parsers.tool_calls import ToolCallParser, get_tool_call_syntax, tool_call_structural_tag
 
@@ -73,11 +80,13 @@ def load_cases(limit: int | None, per_category: int | None = None) -> list[Case]
         options = schema.get("anyOf", [schema])
         tools = []
         for option in options:
-            (name, params), = option["properties"].items()
+            ((name, params),) = option["properties"].items()
             tools.append((name, params))
         data = doc["tests"][0]["data"]
-        (called, args), = data.items()
-        described = ", ".join(f"{k} = {json.dumps(v, ensure_ascii=False)}" for k, v in args.items() if v not in ("", None, []))
+        ((called, args),) = data.items()
+        described = ", ".join(
+            f"{k} = {json.dumps(v, ensure_ascii=False)}" for k, v in args.items() if v not in ("", None, [])
+        )
         question = f"Call {called} with {described}." if described else f"Call {called}."
         category = Path(path).stem.rsplit("_", 1)[0].removeprefix("BFCL_")
         if per_category is not None and sum(c.category == category for c in cases) >= per_category:
@@ -101,7 +110,10 @@ def run(engine: Engine, case: Case, *, constrained: bool, max_tokens: int) -> Ou
     syntax = get_tool_call_syntax(model.family.tool_call_syntax)
     if constrained:
         tag = tool_call_structural_tag(
-            syntax.form, case.tools, mode="required", parallel=True,
+            syntax.form,
+            case.tools,
+            mode="required",
+            parallel=True,
             max_whitespace=engine.compiler.config.json_format.max_whitespace,
         )
         grammar = engine.compiler.compile(Constraint.structural_tag(tag))  # cached: compiled before timing
@@ -132,9 +144,13 @@ def run(engine: Engine, case: Case, *, constrained: bool, max_tokens: int) -> Ou
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--limit", type=int, default=None, help="only the first N schemas")
-    parser.add_argument("--per-category", type=int, default=None, help="at most N schemas of each BFCL category")
+    parser.add_argument(
+        "--per-category", type=int, default=None, help="at most N schemas of each BFCL category"
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
     cases = load_cases(args.limit, args.per_category)
@@ -149,8 +165,13 @@ def main() -> None:
         syntax = get_tool_call_syntax(model.family.tool_call_syntax)
         # Compile every constraint first: compile time is reported, not timed with decoding.
         for case in cases:
-            tag = tool_call_structural_tag(syntax.form, case.tools, mode="required", parallel=True,
-                                           max_whitespace=engine.compiler.config.json_format.max_whitespace)
+            tag = tool_call_structural_tag(
+                syntax.form,
+                case.tools,
+                mode="required",
+                parallel=True,
+                max_whitespace=engine.compiler.config.json_format.max_whitespace,
+            )
             start = time.perf_counter()
             engine.compiler.compile(Constraint.structural_tag(tag))
             compile_s.append(time.perf_counter() - start)
@@ -159,25 +180,38 @@ def main() -> None:
         for i, case in enumerate(cases):
             order = (False, True) if i % 2 == 0 else (True, False)
             for constrained in order:
-                results[case.category][constrained].append(run(engine, case, constrained=constrained, max_tokens=args.max_tokens))
+                results[case.category][constrained].append(
+                    run(engine, case, constrained=constrained, max_tokens=args.max_tokens)
+                )
     finally:
         engine.close()
 
     def line(label: str, free: list[Outcome], held: list[Outcome]) -> str:
         def stats(xs: list[Outcome]) -> tuple[float, float, float, float]:
             tokens = sum(o.tokens for o in xs)
-            return (100.0 * sum(o.valid for o in xs) / len(xs), 100.0 * sum(o.finished for o in xs) / len(xs),
-                    tokens / sum(o.total_s for o in xs), tokens / sum(o.decode_s for o in xs))
-        f, h = stats(free), stats(held)
-        return (f"| {label} | {len(free)} | {f[0]:.1f} % | {h[0]:.1f} % | {f[1]:.0f} % / {h[1]:.0f} % | "
-                f"{f[2]:.1f} | {h[2]:.1f} | {h[2] / f[2]:.2f} | {f[3]:.1f} | {h[3]:.1f} | {h[3] / f[3]:.2f} |")
+            return (
+                100.0 * sum(o.valid for o in xs) / len(xs),
+                100.0 * sum(o.finished for o in xs) / len(xs),
+                tokens / sum(o.total_s for o in xs),
+                tokens / sum(o.decode_s for o in xs),
+            )
 
-    print(f"SmolLM2-135M-Instruct ({model.family.name}, syntax {model.family.tool_call_syntax}), greedy, "
-          f"max_tokens {args.max_tokens}, batch 1; compile of the constraint: median "
-          f"{statistics.median(compile_s) * 1000:.0f} ms, max {max(compile_s) * 1000:.0f} ms")
+        f, h = stats(free), stats(held)
+        return (
+            f"| {label} | {len(free)} | {f[0]:.1f} % | {h[0]:.1f} % | {f[1]:.0f} % / {h[1]:.0f} % | "
+            f"{f[2]:.1f} | {h[2]:.1f} | {h[2] / f[2]:.2f} | {f[3]:.1f} | {h[3]:.1f} | {h[3] / f[3]:.2f} |"
+        )
+
+    print(
+        f"SmolLM2-135M-Instruct ({model.family.name}, syntax {model.family.tool_call_syntax}), greedy, "
+        f"max_tokens {args.max_tokens}, batch 1; compile of the constraint: median "
+        f"{statistics.median(compile_s) * 1000:.0f} ms, max {max(compile_s) * 1000:.0f} ms"
+    )
     print()
-    print("| category | n | valid free | valid constrained | stopped free / constrained | tok/s free | tok/s constrained "
-          "| ratio | decode tok/s free | decode tok/s constrained | ratio |")
+    print(
+        "| category | n | valid free | valid constrained | stopped free / constrained | tok/s free | tok/s constrained "
+        "| ratio | decode tok/s free | decode tok/s constrained | ratio |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for category in sorted(results):
         print(line(category, results[category][False], results[category][True]))
