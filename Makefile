@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 venv: $(STAMP)
 
 test: $(STAMP)
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 serve: $(STAMP)
