@@ -93,38 +93,63 @@ class _Serve:
             raise
 
 
-def test_serve_answers_then_sigterm_ends_in_flight_requests_and_exits_0(tiny_model_dir: Path) -> None:
+def test_serve_answers_then_sigterm_drains_ends_in_flight_requests_and_exits_0(tiny_model_dir: Path) -> None:
     # One backend: the server warms only its compile workers before it reports healthy.
+    # A grace of 5 s: room for a 4-token request in flight to finish, not a 4000-token one
+    # (seed 1 writes no end-of-sequence token in its first 3000).
     server = _Serve(
-        "--model", str(tiny_model_dir), "--dtype", "float32", "--grace", "1", "--backend", "llguidance"
+        "--model", str(tiny_model_dir), "--dtype", "float32", "--grace", "5", "--backend", "llguidance"
     )
     statuses = server.wait_healthy()
     assert set(statuses) <= {503, 200} and statuses[-1] == 200
+    chat = f"{server.url}/v1/chat/completions"
     model = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]["id"]
-    lines: list[str] = []
-    started = threading.Event()
+    messages = [{"role": "user", "content": "hi"}]
 
-    def stream() -> None:
-        body = {
-            "model": model,
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 3000,
-            "stream": True,
-        }
-        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=120) as response:
+    def stream(max_tokens: int, lines: list[str], started: threading.Event) -> None:
+        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True, "seed": 1}
+        with httpx.stream("POST", chat, json=body, timeout=120) as response:
             for line in response.iter_lines():
                 if line:
                     lines.append(line)
                     started.set()
 
-    reader = threading.Thread(target=stream)
-    reader.start()
-    assert started.wait(60)
-    assert server.stop(signal.SIGTERM) == 0
-    reader.join(30)
-    assert lines[-1] == "data: [DONE]"
-    finishes = [json.loads(line[6:])["choices"][0].get("finish_reason") for line in lines[:-1]]
-    assert finishes[-1] in ("abort", "stop", "length")
+    readers, outputs = [], []
+    for max_tokens in (4000, 4):  # both in flight when the signal comes
+        lines: list[str] = []
+        started = threading.Event()
+        reader = threading.Thread(target=stream, args=(max_tokens, lines, started))
+        reader.start()
+        assert started.wait(60)
+        readers.append(reader)
+        outputs.append(lines)
+    server.proc.send_signal(signal.SIGTERM)
+    # From now on nothing new is taken: 503 while draining, then the socket is closed;
+    # until then (the signal not yet handled) a request is served as usual.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            answer = httpx.post(
+                chat, json={"model": model, "messages": messages, "max_tokens": 1}, timeout=30
+            )
+        except httpx.ConnectError:
+            break
+        if answer.status_code == 503:
+            assert answer.json()["error"]["code"] == "shutting_down"
+            break
+        assert answer.status_code == 200
+        assert time.monotonic() < deadline, "new requests were still taken after SIGTERM"
+        time.sleep(0.05)
+    assert server.proc.poll() is None  # refused while the requests in flight still run
+    assert server.proc.wait(60) == 0
+    for reader in readers:
+        reader.join(30)
+    finishes = []
+    for lines in outputs:
+        assert lines[-1] == "data: [DONE]"
+        finishes.append([json.loads(line[6:])["choices"][0].get("finish_reason") for line in lines[:-1]][-1])
+    # The short one finished within the grace; the long one was ended, with a finish reason.
+    assert finishes == ["abort", "length"]
 
 
 def test_serve_exits_0_on_ctrl_c(tiny_model_dir: Path) -> None:
