@@ -96,6 +96,11 @@ def test_copy_starts_fresh_and_shares_the_compiled_grammar(
     ids=["regex", "choice", "json_object"],
 )
 def test_other_kinds(backend: str, constraint: Constraint, good: str, bad: str) -> None:
+    if backend == "outlines" and constraint.kind == "json_object":
+        # outlines-core builds any-JSON over the 129k vocabulary in 45-120 s on 2 cores
+        # (README, known limits); auto never gives it json_object, and the suite's time is
+        # better spent elsewhere.
+        pytest.skip("outlines-core json_object: minutes over the 129k vocabulary; auto never picks it")
     cg = compiled(backend, constraint)
     assert first_rejected(cg, good) is None
     assert first_rejected(cg, bad) is not None
