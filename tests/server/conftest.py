@@ -47,6 +47,36 @@ def tiny_server(tiny_engine: Any) -> Iterator[RunningServer]:
         yield server
 
 
+#: Compile timeout and failure memory (seconds) of ``short_timeout_server``: short, so
+#: hostile and slow constraints are answered quickly, and far above what the simple
+#: constraints of its tests take (in-process llguidance compiles: milliseconds).
+SHORT_COMPILE_TIMEOUT_S = 3.0
+SHORT_FAILURE_TTL_S = 1.0
+
+
+@pytest.fixture(scope="session")
+def short_timeout_server(tiny_model_dir: Path) -> Iterator[RunningServer]:
+    """The tiny model behind a server whose compiler gives up after
+    :data:`SHORT_COMPILE_TIMEOUT_S` (the hostile-constraint and isolation tests), with
+    the default 8 MiB body limit, so large constraints reach the compiler's own limits."""
+    from thinkstruct.engine import Engine, EngineConfig, load_model
+    from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+
+    model = load_model(tiny_model_dir, dtype="float32", progress=False)
+    compiler = GrammarCompiler(
+        model.tokenizer,
+        CompilerConfig(timeout_s=SHORT_COMPILE_TIMEOUT_S, failure_ttl_s=SHORT_FAILURE_TTL_S),
+    )
+    engine = Engine(model, config=EngineConfig(max_batch=8, max_queue=64), compiler=compiler)
+    engine.start()
+    compiler.warm_up(timeout_s=120.0)  # no test's first compile waits for a worker to start
+    try:
+        with serving(engine, ServerSettings(default_max_tokens=8)) as server:
+            yield server
+    finally:
+        stop_engine(engine)
+
+
 @pytest.fixture(scope="session")
 def smol_engine() -> Iterator[Any]:
     from thinkstruct.engine import load_model

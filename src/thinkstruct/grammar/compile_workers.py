@@ -220,7 +220,11 @@ class WorkerPool:
 
     def warm_up(self, timeout_s: float = STARTUP_ALLOWANCE_S) -> None:
         """Start every worker of the pool now and wait (at most ``timeout_s``) until each is ready."""
-        deadline = time.monotonic() + timeout_s
+        self.wait_ready(self.start(), time.monotonic() + timeout_s)
+
+    def start(self) -> list[_Worker]:
+        """Start every worker of the pool that is not running, without waiting; the
+        workers, for :meth:`wait_ready`."""
         with self._cond:
             if self._closed:
                 raise ThinkstructError("the compiler is closed")
@@ -230,7 +234,11 @@ class WorkerPool:
                 if worker is None or not worker.alive():
                     worker = self._workers[slot] = _Worker(self._setup, self.backend)
                 starting.append(worker)
-        for worker in starting:
+        return starting
+
+    def wait_ready(self, workers: list[_Worker], deadline: float) -> None:
+        """Wait until each of ``workers`` (from :meth:`start`) is ready, at most until ``deadline``."""
+        for worker in workers:
             try:
                 worker.wait_ready(deadline)
             except WorkerCrashed:

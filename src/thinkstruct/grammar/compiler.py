@@ -186,8 +186,11 @@ class GrammarCompiler:
                 backends = BACKEND_NAMES
             else:
                 backends = (self.config.backend,)
-        for name in backends:
-            self._pool(name).warm_up(timeout_s)
+        # Every pool's workers start at once (their start-ups overlap), then are waited for.
+        deadline = time.monotonic() + timeout_s
+        started = [(pool, pool.start()) for pool in (self._pool(name) for name in backends)]
+        for pool, workers in started:
+            pool.wait_ready(workers, deadline)
 
     def close(self) -> None:
         """Stop the compile workers and threads; pending requests fail."""
