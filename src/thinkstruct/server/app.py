@@ -20,7 +20,15 @@ from thinkstruct.server.chat import chat_completions
 from thinkstruct.server.completions import completions
 from thinkstruct.server.errors import install_handlers
 from thinkstruct.server.metrics import RequestCounter
-from thinkstruct.server.playground import PLAYGROUND_PATHS, PUBLIC_PATHS, playground_router
+from thinkstruct.server.playground import (
+    LINT_PATH,
+    PLAYGROUND_PATHS,
+    PUBLIC_PATHS,
+    VALIDATE_PATH,
+    LintRequest,
+    ValidateRequest,
+    playground_router,
+)
 from thinkstruct.server.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -94,10 +102,10 @@ def create_app(engine: Engine | None = None, settings: ServerSettings | None = N
             200: {
                 "model": ChatCompletion,
                 "description": "The answer, or an SSE stream of ChatCompletionChunk",
+                "content": _SSE,
             },
             **_ERRORS,
         },
-        openapi_extra=_request_body(ChatCompletionRequest),
     )
     async def post_chat_completions(request: Request) -> Response:
         return await chat_completions(request, state)
@@ -106,10 +114,13 @@ def create_app(engine: Engine | None = None, settings: ServerSettings | None = N
         "/v1/completions",
         response_model=None,
         responses={
-            200: {"model": TextCompletion, "description": "The completion, or an SSE stream of them"},
+            200: {
+                "model": TextCompletion,
+                "description": "The completion, or an SSE stream of them",
+                "content": _SSE,
+            },
             **_ERRORS,
         },
-        openapi_extra=_request_body(CompletionRequest),
     )
     async def post_completions(request: Request) -> Response:
         return await completions(request, state)
@@ -121,14 +132,22 @@ def create_app(engine: Engine | None = None, settings: ServerSettings | None = N
     @app.get(
         "/v1/models/{model_id:path}",
         response_model=ModelCard,
-        responses={401: _ERRORS[401], 404: _ERRORS[404]},
+        responses={401: _ERRORS[401], 404: _ERRORS[404], 503: _ERRORS[503]},
     )
     async def get_model(model_id: str) -> ModelCard:
         state.require_engine()
         state.check_model(model_id)
         return _card(state)
 
-    @app.get("/health", responses={503: {"description": "Not ready: loading, failed to load, or stopping"}})
+    @app.get(
+        "/health",
+        responses={
+            503: {
+                "description": "Not ready: loading, failed to load, or stopping",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            }
+        },
+    )
     async def health() -> JSONResponse:
         if state.ready:
             return JSONResponse({"status": "ok", "model": state.model_name})
@@ -138,7 +157,11 @@ def create_app(engine: Engine | None = None, settings: ServerSettings | None = N
             return JSONResponse({"status": "failed", "error": state.load_error}, status_code=503)
         return JSONResponse({"status": "loading"}, status_code=503)
 
-    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, 401: _ERRORS[401]},
+    )
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -163,6 +186,34 @@ def _card(state: ServerState) -> ModelCard:
     )
 
 
+#: A streamed answer (``stream: true``): Server-Sent Events. Before OpenAPI 3.2 the schema
+#: of an event stream describes one event: its ``data`` is a chunk's JSON, the last ``[DONE]``.
+_SSE: dict[str, Any] = {
+    "text/event-stream": {
+        "schema": {
+            "type": "object",
+            "properties": {
+                "data": {
+                    "type": "string",
+                    "description": "One chunk (ChatCompletionChunk, or a TextCompletion with a piece of "
+                    "text) as JSON; the last event is [DONE]",
+                }
+            },
+            "required": ["data"],
+        }
+    }
+}
+
+#: Routes that read their own bodies (see :mod:`.body`): their request models and the
+#: errors they answer, added to the document by hand.
+_OWN_BODIES: dict[str, tuple[type[Any], tuple[int, ...]]] = {
+    "/v1/chat/completions": (ChatCompletionRequest, ()),
+    "/v1/completions": (CompletionRequest, ()),
+    LINT_PATH: (LintRequest, (400, 401, 413, 503)),
+    VALIDATE_PATH: (ValidateRequest, (400, 401, 413, 503)),
+}
+
+
 def _request_body(model: type[Any]) -> dict[str, Any]:
     return {
         "requestBody": {
@@ -177,10 +228,31 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in (ChatCompletionRequest, CompletionRequest, ChatCompletionChunk):
+    models = [model for model, _ in _OWN_BODIES.values()]
+    for model in (*models, ChatCompletionChunk):
         doc = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
         components.update(doc.pop("$defs", {}))
         components[model.__name__] = doc
+    for path, (model, errors) in _OWN_BODIES.items():
+        operation = schema["paths"][path]["post"]
+        operation.update(_request_body(model))
+        for status in errors:
+            operation["responses"].setdefault(
+                str(status),
+                {
+                    "description": _ERRORS[status]["description"],
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}
+                    },
+                },
+            )
+    # FastAPI documents a 422 for every route with parameters; a bad parameter is a 400
+    # here (errors.py), documented where it can happen.
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            operation.get("responses", {}).pop("422", None)
+    components.pop("HTTPValidationError", None)
+    components.pop("ValidationError", None)
     app.openapi_schema = schema
     return schema
 
