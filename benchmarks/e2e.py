@@ -246,11 +246,21 @@ def main() -> None:
     torch.manual_seed(0)
     for d in args.dtypes:
         bench_dtype(d, args)
-    if "int8" in args.dtypes and "bf16" in args.dtypes:
-        bf16 = load_model(progress=False)
-        int8 = load_model(dtype="float32", quantize="int8", progress=False)
-        agreement = greedy_agreement(int8, bf16, [chat_prompt_ids(bf16, q) for q in QUESTIONS], new_tokens=64)
-        print(f"\nint8 vs bf16 greedy agreement over {len(QUESTIONS)} prompts x 64 tokens: {agreement}")
+    # Greedy agreement, each variant against float32 (the reference precision; bf16 against
+    # float32 is the yardstick for how far int8 is), and int8 against bf16 when both ran.
+    loaded = {
+        d: load_model(dtype=VARIANTS[d][0], quantize=VARIANTS[d][1], progress=False) for d in args.dtypes
+    }
+    pairs = [(d, "fp32") for d in args.dtypes if d != "fp32" and "fp32" in loaded]
+    if "int8" in loaded and "bf16" in loaded:
+        pairs.append(("int8", "bf16"))
+    for candidate, reference in pairs:
+        ref = loaded[reference]
+        prompts = [chat_prompt_ids(ref, q) for q in QUESTIONS]
+        agreement = greedy_agreement(loaded[candidate], ref, prompts, new_tokens=64)
+        print(
+            f"{candidate} vs {reference} greedy agreement, {len(QUESTIONS)} prompts x 64 tokens: {agreement}"
+        )
 
 
 if __name__ == "__main__":
