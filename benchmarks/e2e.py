@@ -91,6 +91,14 @@ class Side:
     forced: int = 0
     tokens: int = 0
     steps: int = 0
+    #: Engine seconds over the window: all decoding steps, and of them outside the forward
+    #: pass (masks, sampling, grammars, detokenizing, streaming).
+    step_s: float = 0.0
+    off_forward_s: float = 0.0
+
+    @property
+    def ms_off_forward_per_step(self) -> float:
+        return 1000 * self.off_forward_s / max(self.steps, 1)
 
     @property
     def value(self) -> float:
@@ -107,6 +115,7 @@ def closed_loop(
     stop_at = time.monotonic() + window_s
     counted = [0] * clients
     steps0 = engine.stats.steps
+    step_s0, forward_s0 = engine.stats.step_seconds, engine.stats.forward_seconds
 
     def client(k: int) -> None:
         i = k
@@ -134,6 +143,9 @@ def closed_loop(
     side.samples.append(sum(counted) / elapsed)
     side.tokens += sum(counted)
     side.steps += engine.stats.steps - steps0
+    step_s = engine.stats.step_seconds - step_s0
+    side.step_s += step_s
+    side.off_forward_s += step_s - (engine.stats.forward_seconds - forward_s0)
 
 
 def idle_ttft(engine: Engine, prompt: list[int], repeats: int = 5) -> float:
@@ -200,8 +212,9 @@ def bench_dtype(label: str, args) -> dict[str, float]:
     ttft = idle_ttft(engine, fifty)
     for _ in range(args.rounds):
         for c in (1, 8):
+            # The same prompts on both sides: only the constraint differs.
             closed_loop(
-                engine, plain_prompts, clients=c, grammar=None, window_s=args.window, side=sides[c, "free"]
+                engine, json_prompts, clients=c, grammar=None, window_s=args.window, side=sides[c, "free"]
             )
             closed_loop(
                 engine, json_prompts, clients=c, grammar=grammar, window_s=args.window, side=sides[c, "json"]
@@ -221,6 +234,8 @@ def bench_dtype(label: str, args) -> dict[str, float]:
         "engine/bare forward, batch 8 (free)": sides[8, "free"].value / bare[8].value,
         "engine/bare forward, batch 1 (free)": sides[1, "free"].value / bare[1].value,
         "engine 8 clients vs generate() batch 8": sides[8, "free"].value / gen[8].value,
+        "per step outside the forward pass, ms, 8 clients free": sides[8, "free"].ms_off_forward_per_step,
+        "per step outside the forward pass, ms, 8 clients json": json8.ms_off_forward_per_step,
         "engine 8 clients, tok/s (json)": json8.value,
         "engine 8 clients, tok/s (free)": sides[8, "free"].value,
         "engine 1 client, tok/s (free)": sides[1, "free"].value,
