@@ -95,6 +95,19 @@ def load_cases(limit: int | None, per_category: int | None = None) -> list[Case]
     return cases[:limit] if limit else cases
 
 
+def call_constraint(engine: Engine, case: Case) -> Constraint:
+    """The ``tool_choice="required"`` constraint of ``case``: its tools' calls in the family's syntax."""
+    syntax = get_tool_call_syntax(engine.model.family.tool_call_syntax)
+    tag = tool_call_structural_tag(
+        syntax.form,
+        case.tools,
+        mode="required",
+        parallel=True,
+        max_whitespace=engine.compiler.config.json_format.max_whitespace,
+    )
+    return Constraint.structural_tag(tag)
+
+
 def run(engine: Engine, case: Case, *, constrained: bool, max_tokens: int) -> Outcome:
     model = engine.model
     openai_tools = [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in case.tools]
@@ -106,17 +119,9 @@ def run(engine: Engine, case: Case, *, constrained: bool, max_tokens: int) -> Ou
         chat_template_kwargs={"enable_thinking": False},
         tools=openai_tools,
     )
-    grammar = None
     syntax = get_tool_call_syntax(model.family.tool_call_syntax)
-    if constrained:
-        tag = tool_call_structural_tag(
-            syntax.form,
-            case.tools,
-            mode="required",
-            parallel=True,
-            max_whitespace=engine.compiler.config.json_format.max_whitespace,
-        )
-        grammar = engine.compiler.compile(Constraint.structural_tag(tag))  # cached: compiled before timing
+    # Cached: every constraint was compiled before timing.
+    grammar = engine.compiler.compile(call_constraint(engine, case)) if constrained else None
     ids = model.tokenizer.hf(prompt.text, add_special_tokens=False)["input_ids"]
     request = GenerationRequest(
         prompt_ids=ids,
@@ -162,18 +167,11 @@ def main() -> None:
     engine = Engine(model, config=EngineConfig(max_batch=1), compiler=compiler).start()
     compile_s = []
     try:
-        syntax = get_tool_call_syntax(model.family.tool_call_syntax)
         # Compile every constraint first: compile time is reported, not timed with decoding.
         for case in cases:
-            tag = tool_call_structural_tag(
-                syntax.form,
-                case.tools,
-                mode="required",
-                parallel=True,
-                max_whitespace=engine.compiler.config.json_format.max_whitespace,
-            )
+            constraint = call_constraint(engine, case)
             start = time.perf_counter()
-            engine.compiler.compile(Constraint.structural_tag(tag))
+            engine.compiler.compile(constraint)
             compile_s.append(time.perf_counter() - start)
         run(engine, cases[0], constrained=False, max_tokens=8)  # warm the engine
         results: dict[str, dict[bool, list[Outcome]]] = collections.defaultdict(lambda: {False: [], True: []})
