@@ -228,8 +228,8 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    models = [model for model, _ in _OWN_BODIES.values()]
-    for model in (*models, ChatCompletionChunk):
+    models: list[type[Any]] = [model for model, _ in _OWN_BODIES.values()]
+    for model in [*models, ChatCompletionChunk]:
         doc = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
         components.update(doc.pop("$defs", {}))
         components[model.__name__] = doc
