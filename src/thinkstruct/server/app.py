@@ -228,11 +228,12 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    models: list[type[Any]] = [model for model, _ in _OWN_BODIES.values()]
-    for model in [*models, ChatCompletionChunk]:
-        doc = model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
+    documented: list[type[Any]] = [body for body, _ in _OWN_BODIES.values()]
+    documented.append(ChatCompletionChunk)
+    for documented_model in documented:
+        doc = documented_model.model_json_schema(ref_template="#/components/schemas/{model}", by_alias=True)
         components.update(doc.pop("$defs", {}))
-        components[model.__name__] = doc
+        components[documented_model.__name__] = doc
     for path, (model, errors) in _OWN_BODIES.items():
         operation = schema["paths"][path]["post"]
         operation.update(_request_body(model))
