@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 from thinkstruct import CompiledGrammar, Constraint, InvalidConstraint, Tokenizer
 from thinkstruct.grammar.bitmask import allocate_bitmask
 from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+from thinkstruct.grammar.repetition import CAP as REPETITION_CAP
+from thinkstruct.grammar.repetition import unrolled_size
 from thinkstruct.grammar.schema_merges import CAP, merge_combinations
 
 TIMEOUT_S = 2.0
@@ -185,3 +187,52 @@ def test_merge_estimate_never_fails(schema: Any) -> None:
     # Read by every llguidance compile to decide thread or worker: it must answer for any
     # document, valid or not.
     assert 1 <= merge_combinations(schema) <= CAP
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(st.text(max_size=40), st.text('a(){}[],|\\"0123456789xp', max_size=40)))
+def test_unrolled_size_never_fails(text: str) -> None:
+    # Read by every llguidance regex/EBNF compile to decide thread or worker.
+    assert 1 <= unrolled_size(text) <= REPETITION_CAP
+
+
+def test_unrolled_size_follows_nesting() -> None:
+    assert unrolled_size("a{1000000}") == 1_000_000
+    assert unrolled_size("(a{1000}){1000}") == 1_000_000
+    assert unrolled_size("\\d{4}-\\d{2}-\\d{2}") == 10  # sequences add
+    assert unrolled_size("\\x{41}{3}") == 3  # an escape's braces are not a count
+
+
+@pytest.mark.parametrize(
+    ("constraint", "long"),
+    [
+        (
+            Constraint.json_schema(
+                {"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}
+            ),
+            False,
+        ),
+        (Constraint.json_schema({"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}$"}), False),
+        (Constraint.regex("[a-z]{1,32}"), False),
+        (Constraint.json_schema({"allOf": [{"anyOf": [{"const": i} for i in range(15)]}] * 3}), True),
+        (Constraint.json_schema({"type": "string", "pattern": "^a{1000000}$"}), True),
+        (Constraint.regex("(a{1000}){1000}"), True),
+        (Constraint.ebnf('root ::= "ab"{100000}'), True),
+    ],
+    ids=[
+        "nullable",
+        "date pattern",
+        "short regex",
+        "allOf of anyOf",
+        "long pattern",
+        "nested counts",
+        "ebnf",
+    ],
+)
+def test_llguidance_compiles_short_but_long_constraints_in_a_worker(
+    compiler: GrammarCompiler, constraint: Constraint, long: bool
+) -> None:
+    # A thread cannot be stopped at the deadline; a worker can.
+    llguidance = compiler.backend("llguidance", False)
+    assert llguidance.runs_long(constraint) is long
+    assert (compiler.pool_for(llguidance, constraint) is not None) is long

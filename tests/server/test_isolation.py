@@ -46,7 +46,7 @@ def test_slow_compiles_hold_up_neither_a_simple_request_nor_the_batch(
     server = short_timeout_server
     engine = server.state.engine
     compiler = engine.compiler
-    compiler.warm_up(timeout_s=120.0)  # the scenario starts with its workers ready
+    compiler.warm_up(("llguidance",), timeout_s=120.0)  # the scenario starts with its worker ready
     model = server.state.model_name
     messages = [{"role": "user", "content": "hi"}]
     # A fresh schema (a new property name), so it is compiled now, not found in the cache.

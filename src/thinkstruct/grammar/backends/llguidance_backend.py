@@ -4,7 +4,7 @@ lazy lexer and Earley parser (fast compiles, masks computed on demand)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -90,11 +90,16 @@ class LLGuidanceBackend(GrammarBackend):
         )
 
     def runs_long(self, constraint: Constraint) -> bool:
-        """A schema whose merges (``allOf``, ``$ref`` beside other keywords) intersect more
-        than :data:`INLINE_MERGE_COMBINATIONS` alternatives (see :mod:`..schema_merges`)."""
+        """Short text that may still take seconds: a schema whose merges (``allOf``,
+        ``$ref`` beside other keywords) intersect more than :data:`INLINE_MERGE_COMBINATIONS`
+        alternatives (see :mod:`..schema_merges`), or a regex, pattern or grammar whose
+        counted repetitions unroll past :data:`INLINE_UNROLLED_ATOMS` (see :mod:`..repetition`)."""
+        from thinkstruct.grammar.repetition import unrolled_size
         from thinkstruct.grammar.schema_merges import merge_combinations
 
         kind = constraint.kind
+        if kind is ConstraintKind.REGEX or kind is ConstraintKind.EBNF:
+            return unrolled_size(constraint.value) > INLINE_UNROLLED_ATOMS
         if kind is ConstraintKind.JSON_SCHEMA:
             schemas = [constraint.document]
         elif kind is ConstraintKind.STRUCTURAL_TAG:
@@ -103,7 +108,11 @@ class LLGuidanceBackend(GrammarBackend):
             ]
         else:
             return False
-        return any(merge_combinations(s) > INLINE_MERGE_COMBINATIONS for s in schemas)
+        return any(
+            merge_combinations(s) > INLINE_MERGE_COMBINATIONS
+            or any(unrolled_size(p) > INLINE_UNROLLED_ATOMS for p in _patterns(s))
+            for s in schemas
+        )
 
     def export(self, compiled: CompiledGrammar) -> None:
         """Nothing: llguidance grammars do not serialize. A worker's compile proves the
@@ -190,6 +199,22 @@ class LLGuidanceBackend(GrammarBackend):
 #: a thread: about 0.3 ms each (measured: ``allOf`` of three 15-way ``anyOf`` lists,
 #: 2,744 of them, 0.8 s; three 29-way lists 7.8 s; four, minutes), so at most about 0.1 s.
 INLINE_MERGE_COMBINATIONS = 256
+
+#: Most atoms a regex, pattern or grammar may unroll to for its compile to run on a thread:
+#: about 1 µs each (``a{100000}`` 0.25 s), so at most about 0.05 s.
+INLINE_UNROLLED_ATOMS = 50_000
+
+
+def _patterns(schema: Any) -> Iterator[str]:
+    """Every regex of a schema: its ``pattern`` values and ``patternProperties`` keys."""
+    from thinkstruct.grammar.schema_walk import subschemas
+
+    for node, _ in subschemas(schema):
+        if isinstance(node.get("pattern"), str):
+            yield node["pattern"]
+        if isinstance(node.get("patternProperties"), dict):
+            yield from node["patternProperties"]
+
 
 #: Bytes a compiled llguidance grammar holds per character of its grammar text (measured).
 LLGUIDANCE_BYTES_PER_CHAR = 160
