@@ -157,7 +157,9 @@ def _raw_sides(
         import llguidance
         import llguidance.torch
 
-        m = llguidance.LLMatcher(tok.llguidance_tokenizer(), compiled.grammar, log_level=0)  # type: ignore[attr-defined]
+        from thinkstruct.grammar.backends.llguidance_backend import ll_tokenizer
+
+        m = llguidance.LLMatcher(ll_tokenizer(tok), compiled.grammar, log_level=0)  # type: ignore[attr-defined]
         return _Sides(
             llguidance.torch.fill_next_token_bitmask,
             (m, bitmask, 0),
