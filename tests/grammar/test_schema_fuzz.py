@@ -166,7 +166,7 @@ _SETTINGS = settings(
 )
 
 
-@settings(_SETTINGS, max_examples=60)
+@settings(_SETTINGS, max_examples=40)
 @given(schema=SCHEMAS)
 def test_random_schemas_compile_or_are_refused(compiler: GrammarCompiler, schema: Any) -> None:
     _compiles_or_is_refused(compiler, schema, "auto")
@@ -175,7 +175,7 @@ def test_random_schemas_compile_or_are_refused(compiler: GrammarCompiler, schema
 # xgrammar by name: the library most schemas reach only as a fallback under auto, and the
 # one whose errors come from C++. (outlines is left out: it needs more than the timeout
 # for most schemas, {} included, so each example would only time out and kill a worker.)
-@settings(_SETTINGS, max_examples=20)
+@settings(_SETTINGS, max_examples=15)
 @given(schema=SCHEMAS)
 def test_random_schemas_compile_or_are_refused_by_xgrammar(compiler: GrammarCompiler, schema: Any) -> None:
     _compiles_or_is_refused(compiler, schema, "xgrammar")

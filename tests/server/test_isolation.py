@@ -5,7 +5,7 @@ Sixteen requests carry schemas that are slow to compile but bounded: ``allOf`` o
 29-way ``anyOf`` lists, which llguidance compiles by intersecting them (24,389
 intersections, about 8 s on 2 cores; bounded by llguidance's own "schema too large"
 limit). They go to the killable llguidance worker, one at a time, each until the server's
-short compile timeout (``short_timeout_server``: 3 s). Before the fix that sends such
+short compile timeout (``short_timeout_server``: 5 s). Before the fix that sends such
 schemas to the worker, they ran on the four in-process compile threads, and a simple
 request's compile waited behind them until its own deadline.
 
