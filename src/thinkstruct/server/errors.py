@@ -80,14 +80,18 @@ def bad_request(message: str, *, param: str | None = None, code: str | None = "i
     return APIError(400, message, param=param, code=code)
 
 
+def constraint_error_code(error: InvalidConstraint) -> str:
+    """The error code of a refused constraint: too slow to compile, unenforceable, or invalid."""
+    if isinstance(error, CompileTimeout):
+        return "grammar_compile_timeout"
+    if isinstance(error, UnsupportedConstraint):
+        return "unsupported_constraint"
+    return "invalid_constraint"
+
+
 def constraint_error(error: InvalidConstraint, *, param: str | None) -> APIError:
     """A 400 for a constraint that is invalid, unenforceable (strict) or too slow to compile."""
-    if isinstance(error, CompileTimeout):
-        code = "grammar_compile_timeout"
-    elif isinstance(error, UnsupportedConstraint):
-        code = "unsupported_constraint"
-    else:
-        code = "invalid_constraint"
+    code = constraint_error_code(error)
     extra: dict[str, Any] = {}
     if error.pointer is not None:
         extra["pointer"] = error.pointer

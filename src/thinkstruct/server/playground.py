@@ -35,10 +35,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse
 
-from thinkstruct.errors import CompileTimeout, InvalidConstraint, UnsupportedConstraint
+from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.api import first_rejected
 from thinkstruct.grammar.constraint import Constraint
 from thinkstruct.server.body import read_model
+from thinkstruct.server.errors import constraint_error_code
 from thinkstruct.server.protocol import BackendName
 from thinkstruct.server.state import ServerState
 
@@ -246,12 +247,7 @@ def _constraint(body: LintRequest) -> Constraint:
 
 
 def _lint_error(error: InvalidConstraint, text: str | None) -> LintError:
-    if isinstance(error, CompileTimeout):
-        code = "grammar_compile_timeout"
-    elif isinstance(error, UnsupportedConstraint):
-        code = "unsupported_constraint"
-    else:
-        code = "invalid_constraint"
+    code = constraint_error_code(error)
     line, column = error.line, error.column
     if line is None and error.position is not None and text is not None:
         line, column = line_column(text, error.position)
