@@ -90,6 +90,9 @@ class Side:
     ttft: list[float] = field(default_factory=list)
     forced: int = 0
     tokens: int = 0
+    #: Requests finished, and the tokens of their answers.
+    requests: int = 0
+    answer_tokens: int = 0
     steps: int = 0
     #: Engine seconds over the window: all decoding steps, and of them outside the forward
     #: pass (masks, sampling, grammars, detokenizing, streaming).
@@ -101,6 +104,15 @@ class Side:
         return 1000 * self.off_forward_s / max(self.steps, 1)
 
     @property
+    def mean_answer(self) -> float:
+        return self.answer_tokens / max(self.requests, 1)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens over the seconds of decoding steps only (prefill passes left out)."""
+        return self.tokens / self.step_s if self.step_s else float("nan")
+
+    @property
     def value(self) -> float:
         return statistics.median(self.samples) if self.samples else float("nan")
 
@@ -109,7 +121,14 @@ JSON_HINT = " Answer with a JSON object with name, age, city and hobbies."
 
 
 def closed_loop(
-    engine: Engine, prompts: list[list[int]], *, clients: int, grammar, window_s: float, side: Side
+    engine: Engine,
+    prompts: list[list[int]],
+    *,
+    clients: int,
+    grammar,
+    window_s: float,
+    side: Side,
+    max_tokens: int = 128,
 ) -> None:
     """``clients`` threads sending requests back to back for ``window_s``; tokens/s over the window."""
     stop_at = time.monotonic() + window_s
@@ -120,7 +139,7 @@ def closed_loop(
     def client(k: int) -> None:
         i = k
         while time.monotonic() < stop_at:
-            params = SamplingParams(max_tokens=128, temperature=0.7, seed=i)
+            params = SamplingParams(max_tokens=max_tokens, temperature=0.7, seed=i)
             handle = engine.submit(
                 GenerationRequest(prompt_ids=prompts[i % len(prompts)], sampling=params, grammar=grammar)
             )
@@ -128,6 +147,8 @@ def closed_loop(
                 if time.monotonic() <= stop_at:
                     counted[k] += len(delta.token_ids)
                 if delta.usage is not None:
+                    side.requests += 1
+                    side.answer_tokens += delta.usage.completion_tokens
                     side.forced += delta.usage.jump_forward_tokens
                     if delta.usage.time_to_first_token_s is not None:
                         side.ttft.append(delta.usage.time_to_first_token_s)
@@ -204,7 +225,7 @@ def bench_dtype(label: str, args) -> dict[str, float]:
     sides = {
         (c, kind): Side(f"engine {kind}, {c} client{'s' if c > 1 else ''}")
         for c in (1, 8)
-        for kind in ("free", "json")
+        for kind in ("free", "json", "free-matched")
     }
     bare = {1: Side("bare forward, batch 1"), 8: Side("bare forward, batch 8")}
     gen = {1: Side("transformers generate(), batch 1"), 8: Side("transformers generate(), batch 8")}
@@ -219,6 +240,17 @@ def bench_dtype(label: str, args) -> dict[str, float]:
             closed_loop(
                 engine, json_prompts, clients=c, grammar=grammar, window_s=args.window, side=sides[c, "json"]
             )
+            # Free answers cut to the constrained ones' mean length: the same prefill per
+            # generated token on both sides, so the ratio is the grammar's own cost.
+            closed_loop(
+                engine,
+                json_prompts,
+                clients=c,
+                grammar=None,
+                window_s=args.window,
+                side=sides[c, "free-matched"],
+                max_tokens=max(1, round(sides[c, "json"].mean_answer)),
+            )
             bare[c].samples.append(bare_forward_tokens_per_s(baseline, plain_prompts[:c], new_tokens=64))
             gen[c].samples.append(generate_tokens_per_s(baseline, plain_prompts[:c], new_tokens=64))
     valid_json, stopped_json, valid_free = valid_rate(engine, json_prompts, grammar)
@@ -231,6 +263,11 @@ def bench_dtype(label: str, args) -> dict[str, float]:
     json8 = sides[8, "json"]
     results = {
         "constrained/unconstrained, 8 clients": json8.value / sides[8, "free"].value,
+        "constrained/unconstrained, 8 clients, equal answer lengths": json8.value
+        / sides[8, "free-matched"].value,
+        "constrained/unconstrained, 8 clients, decoding steps only": json8.decode_tokens_per_s
+        / sides[8, "free"].decode_tokens_per_s,
+        "mean answer tokens, 8 clients, json / free": json8.mean_answer / sides[8, "free"].mean_answer,
         "engine/bare forward, batch 8 (free)": sides[8, "free"].value / bare[8].value,
         "engine/bare forward, batch 1 (free)": sides[1, "free"].value / bare[1].value,
         "engine 8 clients vs generate() batch 8": sides[8, "free"].value / gen[8].value,

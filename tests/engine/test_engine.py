@@ -339,3 +339,41 @@ def test_the_thinking_budget_holds_without_a_constraint(engine, tiny_model) -> N
     assert out.usage.reasoning_tokens == 5  # four thought tokens and the forced end tag
     assert out.reasoning and out.content  # the answer after it is free text
     assert out.finish_reason is FinishReason.LENGTH
+
+
+def test_forced_tokens_past_the_step_budget_wait_for_the_next_step(tiny_model, compiler) -> None:
+    """A decoding step computes at most ``decode_positions`` positions: forced tokens that
+    do not fit are fed over the next steps, that row not sampling meanwhile. A request
+    gets the same tokens as when every forced run is fed at once, and stays valid."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "a_rather_long_property_name_to_force": {"type": "boolean"},
+            "and_a_second_long_property_name": {"enum": ["first option", "second option"]},
+        },
+        "required": ["a_rather_long_property_name_to_force", "and_a_second_long_property_name"],
+        "additionalProperties": False,
+    }
+    grammar = compiler.compile(Constraint.json_schema(schema))
+
+    def alone(positions: int, seed: int) -> tuple[object, int]:
+        with Engine(
+            tiny_model, config=EngineConfig(max_batch=1, decode_positions=positions), compiler=compiler
+        ) as e:
+            out = run(
+                e,
+                prompt_ids=prompt_ids(tiny_model, f"question {seed}")[0],
+                sampling=SamplingParams(max_tokens=60, temperature=1.0, seed=seed),
+                grammar=grammar,
+            )
+            return out, e.stats.steps
+
+    for seed in (7, 8):
+        wide, wide_steps = alone(256, seed)
+        narrow, narrow_steps = alone(1, seed)
+        assert narrow.token_ids == wide.token_ids
+        assert narrow.finish_reason is FinishReason.STOP
+        jsonschema.validate(json.loads(narrow.content), schema)
+        assert narrow.usage.jump_forward_tokens >= 10
+        # Each forced token took a step of its own at one position a step.
+        assert narrow_steps >= wide_steps + narrow.usage.jump_forward_tokens - 2

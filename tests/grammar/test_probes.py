@@ -7,11 +7,13 @@ import json
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import thinkstruct
 from thinkstruct import CompiledGrammar, Constraint, InvalidConstraint, Tokenizer
 from thinkstruct.grammar.api import first_rejected
-from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_token_ids
+from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_token_ids, set_allowed
 from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 
 ANYOF_2010 = Constraint.json_schema(
@@ -175,3 +177,53 @@ def _valid_json(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    allowed=st.sets(st.integers(0, 299)),
+    stops=st.sets(st.integers(0, 299), max_size=3),
+    vocab_size=st.integers(1, 300),
+)
+def test_the_probe_finds_the_lowest_and_highest_answer_token(
+    allowed: set[int], stops: set[int], vocab_size: int
+) -> None:
+    """The probe reads the bounds off the words; a listing of the allowed ids agrees
+    (bits past the vocabulary, as a library may leave them set, do not count)."""
+    from thinkstruct.grammar.probe import _lowest_and_highest
+
+    stops = {t for t in stops if t < vocab_size}
+    bitmask = allocate_bitmask(1, 300)
+    bitmask.zero_()
+    for t in allowed:
+        set_allowed(bitmask, 0, t)
+    listed = [t for t in allowed_token_ids(bitmask, 0, vocab_size).tolist() if t not in stops]
+    expected = tuple(dict.fromkeys((listed[0], listed[-1]))) if listed else ()
+    assert _lowest_and_highest(bitmask[0, : (vocab_size + 31) // 32], vocab_size, stops) == expected
+
+
+#: Found on MaskBench: the property has no type, so ``null`` is valid; xgrammar guesses an
+#: object from its ``properties`` and rejects every valid instance the probe tries.
+UNTYPED_PROPERTY = Constraint.json_schema(
+    {
+        "type": "object",
+        "properties": {
+            "notification": {"properties": {"person_id": {"type": "integer"}}, "required": ["person_id"]}
+        },
+        "required": ["notification"],
+    }
+)
+
+
+def test_a_grammar_that_rejects_every_valid_witness_is_refused() -> None:
+    tok = Tokenizer.default()
+    from thinkstruct.grammar.api import get_backend
+    from thinkstruct.grammar.base import InvalidGrammar
+
+    result = get_backend(tok, "xgrammar").compile(UNTYPED_PROPERTY)
+    assert isinstance(result, InvalidGrammar)
+    assert "rejects every valid instance tried" in str(result.error), result.error
+    # llguidance, which skips the witness, produces the valid instance itself.
+    compiled = get_backend(tok, "llguidance").compile(UNTYPED_PROPERTY)
+    assert isinstance(compiled, CompiledGrammar)
+    assert first_rejected(compiled, '{"notification":null}') is None

@@ -74,7 +74,13 @@ class EngineConfig:
         max_queue: most requests waiting for a slot; more are refused with
             :class:`EngineOverloaded`.
         max_prompt_tokens: longest prompt accepted (default: the model's context minus one).
-        prefill_chunk: prompt tokens fed per forward pass while others decode.
+        prefill_chunk: positions computed per prefill pass while others decode (rows of a
+            pass are padded to its longest chunk, and the padding counts).
+        decode_positions: positions a decoding step may compute, at least one per row. A
+            row feeds its sampled token and the tokens its grammar forces; the pass is
+            padded to the longest row, so forced tokens past ``decode_positions // rows``
+            wait for the next step (that row does not sample then) instead of making
+            every row of a large batch pay for them.
         idle_poll_s: how long the idle engine thread sleeps between checks.
     """
 
@@ -82,11 +88,12 @@ class EngineConfig:
     max_queue: int = 256
     max_prompt_tokens: int | None = None
     prefill_chunk: int = 512
+    decode_positions: int = 64
     idle_poll_s: float = 0.05
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.max_queue < 0 or self.prefill_chunk < 1:
-            raise ValueError("max_batch and prefill_chunk must be >= 1 and max_queue >= 0")
+        if self.max_batch < 1 or self.max_queue < 0 or self.prefill_chunk < 1 or self.decode_positions < 1:
+            raise ValueError("max_batch, prefill_chunk and decode_positions must be >= 1 and max_queue >= 0")
 
 
 @dataclass
@@ -366,14 +373,15 @@ class Engine:
         # kernels, a seed then gives the same tokens in any batch); rows join a pass, oldest
         # first, while their next chunk fits the pass's token budget.
         size = self.config.prefill_chunk
-        budget = size
         rows: list[Sequence] = []
         chunks: list[list[int]] = []
+        width = 0
         for seq in self._prefilling:
             chunk = seq.pending[:size]
-            if rows and len(chunk) > budget:
+            # The pass computes rows x its longest chunk positions, padding included.
+            if rows and (len(rows) + 1) * max(width, len(chunk)) > size:
                 break
-            budget -= len(chunk)
+            width = max(width, len(chunk))
             rows.append(seq)
             chunks.append(chunk)
         first = rows[0].slot
@@ -409,20 +417,28 @@ class Engine:
         assert runner is not None
         rows = self._running
         started = time.perf_counter()
+        width = max(1, max(self.config.decode_positions, len(rows)) // len(rows))
+        feeds = [s.pending[:width] for s in rows]
+        # Rows with forced tokens left over feed them next step and sample then.
+        ready = [i for i, s in enumerate(rows) if len(s.pending) <= width]
         masks = self._masks_for(len(rows))
-        constrained = [i for i, s in enumerate(rows) if s.matcher is not None]
+        constrained = [i for i in ready if rows[i].matcher is not None]
         fill = self._mask_pool.submit(self._fill_rows, rows, constrained, masks) if constrained else None
-        logits = runner.forward(0, [s.pending for s in rows], [s.cached for s in rows])
+        logits = runner.forward(0, feeds, [s.cached for s in rows])
         forwarded = time.perf_counter()
-        for s in rows:
-            s.cached += len(s.pending)
+        for s, fed in zip(rows, feeds, strict=True):
+            s.cached += len(fed)
+            del s.pending[: len(fed)]
         if fill is not None:
             fill.result()
             live = [i for i in constrained if rows[i].finish_reason is None]
             if live:
                 _apply_rows(logits, masks, live)
         masked = time.perf_counter()
-        self._sample_and_advance(rows, logits)
+        if len(ready) == len(rows):
+            self._sample_and_advance(rows, logits)
+        else:
+            self._sample_and_advance([rows[i] for i in ready], logits[ready])
         self._compact()
         elapsed = time.perf_counter() - started
         self.stats.forward_seconds += forwarded - started

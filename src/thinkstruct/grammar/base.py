@@ -29,6 +29,8 @@ from thinkstruct.grammar.matcher import GrammarMatcher
 from thinkstruct.grammar.reasoning import ReasoningGrammar
 
 if TYPE_CHECKING:
+    import torch
+
     from thinkstruct.tokenizer import Tokenizer
 
 
@@ -45,6 +47,10 @@ class CompiledGrammar(abc.ABC):
     #: JSON Schema keywords this grammar does not enforce (JSON pointers), when a
     #: lenient compile ignored them; empty when the constraint is enforced exactly.
     ignored_keywords: tuple[str, ...] = ()
+
+    #: The grammar's first mask (int32 ``[ceil(vocab_size / 32)]``), kept by the compile
+    #: probe so that a fresh matcher's first fill is a 16 KB copy, not a recompute.
+    start_row: torch.Tensor | None = field(default=None, repr=False)
 
     def matcher(
         self,
@@ -87,9 +93,20 @@ class CompiledGrammar(abc.ABC):
     def _new_matcher(self) -> GrammarMatcher:
         """A fresh backend matcher at the start of the grammar."""
 
+    def keep_start_row(self, row: torch.Tensor) -> None:
+        """Remember ``row``, a mask filled at the start state, as :attr:`start_row`
+        (the compile probe calls this once, before the grammar is shared)."""
+        object.__setattr__(self, "start_row", row.clone())
+
     @property
     def memory_bytes(self) -> int:
         """Approximate memory the compiled grammar holds (for cache accounting)."""
+        row = self.start_row
+        return self._library_bytes + (0 if row is None else row.numel() * row.element_size())
+
+    @property
+    def _library_bytes(self) -> int:
+        """What the library's compiled form holds."""
         return len(self.constraint.value) * 4 + 1024
 
 
@@ -168,6 +185,11 @@ class GrammarBackend(abc.ABC):
     #: the compile service runs them in a worker process it can kill (see :meth:`export`
     #: and :meth:`load`).
     isolated: ClassVar[bool] = False
+    #: The compile probe also feeds a known-valid instance to each JSON-Schema grammar
+    #: (:mod:`.probe`, step 3): the library has compiled schemas into grammars that reject
+    #: every valid instance. A backend measured never to do so may skip it (~0.5-1 ms of
+    #: every cold compile).
+    tries_witness: ClassVar[bool] = True
     #: ``auto``'s preference per kind: lower is tried first; a kind missing here is never
     #: chosen by ``auto`` (it may still be asked for by name).
     rank: ClassVar[Mapping[ConstraintKind, int]] = {}
@@ -210,7 +232,7 @@ class GrammarBackend(abc.ABC):
                 e.backend = self.name
             return self.invalid(constraint, e)
         # A grammar that compiles but can produce nothing valid counts as a failure.
-        problem = probe(compiled)
+        problem = probe(compiled, witness=self.tries_witness)
         return compiled if problem is None else self.invalid(constraint, problem)
 
     def runs_long(self, constraint: Constraint) -> bool:

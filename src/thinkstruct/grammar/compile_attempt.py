@@ -210,8 +210,13 @@ class CompileAttempt:
             self._result(candidate, InvalidGrammar(constraint, candidate.backend, payload))
             return
         self._phase = f"loading the {candidate.backend} grammar"
+        exported, start_row = payload
         try:
-            compiled = backend.load(constraint, payload, seconds)
+            compiled = backend.load(constraint, exported, seconds)
+            if start_row:
+                import torch
+
+                compiled.keep_start_row(torch.frombuffer(bytearray(start_row), dtype=torch.int32))
         except InvalidConstraint as error:
             self._result(candidate, InvalidGrammar(constraint, candidate.backend, error))
             return

@@ -48,7 +48,9 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
             if isinstance(result, InvalidGrammar):
                 reply: tuple[str, Any, float] = ("invalid", result.error, time.perf_counter() - start)
             else:
-                reply = ("ok", backend.export(result), time.perf_counter() - start)
+                row = result.start_row
+                kept = b"" if row is None else row.numpy().tobytes()
+                reply = ("ok", (backend.export(result), kept), time.perf_counter() - start)
         except Exception as e:  # noqa: BLE001 - one bad request must not take the worker down
             reply = (
                 "invalid",

@@ -83,13 +83,19 @@ class StopTokenMatcher(GrammarMatcher):
 
     Args:
         stop_ids: the model's stop token ids.
+        start_row: the grammar's mask at its start state
+            (:attr:`~thinkstruct.grammar.base.CompiledGrammar.start_row`), copied instead
+            of asking the library while no token has been accepted.
     """
 
-    __slots__ = ("_finished", "_stops")
+    __slots__ = ("_depth", "_finished", "_start_row", "_stops")
 
-    def __init__(self, stop_ids: frozenset[int]) -> None:
+    def __init__(self, stop_ids: frozenset[int], *, start_row: torch.Tensor | None = None) -> None:
         self._stops = stop_ids
         self._finished = False
+        self._start_row = start_row
+        #: Tokens accepted and not rolled back (0: at the start state).
+        self._depth = 0
 
     # ---- the hooks -------------------------------------------------------------------
 
@@ -113,6 +119,14 @@ class StopTokenMatcher(GrammarMatcher):
     def _forced(self) -> list[int]:
         """The tokens the library forces next (no stop tokens)."""
 
+    def _advance_many(self, token_ids: Sequence[int]) -> int:
+        """Feed non-stop tokens until one is refused; how many were fed. Libraries that
+        take a list in one call override this (one call instead of one per token)."""
+        for n, token_id in enumerate(token_ids):
+            if not self._advance(token_id):
+                return n
+        return len(token_ids)
+
     def _validate(self, token_ids: Sequence[int]) -> int:
         """How many of ``token_ids`` (no stop ids among them) the library would accept,
         state unchanged afterwards."""
@@ -135,7 +149,21 @@ class StopTokenMatcher(GrammarMatcher):
                 self._finished = True  # the library never sees it; see rollback
                 return True
             return False
-        return self._advance(token_id)
+        if self._advance(token_id):
+            self._depth += 1
+            return True
+        return False
+
+    def accept_tokens(self, token_ids: Sequence[int]) -> int:
+        if self._finished:
+            return 0
+        stops = self._stops
+        head = next((i for i, t in enumerate(token_ids) if t in stops), len(token_ids))
+        n = self._advance_many(token_ids[:head]) if head else 0
+        self._depth += n
+        if n < head or head == len(token_ids):
+            return n
+        return head + 1 if self.accept_token(token_ids[head]) else head
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens <= 0:
@@ -145,10 +173,15 @@ class StopTokenMatcher(GrammarMatcher):
             num_tokens -= 1
         if num_tokens:
             self._rollback(num_tokens)
+            self._depth -= num_tokens
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         if self._finished:
             allow_only(bitmask, row, self._stops)
+            return
+        start = self._start_row
+        if self._depth == 0 and start is not None:
+            bitmask[row].copy_(start)
         else:
             self._fill(bitmask, row)
 

@@ -16,7 +16,8 @@ probed, cheaply (one mask and a few tokens):
    to build (one per type the root allows, :func:`.schema_instances.witnesses`), the grammar accepts one of them in one of
    its JSON spellings (non-ASCII raw or escaped, ``2.0`` or ``2``); it fails only when it rejects every
    one that the reference validator confirms valid (a backend may produce only some
-   types of an untyped schema: that is inexact, not dead).
+   types of an untyped schema: that is inexact, not dead). Only for backends that declare
+   :attr:`~thinkstruct.grammar.base.GrammarBackend.tries_witness`.
 
 A failed probe is that backend failing: ``auto`` falls back to the next one, or the
 constraint is refused with the reason.
@@ -26,15 +27,20 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from thinkstruct.errors import InvalidConstraint
-from thinkstruct.grammar.answers import first_rejected
-from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_token_ids
+from thinkstruct.grammar.answers import can_stop, first_rejected
+from thinkstruct.grammar.bitmask import allocate_bitmask, is_allowed
 from thinkstruct.grammar.constraint import ConstraintKind
 from thinkstruct.grammar.schema_instances import integral, witnesses
 
 if TYPE_CHECKING:
+    import torch
+
     from thinkstruct.grammar.base import CompiledGrammar
     from thinkstruct.grammar.matcher import GrammarMatcher
 
@@ -42,54 +48,86 @@ _JSON_KINDS = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
 _ROW_LIMIT = re.compile(r"Current row has (\d+) items; max is (\d+)")
 
 
-def probe(compiled: CompiledGrammar) -> InvalidConstraint | None:
-    """Why ``compiled`` cannot produce a valid answer, or ``None`` when the probe passes."""
+def probe(compiled: CompiledGrammar, *, witness: bool = True) -> InvalidConstraint | None:
+    """Why ``compiled`` cannot produce a valid answer, or ``None`` when the probe passes.
+
+    Args:
+        witness: also try a known-valid instance (step 3 of the module docstring; the
+            backend's :attr:`~thinkstruct.grammar.base.GrammarBackend.tries_witness`).
+    """
     tok = compiled.tokenizer
     kind = compiled.constraint.kind
     matcher = compiled.matcher()
     bitmask = allocate_bitmask(1, tok.vocab_size)
     matcher.fill_bitmask(bitmask, 0)
-    allowed = allowed_token_ids(bitmask, 0, tok.vocab_size).tolist()
-    stops = set(tok.eos_token_ids)
-    answer = [t for t in allowed if t not in stops]
-    if not answer and (kind in _JSON_KINDS or not allowed):
+    compiled.keep_start_row(bitmask[0])  # the first matcher's first fill copies it
+    answer = _lowest_and_highest(bitmask[0], tok.vocab_size, tok.eos_token_ids)
+    if not answer and (kind in _JSON_KINDS or not any(is_allowed(bitmask, 0, t) for t in tok.eos_token_ids)):
         return _failed(compiled, "the grammar allows no answer at all", matcher)
-    for token in dict.fromkeys((answer[0], answer[-1])) if answer else ():
-        fresh = compiled.matcher()
-        if not fresh.accept_token(token):
+    for token in answer:
+        if not matcher.accept_token(token):
             return _failed(
                 compiled,
                 f"its first mask allows {tok.decode([token])!r} but accepting it fails",
-                fresh,
+                matcher,
             )
-    if kind is ConstraintKind.JSON_SCHEMA:
-        return _check_witness(compiled)
+        matcher.rollback(1)
+    if witness and kind is ConstraintKind.JSON_SCHEMA:
+        return _check_witness(compiled, matcher)
     return None
 
 
-def _check_witness(compiled: CompiledGrammar) -> InvalidConstraint | None:
+def _lowest_and_highest(row: torch.Tensor, vocab_size: int, stop_ids: Iterable[int]) -> tuple[int, ...]:
+    """The lowest and highest token a filled mask row allows other than a stop token (one
+    id when they are the same, none when nothing else is allowed), found on the words
+    without listing the allowed ids (a string's mask allows ~100k of them)."""
+    words = row.numpy().view(np.uint32).copy()
+    spare = words.shape[0] * 32 - vocab_size
+    if spare:
+        words[-1] &= np.uint32((1 << (32 - spare)) - 1)
+    for t in stop_ids:
+        words[t // 32] &= np.uint32(~(1 << (t % 32)) & 0xFFFFFFFF)
+    nonzero = np.flatnonzero(words)
+    if not nonzero.size:
+        return ()
+    lo_word, hi_word = int(nonzero[0]), int(nonzero[-1])
+    lo_bits, hi_bits = int(words[lo_word]), int(words[hi_word])
+    lo = lo_word * 32 + (lo_bits & -lo_bits).bit_length() - 1
+    hi = hi_word * 32 + hi_bits.bit_length() - 1
+    return (lo,) if lo == hi else (lo, hi)
+
+
+def _check_witness(compiled: CompiledGrammar, matcher: GrammarMatcher) -> InvalidConstraint | None:
+    """Whether the grammar accepts a known-valid instance (see the module docstring), fed
+    to the probe's own ``matcher`` at its start and rolled back after each try."""
     schema = compiled.constraint.document
     if not isinstance(schema, dict) or "type" not in schema:
         # Without a declared type a backend may rightly produce some types and not
         # others (xgrammar and outlines-core guess one): a rejected witness of another
         # type proves nothing.
         return None
+    tok = compiled.tokenizer
     found = witnesses(schema)
-    refused: list[tuple[str, int | None]] = []
+    refused: list[str] = []
     for instance in found:
         spellings = [
             json.dumps(value, ensure_ascii=a, separators=(",", ":"))
             for value in (instance, integral(instance))
             for a in (False, True)
         ]
-        rejected = [first_rejected(compiled, text) for text in dict.fromkeys(spellings)]
-        if any(r is None for r in rejected):
-            return None  # it produces this valid instance
+        for text in dict.fromkeys(spellings):
+            ids = tok.encode(text)
+            n = matcher.accept_tokens(ids)
+            produced = n == len(ids) and can_stop(matcher, tok)
+            matcher.rollback(n)
+            if produced:
+                return None  # it produces this valid instance
         if _valid(schema, instance):
-            refused.append((spellings[0], rejected[0]))
+            refused.append(spellings[0])
     if not refused or len(refused) < len(found):
         return None  # the rejected witnesses were not valid after all: blame nobody
-    shown, at = refused[0]
+    shown = refused[0]
+    at = first_rejected(compiled, shown)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     return _failed(compiled, f"it rejects every valid instance tried ({shown} at character {at})", None)
 

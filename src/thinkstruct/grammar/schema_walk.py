@@ -32,9 +32,15 @@ SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 MISSING = object()
 
 
+#: Every keyword that holds subschemas: most nodes have none (``{"type": "string"}``).
+_HOLDERS = frozenset(SCHEMA_VALUED + SCHEMA_MAPS + SCHEMA_LISTS)
+
+
 def children(node: dict[str, Any], pointer: str) -> Iterator[tuple[Any, str]]:
     """The direct subschemas of ``node`` (any JSON value where a schema is expected, so a
     checker can refuse what is not one), with their pointers."""
+    if _HOLDERS.isdisjoint(node):
+        return
     for keyword in SCHEMA_VALUED:
         if keyword in node and not (keyword == "items" and isinstance(node[keyword], list)):
             yield node[keyword], f"{pointer}/{keyword}"

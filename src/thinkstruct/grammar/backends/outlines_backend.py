@@ -178,7 +178,7 @@ class OutlinesCompiled(CompiledGrammar):
     size_bytes: int = 0
 
     @property
-    def memory_bytes(self) -> int:
+    def _library_bytes(self) -> int:
         # The index in memory is 2.0-2.7 times its pickle (measured: glibc's in-use heap
         # against the pickled size, benchmarks/grammar_memory.py).
         return int(self.size_bytes * 2.75) + 64 * 1024
@@ -191,7 +191,7 @@ class OutlinesMatcher(StopTokenMatcher):
     __slots__ = ("_compiled", "_extra_eos", "_guide", "_target", "_write")
 
     def __init__(self, compiled: OutlinesCompiled) -> None:
-        super().__init__(compiled.eos_ids)
+        super().__init__(compiled.eos_ids, start_row=compiled.start_row)
         self._compiled = compiled
         import outlines_core
 

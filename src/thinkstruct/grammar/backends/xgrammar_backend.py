@@ -194,7 +194,7 @@ class XGrammarCompiled(CompiledGrammar):
         return XGrammarMatcher(self)
 
     @property
-    def memory_bytes(self) -> int:
+    def _library_bytes(self) -> int:
         # Measured against glibc's in-use heap (benchmarks/grammar_memory.py): compiled
         # here, xgrammar's own count (grammar and adaptive token-mask cache) is within 5 %;
         # loaded from a worker's JSON it holds 0.75-1.2 times the JSON's length, up to 3.5
@@ -208,7 +208,7 @@ class XGrammarMatcher(StopTokenMatcher):
     __slots__ = ("_compiled", "_m")
 
     def __init__(self, compiled: XGrammarCompiled) -> None:
-        super().__init__(compiled.eos_ids)
+        super().__init__(compiled.eos_ids, start_row=compiled.start_row)
         self._compiled = compiled
         # Stop tokens are never fed to xgrammar (see StopTokenMatcher): it would log a
         # warning for a token offered after one, and raise if asked for a mask.

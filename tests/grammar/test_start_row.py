@@ -1,0 +1,93 @@
+"""The compile probe's first mask is kept on the compiled grammar and a fresh matcher's
+first fill copies it: the copy must equal what the library itself computes, at the start
+and after rolling back to it, and must not be used anywhere else."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from thinkstruct import CompiledGrammar, Constraint, Tokenizer
+from thinkstruct.grammar.bitmask import allocate_bitmask
+from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+
+from .conftest import BACKENDS, PERSON_SCHEMA, compiled
+
+CONSTRAINTS = {
+    "person": Constraint.json_schema(PERSON_SCHEMA),
+    "regex": Constraint.regex(r"(yes|no) [0-9]{1,3}"),
+    "choice": Constraint.choice(["alpha", "beta", "gamma"]),
+}
+TEXTS = {
+    "person": json.dumps({"name": "Ada", "age": 36, "tags": ["x"]}, separators=(",", ":")),
+    "regex": "yes 42",
+    "choice": "gamma",
+}
+
+
+def _mask(matcher: object, vocab_size: int) -> torch.Tensor:
+    bm = allocate_bitmask(1, vocab_size)
+    matcher.fill_bitmask(bm, 0)  # type: ignore[attr-defined]
+    return bm
+
+
+def _library_only(cg: CompiledGrammar) -> CompiledGrammar:
+    """The same grammar without a kept row: every fill asks the library."""
+    return dataclasses.replace(cg, start_row=None)
+
+
+@pytest.mark.parametrize("name", CONSTRAINTS)
+def test_compiled_grammars_keep_the_library_start_mask(tokenizer: Tokenizer, backend: str, name: str) -> None:
+    cg = compiled(backend, CONSTRAINTS[name])
+    assert cg.start_row is not None
+    assert cg.start_row.dtype == torch.int32 and cg.start_row.shape == (
+        allocate_bitmask(1, tokenizer.vocab_size).shape[1],
+    )
+    library = _mask(_library_only(cg).matcher(), tokenizer.vocab_size)
+    assert torch.equal(cg.start_row, library[0])
+    assert torch.equal(_mask(cg.matcher(), tokenizer.vocab_size), library)
+    # The row is counted in the cache's accounting.
+    assert cg.memory_bytes == _library_only(cg).memory_bytes + cg.start_row.numel() * 4
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    backend=st.sampled_from(BACKENDS),
+    name=st.sampled_from(sorted(CONSTRAINTS)),
+    steps=st.lists(st.integers(0, 5), min_size=1, max_size=8),
+)
+def test_every_fill_equals_the_library_fill(
+    tokenizer: Tokenizer, backend: str, name: str, steps: list[int]
+) -> None:
+    """Accepts and rollbacks in any order (back to the start and away again): the kept
+    row is used exactly when the matcher is at the start, and agrees with the library."""
+    ids = tokenizer.encode(TEXTS[name]) + [tokenizer.eos_token_ids[0]]
+    cg = compiled(backend, CONSTRAINTS[name])
+    kept, library = cg.matcher(), _library_only(cg).matcher()
+    position = 0
+    for i, n in enumerate(steps):
+        if i % 2 == 0:
+            n = min(n, len(ids) - position)
+            assert kept.accept_tokens(ids[position : position + n]) == n
+            assert library.accept_tokens(ids[position : position + n]) == n
+            position += n
+        else:
+            n = min(n, position)
+            kept.rollback(n)
+            library.rollback(n)
+            position -= n
+        assert torch.equal(_mask(kept, tokenizer.vocab_size), _mask(library, tokenizer.vocab_size))
+    assert torch.equal(_mask(kept.copy(), tokenizer.vocab_size), _mask(cg.matcher(), tokenizer.vocab_size))
+
+
+def test_grammars_from_worker_processes_bring_their_start_row(tokenizer: Tokenizer) -> None:
+    """xgrammar compiles in a worker process: the probe's row travels back with it."""
+    with GrammarCompiler(tokenizer, CompilerConfig(backend="xgrammar", timeout_s=60)) as service:
+        cg = service.compile(CONSTRAINTS["person"])
+    assert cg.backend == "xgrammar" and cg.start_row is not None
+    assert torch.equal(cg.start_row, _mask(_library_only(cg).matcher(), tokenizer.vocab_size)[0])
