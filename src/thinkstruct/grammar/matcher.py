@@ -180,10 +180,16 @@ class StopTokenMatcher(GrammarMatcher):
             allow_only(bitmask, row, self._stops)
             return
         start = self._start_row
-        if self._depth == 0 and start is not None:
+        if (
+            self._depth == 0
+            and start is not None
+            and bitmask.dtype == start.dtype
+            and bitmask.shape[-1] == start.shape[0]
+            and bitmask.stride(-1) == 1
+        ):
             bitmask[row].copy_(start)
         else:
-            self._fill(bitmask, row)
+            self._fill(bitmask, row)  # the library's path checks the buffer and says what is wrong
 
     def is_terminated(self) -> bool:
         return self._finished
