@@ -3,9 +3,12 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 
 from thinkstruct import CompiledGrammar, Constraint, InvalidGrammar, Tokenizer
 from thinkstruct.grammar.api import get_backend
+from thinkstruct.grammar.bitmask import allocate_bitmask
+from thinkstruct.grammar.matcher import GrammarMatcher
 
 BACKENDS = ("xgrammar", "llguidance", "outlines")
 
@@ -40,3 +43,10 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def person(backend: str) -> CompiledGrammar:
     return compiled(backend, Constraint.json_schema(PERSON_SCHEMA))
+
+
+def mask_of(matcher: GrammarMatcher, vocab_size: int) -> torch.Tensor:
+    """A fresh one-row bitmask filled by ``matcher``."""
+    bm = allocate_bitmask(1, vocab_size)
+    matcher.fill_bitmask(bm, 0)
+    return bm

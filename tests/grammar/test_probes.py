@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import thinkstruct
 from thinkstruct import CompiledGrammar, Constraint, InvalidConstraint, Tokenizer
 from thinkstruct.grammar.api import first_rejected
-from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_token_ids, set_allowed
+from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_bounds, allowed_token_ids, set_allowed
 from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 
 ANYOF_2010 = Constraint.json_schema(
@@ -185,13 +185,11 @@ def _valid_json(text: str) -> bool:
     stops=st.sets(st.integers(0, 299), max_size=3),
     vocab_size=st.integers(1, 300),
 )
-def test_the_probe_finds_the_lowest_and_highest_answer_token(
+def test_allowed_bounds_are_the_lowest_and_highest_listed_id(
     allowed: set[int], stops: set[int], vocab_size: int
 ) -> None:
-    """The probe reads the bounds off the words; a listing of the allowed ids agrees
+    """The probe reads its bounds off the words; a listing of the allowed ids agrees
     (bits past the vocabulary, as a library may leave them set, do not count)."""
-    from thinkstruct.grammar.probe import _lowest_and_highest
-
     stops = {t for t in stops if t < vocab_size}
     bitmask = allocate_bitmask(1, 300)
     bitmask.zero_()
@@ -199,7 +197,7 @@ def test_the_probe_finds_the_lowest_and_highest_answer_token(
         set_allowed(bitmask, 0, t)
     listed = [t for t in allowed_token_ids(bitmask, 0, vocab_size).tolist() if t not in stops]
     expected = tuple(dict.fromkeys((listed[0], listed[-1]))) if listed else ()
-    assert _lowest_and_highest(bitmask[0, : (vocab_size + 31) // 32], vocab_size, stops) == expected
+    assert allowed_bounds(bitmask[0, : (vocab_size + 31) // 32], vocab_size, excluded=stops) == expected
 
 
 #: Found on MaskBench: the property has no type, so ``null`` is valid; xgrammar guesses an

@@ -9,21 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from thinkstruct import Constraint, Tokenizer
-from thinkstruct.grammar.bitmask import allocate_bitmask
 
-from .conftest import BACKENDS, PERSON_SCHEMA, compiled
+from .conftest import BACKENDS, PERSON_SCHEMA, compiled, mask_of
 
 ANSWERS = [
     {"name": "Ada", "age": 36, "tags": ["math", "poetry"]},
     {"name": "Grace Hopper", "age": 85, "tags": []},
     {"name": "</think> <｜end▁of▁sentence｜>", "age": -1, "tags": ["a b", "c\nd"]},
 ]
-
-
-def _mask(g, vocab_size: int) -> torch.Tensor:
-    bm = allocate_bitmask(1, vocab_size)
-    g.fill_bitmask(bm, 0)
-    return bm
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -44,11 +37,11 @@ def test_rollback_restores_mask_and_acceptance(
 
     g = cg.matcher()
     assert g.accept_tokens(ids[:prefix]) == prefix
-    before = _mask(g, tokenizer.vocab_size)
+    before = mask_of(g, tokenizer.vocab_size)
     assert g.accept_tokens(ids[prefix : prefix + k]) == k
     g.rollback(k)
     assert not g.is_terminated()
-    assert torch.equal(_mask(g, tokenizer.vocab_size), before)
+    assert torch.equal(mask_of(g, tokenizer.vocab_size), before)
     # The rest is accepted exactly as by a matcher that never rolled back.
     assert g.accept_tokens(ids[prefix:]) == len(ids) - prefix
     assert g.is_terminated()
@@ -74,4 +67,4 @@ def test_interleaved_accepts_and_rollbacks_match_a_fresh_walk(
             position -= n
     reference = cg.matcher()
     reference.accept_tokens(ids[:position])
-    assert torch.equal(_mask(g, tokenizer.vocab_size), _mask(reference, tokenizer.vocab_size))
+    assert torch.equal(mask_of(g, tokenizer.vocab_size), mask_of(reference, tokenizer.vocab_size))

@@ -16,7 +16,7 @@ from thinkstruct import CompiledGrammar, Constraint, Tokenizer
 from thinkstruct.grammar.bitmask import allocate_bitmask
 from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 
-from .conftest import BACKENDS, PERSON_SCHEMA, compiled
+from .conftest import BACKENDS, PERSON_SCHEMA, compiled, mask_of
 
 CONSTRAINTS = {
     "person": Constraint.json_schema(PERSON_SCHEMA),
@@ -30,27 +30,23 @@ TEXTS = {
 }
 
 
-def _mask(matcher: object, vocab_size: int) -> torch.Tensor:
-    bm = allocate_bitmask(1, vocab_size)
-    matcher.fill_bitmask(bm, 0)  # type: ignore[attr-defined]
-    return bm
-
-
 def _library_only(cg: CompiledGrammar) -> CompiledGrammar:
     """The same grammar without a kept row: every fill asks the library."""
     return dataclasses.replace(cg, start_row=None)
 
 
 @pytest.mark.parametrize("name", CONSTRAINTS)
-def test_compiled_grammars_keep_the_library_start_mask(tokenizer: Tokenizer, backend: str, name: str) -> None:
+def test_compiled_grammars_keep_the_library_startmask_of(
+    tokenizer: Tokenizer, backend: str, name: str
+) -> None:
     cg = compiled(backend, CONSTRAINTS[name])
     assert cg.start_row is not None
     assert cg.start_row.dtype == torch.int32 and cg.start_row.shape == (
         allocate_bitmask(1, tokenizer.vocab_size).shape[1],
     )
-    library = _mask(_library_only(cg).matcher(), tokenizer.vocab_size)
+    library = mask_of(_library_only(cg).matcher(), tokenizer.vocab_size)
     assert torch.equal(cg.start_row, library[0])
-    assert torch.equal(_mask(cg.matcher(), tokenizer.vocab_size), library)
+    assert torch.equal(mask_of(cg.matcher(), tokenizer.vocab_size), library)
     # The row is counted in the cache's accounting.
     assert cg.memory_bytes == _library_only(cg).memory_bytes + cg.start_row.numel() * 4
 
@@ -81,8 +77,10 @@ def test_every_fill_equals_the_library_fill(
             kept.rollback(n)
             library.rollback(n)
             position -= n
-        assert torch.equal(_mask(kept, tokenizer.vocab_size), _mask(library, tokenizer.vocab_size))
-    assert torch.equal(_mask(kept.copy(), tokenizer.vocab_size), _mask(cg.matcher(), tokenizer.vocab_size))
+        assert torch.equal(mask_of(kept, tokenizer.vocab_size), mask_of(library, tokenizer.vocab_size))
+    assert torch.equal(
+        mask_of(kept.copy(), tokenizer.vocab_size), mask_of(cg.matcher(), tokenizer.vocab_size)
+    )
 
 
 def test_grammars_from_worker_processes_bring_their_start_row(tokenizer: Tokenizer) -> None:
@@ -90,4 +88,4 @@ def test_grammars_from_worker_processes_bring_their_start_row(tokenizer: Tokeniz
     with GrammarCompiler(tokenizer, CompilerConfig(backend="xgrammar", timeout_s=60)) as service:
         cg = service.compile(CONSTRAINTS["person"])
     assert cg.backend == "xgrammar" and cg.start_row is not None
-    assert torch.equal(cg.start_row, _mask(_library_only(cg).matcher(), tokenizer.vocab_size)[0])
+    assert torch.equal(cg.start_row, mask_of(_library_only(cg).matcher(), tokenizer.vocab_size)[0])

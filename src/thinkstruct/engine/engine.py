@@ -34,7 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from thinkstruct.engine.detokenizer import TokenTexts
@@ -44,7 +43,7 @@ from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest
 from thinkstruct.engine.runner import ModelRunner, TransformersRunner
 from thinkstruct.engine.sampler import sample
 from thinkstruct.engine.sequence import Sequence
-from thinkstruct.grammar.bitmask import TokenBitmask, apply_bitmask_inplace
+from thinkstruct.grammar.bitmask import TokenBitmask, allowed_count, apply_bitmask_inplace
 
 if TYPE_CHECKING:
     from thinkstruct.engine.models import LoadedModel
@@ -419,7 +418,7 @@ class Engine:
         assert runner is not None
         rows = self._running
         started = time.perf_counter()
-        width = max(1, max(self.config.decode_positions, len(rows)) // len(rows))
+        width = max(self.config.decode_positions, len(rows)) // len(rows)  # at least 1
         feeds = [s.pending[:width] for s in rows]
         # Rows with forced tokens left over feed them next step and sample then.
         ready = [i for i, s in enumerate(rows) if len(s.pending) <= width]
@@ -617,17 +616,6 @@ def _apply_rows(logits: torch.Tensor, masks: torch.Tensor, rows: list[int]) -> N
         apply_bitmask_inplace(logits, masks[: len(rows)])
     else:
         apply_bitmask_inplace(logits, masks[rows], indices=rows)
-
-
-def allowed_count(row: torch.Tensor, vocab_size: int) -> int:
-    """How many of the first ``vocab_size`` tokens one filled int32 bitmask row allows
-    (a popcount over ``ceil(vocab_size/32)`` words: microseconds)."""
-    words = row.numpy().view(np.uint32)
-    count = int(np.bitwise_count(words).sum())
-    spare = words.shape[0] * 32 - vocab_size  # bits past the vocabulary in the last word
-    if spare > 0:
-        count -= int(words[-1] >> np.uint32(32 - spare)).bit_count()
-    return count
 
 
 def _single_id(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:

@@ -95,8 +95,9 @@ class CompiledGrammar(abc.ABC):
 
     def keep_start_row(self, row: torch.Tensor) -> None:
         """Remember ``row``, a mask filled at the start state, as :attr:`start_row`
-        (the compile probe calls this once, before the grammar is shared)."""
-        object.__setattr__(self, "start_row", row.clone())
+        (the compile probe calls this once, before the grammar is shared). The row is kept
+        as given, not copied: pass one nothing else writes to."""
+        object.__setattr__(self, "start_row", row)
 
     @property
     def memory_bytes(self) -> int:

@@ -139,6 +139,11 @@ class StopTokenMatcher(GrammarMatcher):
             self._rollback(n)
         return n
 
+    def _before_stop(self, token_ids: Sequence[int]) -> int:
+        """How many of ``token_ids`` come before the first stop id (all when none)."""
+        stops = self._stops
+        return next((i for i, t in enumerate(token_ids) if t in stops), len(token_ids))
+
     # ---- GrammarMatcher --------------------------------------------------------------
 
     def accept_token(self, token_id: int) -> bool:
@@ -157,8 +162,7 @@ class StopTokenMatcher(GrammarMatcher):
     def accept_tokens(self, token_ids: Sequence[int]) -> int:
         if self._finished:
             return 0
-        stops = self._stops
-        head = next((i for i, t in enumerate(token_ids) if t in stops), len(token_ids))
+        head = self._before_stop(token_ids)
         n = self._advance_many(token_ids[:head]) if head else 0
         self._depth += n
         if n < head or head == len(token_ids):
@@ -200,8 +204,7 @@ class StopTokenMatcher(GrammarMatcher):
     def validate_tokens(self, token_ids: Sequence[int]) -> int:
         if self._finished:
             return 0
-        stops = self._stops
-        head = next((i for i, t in enumerate(token_ids) if t in stops), len(token_ids))
+        head = self._before_stop(token_ids)
         n = self._validate(token_ids[:head])
         if n < head or head == len(token_ids):
             return n

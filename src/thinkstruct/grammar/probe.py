@@ -27,20 +27,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.answers import can_stop, first_rejected
-from thinkstruct.grammar.bitmask import allocate_bitmask, is_allowed
+from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_bounds, is_allowed
 from thinkstruct.grammar.constraint import ConstraintKind
 from thinkstruct.grammar.schema_instances import integral, witnesses
 
 if TYPE_CHECKING:
-    import torch
-
     from thinkstruct.grammar.base import CompiledGrammar
     from thinkstruct.grammar.matcher import GrammarMatcher
 
@@ -61,7 +56,7 @@ def probe(compiled: CompiledGrammar, *, witness: bool = True) -> InvalidConstrai
     bitmask = allocate_bitmask(1, tok.vocab_size)
     matcher.fill_bitmask(bitmask, 0)
     compiled.keep_start_row(bitmask[0])  # the first matcher's first fill copies it
-    answer = _lowest_and_highest(bitmask[0], tok.vocab_size, tok.eos_token_ids)
+    answer = allowed_bounds(bitmask[0], tok.vocab_size, excluded=tok.eos_token_ids)
     if not answer and (kind in _JSON_KINDS or not any(is_allowed(bitmask, 0, t) for t in tok.eos_token_ids)):
         return _failed(compiled, "the grammar allows no answer at all", matcher)
     for token in answer:
@@ -75,26 +70,6 @@ def probe(compiled: CompiledGrammar, *, witness: bool = True) -> InvalidConstrai
     if witness and kind is ConstraintKind.JSON_SCHEMA:
         return _check_witness(compiled, matcher)
     return None
-
-
-def _lowest_and_highest(row: torch.Tensor, vocab_size: int, stop_ids: Iterable[int]) -> tuple[int, ...]:
-    """The lowest and highest token a filled mask row allows other than a stop token (one
-    id when they are the same, none when nothing else is allowed), found on the words
-    without listing the allowed ids (a string's mask allows ~100k of them)."""
-    words = row.numpy().view(np.uint32).copy()
-    spare = words.shape[0] * 32 - vocab_size
-    if spare:
-        words[-1] &= np.uint32((1 << (32 - spare)) - 1)
-    for t in stop_ids:
-        words[t // 32] &= np.uint32(~(1 << (t % 32)) & 0xFFFFFFFF)
-    nonzero = np.flatnonzero(words)
-    if not nonzero.size:
-        return ()
-    lo_word, hi_word = int(nonzero[0]), int(nonzero[-1])
-    lo_bits, hi_bits = int(words[lo_word]), int(words[hi_word])
-    lo = lo_word * 32 + (lo_bits & -lo_bits).bit_length() - 1
-    hi = hi_word * 32 + hi_bits.bit_length() - 1
-    return (lo,) if lo == hi else (lo, hi)
 
 
 def _check_witness(compiled: CompiledGrammar, matcher: GrammarMatcher) -> InvalidConstraint | None:
