@@ -1,20 +1,25 @@
-"""The slot KV cache runner against transformers' own forward pass.
+"""The slot KV cache runners against transformers' own forward pass.
 
 Whatever the schedule — rows joining into free slots, feeding one token or several in a
 pass, next to rows of other lengths, moved to another slot when a row before them
 leaves — each row's logits must be those of running its whole token sequence alone
-through the plain model.
+through the plain model. Both runners (transformers' modules on the slot cache, and the
+Llama runner's own fused computation) are held to it.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from thinkstruct.engine.runner import TransformersRunner
+from thinkstruct.engine.llama_runner import LlamaRunner, supports
+from thinkstruct.engine.runner import ModelRunner, TransformersRunner
 
 SLOTS = 4
+RUNNERS = [TransformersRunner, LlamaRunner]
+runners = pytest.mark.parametrize("runner_class", RUNNERS, ids=lambda c: c.__name__)
 
 
 def reference_logits(model, ids: list[int]) -> torch.Tensor:
@@ -24,12 +29,13 @@ def reference_logits(model, ids: list[int]) -> torch.Tensor:
     return out.logits[0, -1].float()
 
 
-def _runner(tiny_model) -> TransformersRunner:
-    return TransformersRunner(tiny_model.model, slots=SLOTS, context_length=tiny_model.context_length)
+def _runner(tiny_model, runner_class: type[ModelRunner] = TransformersRunner) -> ModelRunner:
+    return runner_class(tiny_model.model, slots=SLOTS, context_length=tiny_model.context_length)  # type: ignore[call-arg]
 
 
-def test_rows_of_different_lengths_match_the_plain_model(tiny_model) -> None:
-    runner = _runner(tiny_model)
+@runners
+def test_rows_of_different_lengths_match_the_plain_model(tiny_model, runner_class) -> None:
+    runner = _runner(tiny_model, runner_class)
     plain = tiny_model.model
     rows = [[5, 6, 7], [100, 200], [9, 8, 7, 6, 5, 4, 3]]
     with torch.inference_mode():
@@ -44,8 +50,9 @@ def test_rows_of_different_lengths_match_the_plain_model(tiny_model) -> None:
         torch.testing.assert_close(got[i], reference_logits(plain, ids + feed), rtol=1e-4, atol=1e-4)
 
 
-def test_a_row_moved_to_another_slot_keeps_its_cache(tiny_model) -> None:
-    runner = _runner(tiny_model)
+@runners
+def test_a_row_moved_to_another_slot_keeps_its_cache(tiny_model, runner_class) -> None:
+    runner = _runner(tiny_model, runner_class)
     with torch.inference_mode():
         runner.forward(2, [[1, 2, 3, 4]], [0])
         runner.copy_slot(2, 0, 4)
@@ -53,8 +60,9 @@ def test_a_row_moved_to_another_slot_keeps_its_cache(tiny_model) -> None:
     torch.testing.assert_close(got, reference_logits(tiny_model.model, [1, 2, 3, 4, 5]), rtol=1e-4, atol=1e-4)
 
 
-def test_buffers_grow_past_the_initial_capacity(tiny_model) -> None:
-    runner = _runner(tiny_model)
+@runners
+def test_buffers_grow_past_the_initial_capacity(tiny_model, runner_class) -> None:
+    runner = _runner(tiny_model, runner_class)
     ids = [(i * 7919) % 5000 + 10 for i in range(300)]  # longer than INITIAL_CAPACITY
     with torch.inference_mode():
         runner.forward(0, [ids[:200]], [0])
@@ -66,11 +74,12 @@ def test_buffers_grow_past_the_initial_capacity(tiny_model) -> None:
 token = st.integers(min_value=2, max_value=120_000)
 
 
+@runners
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_any_schedule_matches_the_plain_model(tiny_model, data) -> None:
+def test_any_schedule_matches_the_plain_model(tiny_model, runner_class, data) -> None:
     """A random schedule of joins, multi-token feeds and leaves (with compaction)."""
-    runner = _runner(tiny_model)
+    runner = _runner(tiny_model, runner_class)
     plain = tiny_model.model
     live: list[list[int]] = []  # live[slot] = the tokens that slot holds
     with torch.inference_mode():
@@ -96,10 +105,11 @@ def test_any_schedule_matches_the_plain_model(tiny_model, data) -> None:
                     torch.testing.assert_close(got[i], reference_logits(plain, live[i]), rtol=1e-4, atol=1e-4)
 
 
-def test_the_model_stays_correct_outside_the_runner(tiny_model) -> None:
-    """The runner switches the model to its attention; a padded batch run the ordinary
-    way must still give each row its own logits."""
-    _runner(tiny_model)
+@runners
+def test_the_model_stays_correct_outside_the_runner(tiny_model, runner_class) -> None:
+    """A runner may switch the model to its attention or make its weights views of fused
+    ones; a padded batch run the ordinary way must still give each row its own logits."""
+    _runner(tiny_model, runner_class)
     rows = [[3, 4, 5, 6], [7, 8]]
     ids = torch.tensor([rows[0], [1, 1, *rows[1]]])
     mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
@@ -114,3 +124,56 @@ def test_the_model_stays_correct_outside_the_runner(tiny_model) -> None:
     plain.set_attn_implementation("sdpa")
     for i, row in enumerate(rows):
         torch.testing.assert_close(out[i], reference_logits(plain, row), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
+def test_fused_int8_projections_compute_what_the_separate_layers_do(tiny_model, per_channel) -> None:
+    """The Llama runner stacks a layer's q/k/v (and gate/up) int8 weights into one, each
+    row keeping its part's scale: the logits equal those of the quantized model's own
+    layers run one by one."""
+    import copy
+    import warnings
+
+    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
+
+    model = copy.deepcopy(tiny_model.model)
+    qconfig = per_channel_dynamic_qconfig if per_channel else default_dynamic_qconfig
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_dynamic(model, {torch.nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
+    context = tiny_model.context_length
+    separate = TransformersRunner(model, slots=2, context_length=context)
+    fused = LlamaRunner(model, slots=2, context_length=context)
+    rows = [[5, 6, 7, 8, 9], [300, 400]]
+    with torch.inference_mode():
+        expected = separate.forward(0, rows, [0, 0])
+        got = fused.forward(0, rows, [0, 0])
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        expected = separate.forward(0, [[10], [11, 12]], [5, 2])
+        got = fused.forward(0, [[10], [11, 12]], [5, 2])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_the_llama_runner_does_not_compute_gets_the_transformers_runner() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from thinkstruct.engine.engine import default_runner
+
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attention_bias=True,
+    )
+    model = LlamaForCausalLM(config).eval()
+    assert supports(model) == "biased projections"
+    with pytest.raises(ValueError, match="biased projections"):
+        LlamaRunner(model, slots=1, context_length=64)
+    runner = default_runner(model, slots=1, context_length=64, vocab_size=300)
+    assert isinstance(runner, TransformersRunner)
+    with torch.inference_mode():
+        got = runner.forward(0, [[1, 2, 3]], [0])[0]
+    torch.testing.assert_close(got, reference_logits(model, [1, 2, 3]), rtol=1e-4, atol=1e-4)

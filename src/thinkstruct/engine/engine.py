@@ -39,6 +39,7 @@ import torch
 from thinkstruct.engine.detokenizer import TokenTexts
 from thinkstruct.engine.free_text import thinking_budget_matcher
 from thinkstruct.engine.handle import RequestHandle
+from thinkstruct.engine.llama_runner import LlamaRunner, supports
 from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest
 from thinkstruct.engine.runner import ModelRunner, TransformersRunner
 from thinkstruct.engine.sampler import sample
@@ -52,6 +53,16 @@ if TYPE_CHECKING:
     from thinkstruct.tokenizer import Tokenizer
 
 log = logging.getLogger("thinkstruct.engine")
+
+
+def default_runner(model: object, *, slots: int, context_length: int, vocab_size: int) -> ModelRunner:
+    """:class:`~thinkstruct.engine.llama_runner.LlamaRunner` for the models it computes
+    exactly (fewer operations per step), the transformers runner for any other."""
+    reason = supports(model)
+    if reason is None:
+        return LlamaRunner(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
+    log.info("transformers runner (not the Llama runner: %s)", reason)
+    return TransformersRunner(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
 
 
 class EngineOverloaded(RuntimeError):
@@ -132,8 +143,8 @@ class Engine:
         compiler: the grammar compiler requests' constraints were compiled with (the
             engine does not compile; :attr:`compiler` is offered to callers). Default: one
             over the model's tokenizer with default settings.
-        runner: a custom :class:`~thinkstruct.engine.runner.ModelRunner` (default: the
-            transformers runner over ``model.model``).
+        runner: a custom :class:`~thinkstruct.engine.runner.ModelRunner` (default:
+            :func:`default_runner` over ``model.model``).
     """
 
     def __init__(
@@ -296,7 +307,7 @@ class Engine:
     def _main(self, ready: threading.Event, failure: list[BaseException]) -> None:
         try:
             if self._runner is None:
-                self._runner = TransformersRunner(
+                self._runner = default_runner(
                     self.model.model,
                     slots=self.config.max_batch,
                     context_length=self.context_length,

@@ -139,6 +139,16 @@ class SlotCache(Cache):
         self.plan_rows = (lo, hi, span)
         self.plan_index = positions[:, None, :, None].expand(rows, self.kv_heads, q, self.head_dim)
 
+    def ensure_capacity(self, needed: int, *, limit: int) -> None:
+        """Hold at least ``needed`` tokens per slot: capacity doubles until it does, up to
+        ``limit`` (or ``needed``, if that is more)."""
+        capacity = self.capacity
+        if needed <= capacity:
+            return
+        while capacity < needed:
+            capacity *= 2
+        self.grow(min(capacity, max(limit, needed)))
+
     def grow(self, capacity: int) -> None:
         """Reallocate every buffer to ``capacity`` tokens per slot, keeping what is cached."""
         if capacity <= self.capacity:

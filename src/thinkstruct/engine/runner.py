@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -87,7 +88,7 @@ class TransformersRunner(ModelRunner):
             kv_heads=kv_heads,
             head_dim=head_dim,
             capacity=min(INITIAL_CAPACITY, context_length),
-            dtype=_activation_dtype(model),
+            dtype=activation_dtype(model),
         )
         # transformers 5.x renames past_key_values to cache; accept either spelling.
         params = inspect.signature(self._base.forward).parameters
@@ -100,55 +101,81 @@ class TransformersRunner(ModelRunner):
     def forward(
         self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]
     ) -> torch.Tensor:
-        rows = len(tokens)
-        if rows == 0:
-            raise ValueError("forward needs at least one row")
-        if first_slot < 0 or first_slot + rows > self.slots:
-            raise ValueError(f"rows {first_slot}..{first_slot + rows} outside {self.slots} slots")
-        lengths = torch.tensor([len(t) for t in tokens])
-        if int(lengths.min()) < 1:
-            raise ValueError("every row must feed at least one token")
-        width = int(lengths.max())
-        ids = torch.zeros((rows, width), dtype=torch.long)
-        for i, row in enumerate(tokens):
-            ids[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
-        start = torch.as_tensor(starts, dtype=torch.long)
-        positions = start[:, None] + torch.arange(width)[None, :]
-        span = int((start + lengths).max())
-        if span > self.context_length:
-            raise ValueError(
-                f"a row would hold {span} tokens, more than the context of {self.context_length}"
-            )
-        self._ensure_capacity(int(positions.max()) + 1)
+        plan = padded_pass(
+            tokens, starts, slots=self.slots, first_slot=first_slot, context=self.context_length
+        )
+        self.cache.ensure_capacity(plan.written, limit=self.context_length)
+        rows = plan.ids.shape[0]
         # Query j of row i sees its slot's positions 0..start_i + j: everything cached
         # before, and its own chunk causally. Padding queries (j >= length_i) compute
         # garbage that is never read, and write past the row's end, which is never attended.
-        mask = (torch.arange(span)[None, None, :] <= positions[:, :, None]).unsqueeze(1)
-        self.cache.plan(first_slot, first_slot + rows, positions, span)
+        mask = (torch.arange(plan.span)[None, None, :] <= plan.positions[:, :, None]).unsqueeze(1)
+        self.cache.plan(first_slot, first_slot + rows, plan.positions, plan.span)
         out = self._base(
-            input_ids=ids,
+            input_ids=plan.ids,
             attention_mask=mask,
-            position_ids=positions,
+            position_ids=plan.positions,
             use_cache=True,
             **{self._cache_kw: self.cache},
         )
-        hidden = out.last_hidden_state[torch.arange(rows), lengths - 1]
+        hidden = out.last_hidden_state[torch.arange(rows), plan.lengths - 1]
         logits: torch.Tensor = self._head(hidden)
         return logits[:, : self.vocab_size].float()
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         self.cache.copy_slot(src, dst, length)
 
-    def _ensure_capacity(self, needed: int) -> None:
-        capacity = self.cache.capacity
-        if needed <= capacity:
-            return
-        while capacity < needed:
-            capacity *= 2
-        self.cache.grow(min(capacity, max(self.context_length, needed)))
+
+@dataclass(frozen=True)
+class PaddedPass:
+    """One forward pass's inputs, rows right-padded to the longest.
+
+    Attributes:
+        ids: ``[rows, width]`` token ids (padding 0).
+        positions: ``[rows, width]`` each token's position in its slot (padding continues
+            the row's positions; its keys land past the row's end and are never attended).
+        lengths: ``[rows]`` tokens each row feeds.
+        span: positions attended: the longest row's length after the pass.
+        written: positions a slot must hold for the pass's writes (padding included).
+    """
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    lengths: torch.Tensor
+    span: int
+    written: int
 
 
-def _activation_dtype(model: Any) -> torch.dtype:
+def padded_pass(
+    tokens: Sequence[Sequence[int]], starts: Sequence[int], *, slots: int, first_slot: int, context: int
+) -> PaddedPass:
+    """Check one :meth:`ModelRunner.forward` call and lay out its inputs.
+
+    Raises:
+        ValueError: no rows, rows outside the slots, a row feeding nothing, or a row that
+            would hold more than ``context`` tokens.
+    """
+    rows = len(tokens)
+    if rows == 0:
+        raise ValueError("forward needs at least one row")
+    if first_slot < 0 or first_slot + rows > slots:
+        raise ValueError(f"rows {first_slot}..{first_slot + rows} outside {slots} slots")
+    lengths = torch.tensor([len(t) for t in tokens])
+    if int(lengths.min()) < 1:
+        raise ValueError("every row must feed at least one token")
+    width = int(lengths.max())
+    ids = torch.zeros((rows, width), dtype=torch.long)
+    for i, row in enumerate(tokens):
+        ids[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+    start = torch.as_tensor(starts, dtype=torch.long)
+    span = int((start + lengths).max())
+    if span > context:
+        raise ValueError(f"a row would hold {span} tokens, more than the context of {context}")
+    positions = start[:, None] + torch.arange(width)[None, :]
+    return PaddedPass(ids, positions, lengths, span, int(positions.max()) + 1)
+
+
+def activation_dtype(model: Any) -> torch.dtype:
     """The dtype hidden states flow in (float32 for a dynamically quantized model)."""
     embeddings = model.get_input_embeddings()
     weight = getattr(embeddings, "weight", None)
