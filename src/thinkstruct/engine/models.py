@@ -26,7 +26,6 @@ import re
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,7 +213,19 @@ def load_model(
         chat_template = None
     float_modules: tuple[str, ...] = ()
     if quantize == "int8":
-        float_modules = _quantize_int8(model, _calibration_ids(tokenizer, chat_template), shown=source)
+        from thinkstruct.engine.int8 import quantize_int8
+
+        result = quantize_int8(model, _calibration_ids(tokenizer, chat_template))
+        float_modules = result.float_modules
+        log.info(
+            "int8 dynamic quantization of %s: %d Linear layers smoothed, %d kept in float32 "
+            "for outlier inputs (%s), %.1f s",
+            source,
+            result.smoothed,
+            len(float_modules),
+            ", ".join(float_modules) or "none",
+            result.seconds,
+        )
     loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -431,98 +442,17 @@ def _load_weights(
     return model, compute
 
 
-# A Linear layer whose input's peak magnitude is more than this many times its mean
-# magnitude stays in float32 under int8: with one scale per tensor (torch's dynamic
-# activations) the typical value then falls below about one quantization step and is
-# lost. Measured on SmolLM2-135M (teacher-forced on 6 chat answers against float32):
-# quantizing every Linear gives top-1 agreement 50 %, mean KL 1.53 (bf16: 97.6 %, 0.001),
-# the damage nearly all in the down_proj layers fed by massive activations (peak/mean
-# 17,000 in layer 11, 4,900 in layer 28); keeping the 13 layers above 100 in float32
-# gives 81 %, KL 0.22.
-_INT8_OUTLIER_RATIO = 100.0
-_CALIBRATION = [
-    {"role": "system", "content": "You are a careful assistant. Answer briefly."},
-    {
-        "role": "user",
-        "content": "Give a JSON object with a name, an age and two hobbies, then explain "
-        "why the sky is blue in one sentence. Also: what is 17 * 23? def f(x): return x ** 2",
-    },
-    {
-        "role": "assistant",
-        "content": '{"name": "Ada", "age": 36, "hobbies": ["chess", "rowing"]} '
-        "Sunlight scatters off air molecules, blue most of all. 17 * 23 = 391.",
-    },
-]
-
-
-def _quantize_int8(
-    loaded_model: PreTrainedModel, calibration_ids: list[int], *, shown: Path
-) -> tuple[str, ...]:
-    """torch's dynamic int8 on every ``nn.Linear`` but those with outlier inputs (see
-    :data:`_INT8_OUTLIER_RATIO`), in place, from the float32 weights; returns the names of
-    the Linear layers kept in float32."""
-    import torch
-
-    started = time.perf_counter()
-    ratios = _input_outlier_ratios(loaded_model, calibration_ids)
-    kept = tuple(name for name, ratio in ratios.items() if ratio > _INT8_OUTLIER_RATIO)  # in module order
-    with warnings.catch_warnings():
-        # torch.ao's dynamic quantization is deprecated in favour of torchao, which is
-        # not a dependency; it is the int8 CPU path that exists today.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
-        from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
-
-        plan = {name: default_dynamic_qconfig for name in ratios if name not in kept}
-        quantize_dynamic(loaded_model, plan, dtype=torch.qint8, inplace=True)
-    log.info(
-        "int8 dynamic quantization of %s: %d Linear layers int8, %d kept in float32 for outlier inputs (%s), %.1f s",
-        shown,
-        len(ratios) - len(kept),
-        len(kept),
-        ", ".join(kept) or "none",
-        time.perf_counter() - started,
-    )
-    return kept
-
-
-def _input_outlier_ratios(model: PreTrainedModel, ids: list[int]) -> dict[str, float]:
-    """Peak over mean input magnitude of every ``nn.Linear`` on one forward of ``ids``."""
-    import torch
-
-    stats: dict[str, tuple[float, float, int]] = {}
-
-    def recorder(name: str) -> Any:
-        def record(_module: Any, args: tuple[Any, ...], _output: Any) -> None:
-            x = args[0].detach().abs().float()
-            peak, total, count = stats.get(name, (0.0, 0.0, 0))
-            stats[name] = (max(peak, float(x.max())), total + float(x.sum()), count + x.numel())
-
-        return record
-
-    hooks = [
-        module.register_forward_hook(recorder(name))
-        for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear)
-    ]
-    try:
-        with torch.inference_mode():
-            model(input_ids=torch.tensor([ids]), use_cache=False)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return {name: peak / max(total / count, 1e-12) for name, (peak, total, count) in stats.items()}
-
-
 def _calibration_ids(tokenizer: Tokenizer, chat_template: ChatTemplate | None) -> list[int]:
+    from thinkstruct.engine.int8 import CALIBRATION_CHAT
+
     text = None
     if chat_template is not None:
         try:
-            text = chat_template.render(_CALIBRATION, add_generation_prompt=False)
+            text = chat_template.render(CALIBRATION_CHAT, add_generation_prompt=False)
         except ChatTemplateError:
             text = None
     if text is None:
-        text = "\n".join(m["content"] for m in _CALIBRATION)
+        text = "\n".join(m["content"] for m in CALIBRATION_CHAT)
     ids: list[int] = tokenizer.hf.encode(text, add_special_tokens=False)
     return ids
 
