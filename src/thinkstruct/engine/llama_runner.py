@@ -131,7 +131,10 @@ class _Layer:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm: normalized in float32, scaled in the input's dtype."""
+    """transformers' LlamaRMSNorm (normalized in float32, scaled in the input's dtype), in
+    torch's fused kernel where the input is float32 (the same bits, measured)."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -216,7 +219,7 @@ class LlamaRunner(ModelRunner):
         allowed = torch.arange(plan.span)[None, None, :] <= plan.positions[:, :, None]  # [rows, width, span]
         # The query heads sharing a key/value head are folded into the query length
         # (index g * width + j), so the mask repeats once per head of the group.
-        mask = allowed[:, None]
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))[:, None]
         if group > 1 and width > 1:
             mask = mask.repeat(1, 1, group, 1)
         index = plan.positions[:, None, :, None].expand(rows, kv_heads, width, dim)
