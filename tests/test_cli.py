@@ -84,3 +84,11 @@ def test_console_script_runs() -> None:
     )
     assert result.returncode == 1
     assert "rejected at character" in result.stdout
+
+
+def test_engine_sizes_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    for flag in ("--max-batch", "--prefill-chunk", "--max-queue"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["serve", flag, "0"])
+        assert exit_info.value.code == 2
+        assert flag in capsys.readouterr().err

@@ -83,6 +83,14 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         help="requests decoded together (default 8)",
     )
     g.add_argument(
+        "--prefill-chunk",
+        type=_positive_int,
+        default=512,
+        metavar="N",
+        help="prompt positions computed in one prefill pass between decoding steps, padding "
+        "counted (default 512)",
+    )
+    g.add_argument(
         "--max-queue",
         type=_positive_int,
         default=256,
@@ -222,6 +230,7 @@ def _build_engine(args: argparse.Namespace, *, progress: bool = True, warm_up: b
         config=EngineConfig(
             max_batch=args.max_batch,
             max_queue=args.max_queue,
+            prefill_chunk=args.prefill_chunk,
             max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
         ),
         compiler=compiler,
