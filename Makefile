@@ -27,7 +27,7 @@ test: $(STAMP)
 	@# mypy (about a minute cold, one core) runs beside the tests, which leave a core idle part
 	@# of the time; its verdict counts as much as theirs.
 	@$(VENV)/bin/mypy > .mypy.log 2>&1 & mypy_pid=$$!; \
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15 tests; tests=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=15 tests; tests=$$?; \
 	wait $$mypy_pid; types=$$?; echo "mypy:"; cat .mypy.log; \
 	test $$tests -eq 0 && test $$types -eq 0
 

@@ -17,3 +17,36 @@ from thinkstruct import Tokenizer
 def tokenizer() -> Tokenizer:
     """The default DeepSeek-V4 tokenizer (129,280 tokens), loaded once per test run."""
     return Tokenizer.default()
+
+
+#: Test files that take longest (model conversions, real servers, whole conformance
+#: suites), roughly slowest first. `make test` hands whole files to two workers in
+#: collection order (``--dist loadfile --no-loadscope-reorder``); these go first so
+#: that the last files to run are short ones and neither worker idles long at the end
+#: (ordered by test count, xdist's default, they came last: a 1.5-minute file started
+#: when the other worker had nothing left).
+SLOW_FILES = (
+    "tests/engine/test_models.py",
+    "tests/grammar/test_conformance.py",
+    "tests/server/test_serve_cli.py",
+    "tests/server/test_answers.py",
+    "tests/server/test_hostile_constraints.py",
+    "tests/server/test_protocol.py",
+    "tests/server/test_hostile_requests.py",
+    "tests/engine/test_engine_smollm2.py",
+    "tests/server/test_openapi_fuzz.py",
+    "tests/grammar/test_compile_service.py",
+    "tests/server/test_tools.py",
+    "tests/server/test_load.py",
+    "tests/grammar/test_compiler.py",
+    "tests/server/test_faults.py",
+    "tests/server/test_isolation.py",
+    "tests/playground/test_playground_page.py",
+    "tests/grammar/test_probes.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(SLOW_FILES)}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (rank.get(item.nodeid.split("::")[0], len(SLOW_FILES)), order[id(item)]))

@@ -17,7 +17,6 @@ import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from copy import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -303,10 +302,11 @@ class Tokenizer:
         return out
 
     def _all_special_json(self) -> str:
-        backend = copy(self.hf.backend_tokenizer)
-        backend.no_padding()
-        backend.no_truncation()
-        doc = json.loads(backend.to_str())
+        doc = json.loads(self.hf.backend_tokenizer.to_str())
+        # No padding or truncation, as the tokenizer's own no_padding()/no_truncation()
+        # would set them (on a copy, which costs a second for 129k tokens).
+        doc["padding"] = None
+        doc["truncation"] = None
         for added in doc.get("added_tokens", []):
             added["special"] = True
         return json.dumps(doc)
