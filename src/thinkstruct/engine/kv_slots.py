@@ -81,13 +81,7 @@ class _SlotLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        owner = self._owner
-        lo, hi, span = owner.plan_rows
-        keys = owner.keys[self._index][lo:hi]
-        values = owner.values[self._index][lo:hi]
-        keys.scatter_(2, owner.plan_index, key_states.to(keys.dtype))
-        values.scatter_(2, owner.plan_index, value_states.to(values.dtype))
-        return keys[:, :, :span], values[:, :, :span]
+        return self._owner.write(self._index, key_states, value_states)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self._owner.plan_rows[2], 0
@@ -138,6 +132,18 @@ class SlotCache(Cache):
         rows, q = positions.shape
         self.plan_rows = (lo, hi, span)
         self.plan_index = positions[:, None, :, None].expand(rows, self.kv_heads, q, self.head_dim)
+
+    def write(
+        self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store one layer's new keys and values ``[rows, kv_heads, q, head_dim]`` where the
+        :meth:`plan` says; returns the planned rows' keys and values over the attended span."""
+        lo, hi, span = self.plan_rows
+        keys = self.keys[layer][lo:hi]
+        values = self.values[layer][lo:hi]
+        keys.scatter_(2, self.plan_index, key_states.to(keys.dtype))
+        values.scatter_(2, self.plan_index, value_states.to(values.dtype))
+        return keys[:, :, :span], values[:, :, :span]
 
     def ensure_capacity(self, needed: int, *, limit: int) -> None:
         """Hold at least ``needed`` tokens per slot: capacity doubles until it does, up to

@@ -31,8 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from thinkstruct.engine.kv_slots import SlotCache
-from thinkstruct.engine.runner import INITIAL_CAPACITY, ModelRunner, activation_dtype, padded_pass
+from thinkstruct.engine.runner import SlotRunner
 
 #: Architectures whose layers are exactly: RMSNorm, q/k/v/o attention with rotary
 #: positions and grouped key/value heads, RMSNorm, gated SiLU MLP.
@@ -61,15 +60,18 @@ def supports(model: Any) -> str | None:
 class _Projection:
     """Several linear layers over the same input, run as one: ``x [..., in] -> [..., sum out]``.
 
-    Float layers are concatenated into one weight; torch's dynamic int8 layers into one
-    per-channel int8 weight (each part keeps its scales, so the result is the parts').
-    Anything else runs part by part.
+    One layer runs as itself. Float layers are concatenated into one weight (the layers
+    become views of it: no second copy); torch's dynamic int8 layers into one per-channel
+    int8 weight (each part keeps its scales, so the result is the parts'; the model's own
+    packed weights stay, so these are a second copy). Anything else runs part by part.
     """
 
     def __init__(self, modules: Sequence[Any]) -> None:
         self.sizes = [int(m.out_features) for m in modules]
         self._run: Callable[[torch.Tensor], torch.Tensor]
-        if all(type(m) is torch.nn.Linear for m in modules):
+        if len(modules) == 1:
+            self._run = modules[0]
+        elif all(type(m) is torch.nn.Linear for m in modules):
             weight = torch.cat([m.weight.detach() for m in modules])
             offset = 0
             for m, size in zip(modules, self.sizes, strict=True):  # the model's layers become views of it
@@ -146,16 +148,16 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-class LlamaRunner(ModelRunner):
+class LlamaRunner(SlotRunner):
     """A Llama-shaped transformers causal LM (see :func:`supports`) on a :class:`SlotCache`,
     computed by this module from the model's own weights (float or torch dynamic int8).
 
     Args:
-        model: the ``LlamaForCausalLM`` (eval mode); its weights are shared, not copied
-            (the fused projections are new tensors: about the size of the layers' weights).
-        slots: rows of the KV cache.
-        context_length: most tokens per row.
-        vocab_size: logits width to return (default: the output layer's).
+        model: the ``LlamaForCausalLM`` (eval mode); its float weights are shared (its
+            q/k/v and gate/up layers become views of the fused weights), its int8 q/k/v
+            and gate/up weights are stacked into new ones.
+        slots, context_length, vocab_size: as for
+            :class:`~thinkstruct.engine.runner.SlotRunner`.
 
     Raises:
         ValueError: a model :func:`supports` refuses (names why).
@@ -165,47 +167,20 @@ class LlamaRunner(ModelRunner):
         reason = supports(model)
         if reason is not None:
             raise ValueError(f"LlamaRunner cannot run this model: {reason}")
+        super().__init__(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
         base = model.base_model
-        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.slots = slots
-        self.context_length = context_length
         self._embed = base.embed_tokens
-        self._layers = [_Layer(layer) for layer in base.layers[: text.num_hidden_layers]]
+        self._layers = [_Layer(layer) for layer in base.layers[: len(self.cache.keys)]]
         self._norm = base.norm.weight.detach()
         self._norm_eps = float(base.norm.variance_epsilon)
-        self._head = model.get_output_embeddings()
         self._inv_freq = base.rotary_emb.inv_freq.detach().float()
         self._rope_scale = float(base.rotary_emb.attention_scaling)
-        self.vocab_size = vocab_size or self._head.out_features
-        self._heads = text.num_attention_heads
-        self._kv_heads = getattr(text, "num_key_value_heads", None) or self._heads
-        self._head_dim = getattr(text, "head_dim", None) or text.hidden_size // self._heads
-        self._dtype = activation_dtype(model)
-        self.cache = SlotCache(
-            layers=len(self._layers),
-            slots=slots,
-            kv_heads=self._kv_heads,
-            head_dim=self._head_dim,
-            capacity=min(INITIAL_CAPACITY, context_length),
-            dtype=self._dtype,
-        )
-
-    @property
-    def cache_bytes(self) -> int:
-        return self.cache.nbytes
-
-    def copy_slot(self, src: int, dst: int, length: int) -> None:
-        self.cache.copy_slot(src, dst, length)
 
     def forward(
         self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]
     ) -> torch.Tensor:
-        plan = padded_pass(
-            tokens, starts, slots=self.slots, first_slot=first_slot, context=self.context_length
-        )
-        self.cache.ensure_capacity(plan.written, limit=self.context_length)
+        plan = self._begin(first_slot, tokens, starts)
         rows, width = plan.ids.shape
-        lo, hi = first_slot, first_slot + rows
         heads, kv_heads, dim = self._heads, self._kv_heads, self._head_dim
         group = heads // kv_heads
         dtype = self._dtype
@@ -215,14 +190,12 @@ class LlamaRunner(ModelRunner):
         # [rows, 1 (heads), width, dim], broadcast over heads.
         cos = (angles.cos() * self._rope_scale).to(dtype)[:, None]
         sin = (angles.sin() * self._rope_scale).to(dtype)[:, None]
-        # Query j of row i sees its slot's positions 0..start_i + j.
-        allowed = torch.arange(plan.span)[None, None, :] <= plan.positions[:, :, None]  # [rows, width, span]
+        visible = plan.visible()
         # The query heads sharing a key/value head are folded into the query length
         # (index g * width + j), so the mask repeats once per head of the group.
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))[:, None]
+        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))[:, None]
         if group > 1 and width > 1:
             mask = mask.repeat(1, 1, group, 1)
-        index = plan.positions[:, None, :, None].expand(rows, kv_heads, width, dim)
 
         h = self._embed(plan.ids)
         q_end, k_end = heads * dim, (heads + kv_heads) * dim
@@ -234,11 +207,7 @@ class LlamaRunner(ModelRunner):
             v = qkv[..., k_end:].view(rows, width, kv_heads, dim).transpose(1, 2)
             q = _rotate(q, cos, sin)
             k = _rotate(k, cos, sin)
-            keys = self.cache.keys[i][lo:hi]
-            values = self.cache.values[i][lo:hi]
-            keys.scatter_(2, index, k.to(keys.dtype))
-            values.scatter_(2, index, v.to(values.dtype))
-            keys, values = keys[:, :, : plan.span], values[:, :, : plan.span]
+            keys, values = self.cache.write(i, k, v)  # where _begin planned
             folded = q.reshape(rows, kv_heads, group * width, dim)
             attended = F.scaled_dot_product_attention(
                 folded, keys, values, attn_mask=mask, scale=layer.scaling
@@ -251,5 +220,4 @@ class LlamaRunner(ModelRunner):
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
             h = h + layer.down(F.silu(gate) * up)
         last = h[torch.arange(rows), plan.lengths - 1]
-        logits: torch.Tensor = self._head(_rms_norm(last, self._norm, self._norm_eps))
-        return logits[:, : self.vocab_size].float()
+        return self._logits(_rms_norm(last, self._norm, self._norm_eps))

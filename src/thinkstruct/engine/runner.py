@@ -1,4 +1,5 @@
-"""The model runner seam: :class:`ModelRunner`, and :class:`TransformersRunner`.
+"""The model runner seam: :class:`ModelRunner`; :class:`SlotRunner`, what runners on a
+:class:`~thinkstruct.engine.kv_slots.SlotCache` share; and :class:`TransformersRunner`.
 
 The scheduler asks a runner for one thing: run the model over some consecutive slots,
 each row feeding its own tokens from its own position, and return the logits of each
@@ -58,12 +59,13 @@ class ModelRunner(abc.ABC):
         """Bytes the KV cache holds now."""
 
 
-class TransformersRunner(ModelRunner):
-    """A Hugging Face transformers causal LM on a :class:`SlotCache`.
+class SlotRunner(ModelRunner):
+    """What every runner over a transformers model and a :class:`SlotCache` shares: the
+    cache sized from the model's config, the checked layout of a pass (:meth:`_begin`)
+    and the logits of the output layer (:meth:`_logits`).
 
     Args:
-        model: a transformers ``*ForCausalLM`` in eval mode whose attention layers use the
-            attention-function interface (Llama, Mistral, Qwen, SmolLM... do).
+        model: a transformers ``*ForCausalLM`` in eval mode.
         slots: rows of the KV cache (the running batch plus one being prefilled).
         context_length: most tokens per row.
         vocab_size: logits width to return (default: the output layer's).
@@ -71,59 +73,79 @@ class TransformersRunner(ModelRunner):
 
     def __init__(self, model: Any, *, slots: int, context_length: int, vocab_size: int | None = None) -> None:
         config = model.config
-        self.model = model
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.slots = slots
         self.context_length = context_length
-        self._base = model.base_model
         self._head = model.get_output_embeddings()
         self.vocab_size = vocab_size or self._head.out_features
-        model.set_attn_implementation(SLOT_ATTENTION)
-        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        heads = text_config.num_attention_heads
-        head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
-        kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
+        self._heads = text.num_attention_heads
+        self._kv_heads = getattr(text, "num_key_value_heads", None) or self._heads
+        self._head_dim = getattr(text, "head_dim", None) or text.hidden_size // self._heads
+        self._dtype = activation_dtype(model)
         self.cache = SlotCache(
-            layers=text_config.num_hidden_layers,
+            layers=text.num_hidden_layers,
             slots=slots,
-            kv_heads=kv_heads,
-            head_dim=head_dim,
+            kv_heads=self._kv_heads,
+            head_dim=self._head_dim,
             capacity=min(INITIAL_CAPACITY, context_length),
-            dtype=activation_dtype(model),
+            dtype=self._dtype,
         )
-        # transformers 5.x renames past_key_values to cache; accept either spelling.
-        params = inspect.signature(self._base.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     @property
     def cache_bytes(self) -> int:
         return self.cache.nbytes
 
-    def forward(
-        self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]
-    ) -> torch.Tensor:
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        self.cache.copy_slot(src, dst, length)
+
+    def _begin(self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> PaddedPass:
+        """Check and lay out one pass, grow the cache for it and plan its writes."""
         plan = padded_pass(
             tokens, starts, slots=self.slots, first_slot=first_slot, context=self.context_length
         )
         self.cache.ensure_capacity(plan.written, limit=self.context_length)
-        rows = plan.ids.shape[0]
-        # Query j of row i sees its slot's positions 0..start_i + j: everything cached
-        # before, and its own chunk causally. Padding queries (j >= length_i) compute
-        # garbage that is never read, and write past the row's end, which is never attended.
-        mask = (torch.arange(plan.span)[None, None, :] <= plan.positions[:, :, None]).unsqueeze(1)
-        self.cache.plan(first_slot, first_slot + rows, plan.positions, plan.span)
+        self.cache.plan(first_slot, first_slot + plan.ids.shape[0], plan.positions, plan.span)
+        return plan
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[rows, vocab_size]`` of the final hidden states ``[rows, hidden]``."""
+        logits: torch.Tensor = self._head(hidden)
+        return logits[:, : self.vocab_size].float()
+
+
+class TransformersRunner(SlotRunner):
+    """A Hugging Face transformers causal LM on a :class:`SlotCache`, run by its own modules.
+
+    Args:
+        model: a transformers ``*ForCausalLM`` in eval mode whose attention layers use the
+            attention-function interface (Llama, Mistral, Qwen, SmolLM... do).
+        slots, context_length, vocab_size: as for :class:`SlotRunner`.
+    """
+
+    def __init__(self, model: Any, *, slots: int, context_length: int, vocab_size: int | None = None) -> None:
+        super().__init__(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
+        self.model = model
+        self._base = model.base_model
+        model.set_attn_implementation(SLOT_ATTENTION)
+        # transformers 5.x renames past_key_values to cache; accept either spelling.
+        params = inspect.signature(self._base.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    def forward(
+        self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]
+    ) -> torch.Tensor:
+        plan = self._begin(first_slot, tokens, starts)
+        # Padding queries (j >= length_i) compute garbage that is never read, and write
+        # past the row's end, which is never attended.
         out = self._base(
             input_ids=plan.ids,
-            attention_mask=mask,
+            attention_mask=plan.visible().unsqueeze(1),
             position_ids=plan.positions,
             use_cache=True,
             **{self._cache_kw: self.cache},
         )
-        hidden = out.last_hidden_state[torch.arange(rows), plan.lengths - 1]
-        logits: torch.Tensor = self._head(hidden)
-        return logits[:, : self.vocab_size].float()
-
-    def copy_slot(self, src: int, dst: int, length: int) -> None:
-        self.cache.copy_slot(src, dst, length)
+        rows = plan.ids.shape[0]
+        return self._logits(out.last_hidden_state[torch.arange(rows), plan.lengths - 1])
 
 
 @dataclass(frozen=True)
@@ -144,6 +166,12 @@ class PaddedPass:
     lengths: torch.Tensor
     span: int
     written: int
+
+    def visible(self) -> torch.Tensor:
+        """``[rows, width, span]``, True where query ``j`` of row ``i`` may attend: its
+        slot's positions ``0..start_i + j`` (everything cached before, and its own chunk
+        causally)."""
+        return torch.arange(self.span)[None, None, :] <= self.positions[:, :, None]
 
 
 def padded_pass(
