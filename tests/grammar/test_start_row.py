@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from thinkstruct import CompiledGrammar, Constraint, Tokenizer
+from thinkstruct.grammar.api import get_backend
 from thinkstruct.grammar.bitmask import allocate_bitmask
 from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 
@@ -89,3 +90,36 @@ def test_grammars_from_worker_processes_bring_their_start_row(tokenizer: Tokeniz
         cg = service.compile(CONSTRAINTS["person"])
     assert cg.backend == "xgrammar" and cg.start_row is not None
     assert torch.equal(cg.start_row, mask_of(_library_only(cg).matcher(), tokenizer.vocab_size)[0])
+
+
+@pytest.mark.parametrize("name", CONSTRAINTS)
+def test_the_first_matcher_is_the_probes_and_starts_where_a_new_one_does(
+    tokenizer: Tokenizer, backend: str, name: str
+) -> None:
+    """The probe's matcher, rolled back to the start, is handed to the first request
+    (once: the second gets a new one); it accepts and masks exactly as a new matcher."""
+    result = get_backend(tokenizer, backend).compile(CONSTRAINTS[name])
+    assert isinstance(result, CompiledGrammar)
+    first, second = result.matcher(), result.matcher()
+    assert first is not second
+    library = _library_only(result).matcher()
+    ids = tokenizer.encode(TEXTS[name]) + [tokenizer.eos_token_ids[0]]
+    for m in (first, second, library):
+        assert torch.equal(mask_of(m, tokenizer.vocab_size), mask_of(library, tokenizer.vocab_size))
+    for i, token in enumerate(ids):
+        masks = [mask_of(m, tokenizer.vocab_size) for m in (first, second, library)]
+        assert torch.equal(masks[0], masks[2]) and torch.equal(masks[1], masks[2]), f"at token {i}"
+        assert first.accept_token(token) and second.accept_token(token) and library.accept_token(token)
+    assert first.is_terminated() and second.is_terminated()
+
+
+def test_a_renamed_grammar_takes_the_spare_along(tokenizer: Tokenizer) -> None:
+    """The compile service renames a grammar to the constraint as asked: the spare moves
+    with it and is handed out once, by the renamed grammar only."""
+    result = get_backend(tokenizer, "llguidance").compile(CONSTRAINTS["person"])
+    assert isinstance(result, CompiledGrammar)
+    spare = result._spare[0]
+    named = result.renamed(CONSTRAINTS["regex"], ignored_keywords=("/x",))
+    assert named.constraint == CONSTRAINTS["regex"] and named.ignored_keywords == ("/x",)
+    assert result.matcher() is not spare
+    assert named.matcher() is spare and named.matcher() is not spare

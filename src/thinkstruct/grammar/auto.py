@@ -95,9 +95,13 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
         used = assertions(constraint.document)
         rewritten = constraint
     else:
-        schema = normalize(constraint.document, hard_keywords=HARD_KEYWORDS)
-        rewritten = Constraint(
-            ConstraintKind.JSON_SCHEMA, json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+        schema = normalize(constraint.document, hard_keywords=HARD_KEYWORDS, text=constraint.value)
+        rewritten = (
+            constraint  # nothing rewritten: keep its parsed document
+            if schema == constraint.document
+            else Constraint(
+                ConstraintKind.JSON_SCHEMA, json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+            )
         )
         used = assertions(schema)
         if strict:

@@ -18,6 +18,7 @@ bits, so one batch may mix backends.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import COMPACT, JsonFormat
-from thinkstruct.grammar.matcher import GrammarMatcher
+from thinkstruct.grammar.matcher import GrammarMatcher, StopTokenMatcher
 from thinkstruct.grammar.reasoning import ReasoningGrammar
 
 if TYPE_CHECKING:
@@ -52,6 +53,10 @@ class CompiledGrammar(abc.ABC):
     #: probe so that a fresh matcher's first fill is a 16 KB copy, not a recompute.
     start_row: torch.Tensor | None = field(default=None, repr=False)
 
+    #: The probe's matcher, back at the start state: the first :meth:`matcher` call
+    #: takes it instead of building one (at most one; see :meth:`keep_start_row`).
+    _spare: list[GrammarMatcher] = field(default_factory=list, init=False, repr=False)
+
     def matcher(
         self,
         *,
@@ -77,7 +82,7 @@ class CompiledGrammar(abc.ABC):
                 tool-call tokens, say).
             end_tag: the text that ends the thought (default: the tokenizer's).
         """
-        inner = self._new_matcher()
+        inner = self._take_spare() or self._new_matcher()
         if not reasoning:
             return inner
         return ReasoningGrammar.wrap(
@@ -93,11 +98,36 @@ class CompiledGrammar(abc.ABC):
     def _new_matcher(self) -> GrammarMatcher:
         """A fresh backend matcher at the start of the grammar."""
 
-    def keep_start_row(self, row: torch.Tensor) -> None:
+    def keep_start_row(self, row: torch.Tensor, *, spare: StopTokenMatcher | None = None) -> None:
         """Remember ``row``, a mask filled at the start state, as :attr:`start_row`
         (the compile probe calls this once, before the grammar is shared). The row is kept
-        as given, not copied: pass one nothing else writes to."""
+        as given, not copied: pass one nothing else writes to.
+
+        Args:
+            spare: a matcher of this grammar at its start state that nobody else holds
+                (the probe's own): handed out by the first :meth:`matcher` call, so the
+                first request neither builds a matcher nor asks the library for its
+                first mask.
+        """
         object.__setattr__(self, "start_row", row)
+        if spare is not None:
+            spare.adopt_start_row(row)
+            self._spare[:] = [spare]
+
+    def renamed(self, constraint: Constraint, *, ignored_keywords: tuple[str, ...]) -> CompiledGrammar:
+        """This grammar under another name for its constraint (the one a request asked
+        for, where a backend compiled a rewrite), its spare matcher moved along."""
+        named = dataclasses.replace(self, constraint=constraint, ignored_keywords=ignored_keywords)
+        spare = self._take_spare()
+        if spare is not None:
+            named._spare.append(spare)
+        return named
+
+    def _take_spare(self) -> GrammarMatcher | None:
+        try:
+            return self._spare.pop()  # atomic: two threads never get the same one
+        except IndexError:
+            return None
 
     @property
     def memory_bytes(self) -> int:

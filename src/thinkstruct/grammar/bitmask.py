@@ -106,22 +106,32 @@ def allowed_count(row: torch.Tensor, vocab_size: int) -> int:
     )
 
 
-def allowed_bounds(row: torch.Tensor, vocab_size: int, *, excluded: Iterable[int] = ()) -> tuple[int, ...]:
-    """The lowest and highest token one filled int32 bitmask row allows, ``excluded`` ids
-    left out: one id when they are the same, none when nothing is allowed. Read off the
-    words, without listing the allowed ids (a string's mask allows ~100k of them)."""
-    words = row.numpy().view(np.uint32).copy()
-    words[-1] &= np.uint32(_last_word_bits(words, vocab_size))
+def allowed_bounds(
+    row: torch.Tensor | np.ndarray, vocab_size: int, *, excluded: Iterable[int] = ()
+) -> tuple[int, ...]:
+    """The lowest and highest token one filled int32 bitmask row (a tensor or its numpy
+    array) allows, ``excluded`` ids left out: one id when they are the same, none when
+    nothing is allowed. Read off the words, without listing the allowed ids (a string's
+    mask allows ~100k of them)."""
+    words = (row if isinstance(row, np.ndarray) else row.numpy()).view(np.uint32)
+    last = int(words.shape[0]) - 1
+    ignored = {last: ~_last_word_bits(words, vocab_size) & 0xFFFFFFFF}
     for t in excluded:
-        words[t // 32] &= np.uint32(~(1 << (t % 32)) & 0xFFFFFFFF)
-    nonzero = np.flatnonzero(words)
-    if not nonzero.size:
+        ignored[t // 32] = ignored.get(t // 32, 0) | (1 << (t % 32))
+    nonzero = np.flatnonzero(words)  # one pass; the Python below reads a few words only
+
+    def bits(k: int) -> tuple[int, int]:
+        word = int(nonzero[k])
+        return word, int(words[word]) & ~ignored.get(word, 0)
+
+    # A word all of whose set bits are ignored is skipped: at most len(ignored) of them.
+    lo = next(((w, b) for w, b in map(bits, range(nonzero.size)) if b), None)
+    if lo is None:
         return ()
-    lo_word, hi_word = int(nonzero[0]), int(nonzero[-1])
-    lo_bits, hi_bits = int(words[lo_word]), int(words[hi_word])
-    lo = lo_word * 32 + (lo_bits & -lo_bits).bit_length() - 1
-    hi = hi_word * 32 + hi_bits.bit_length() - 1
-    return (lo,) if lo == hi else (lo, hi)
+    hi = next((w, b) for w, b in map(bits, range(nonzero.size - 1, -1, -1)) if b)
+    low = lo[0] * 32 + (lo[1] & -lo[1]).bit_length() - 1
+    high = hi[0] * 32 + hi[1].bit_length() - 1
+    return (low,) if low == high else (low, high)
 
 
 def _last_word_bits(words: np.ndarray, vocab_size: int) -> int:

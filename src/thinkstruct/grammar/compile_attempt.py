@@ -1,8 +1,8 @@
 """One cold compile of one key, from the checks to the last fallback: :class:`CompileAttempt`.
 
 An attempt never holds a thread while it waits. Each step is a short task on the
-compiler's in-process pool (thinkstruct's checks and the backend plan, a small
-llguidance compile, loading what a worker compiled) or a job in a backend's worker queue
+compiler's in-process pool (thinkstruct's checks, the backend plan and a small llguidance
+compile in one task; loading what a worker compiled) or a job in a backend's worker queue
 whose reply schedules the next step; so a cheap in-process compile never waits behind
 compiles running in workers. One absolute deadline covers every step and every wait; a
 watchdog (:class:`Deadlines`) ends the attempt at the deadline whatever it is doing.
@@ -15,7 +15,6 @@ message), and a timeout only when nothing else was learnt.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import heapq
 import itertools
 import threading
@@ -145,8 +144,10 @@ class CompileAttempt:
             self._finish(error, remember=False)
             return
         if pool is None:
+            # Every step runs on one of the host's in-process threads already (start, a
+            # worker's reply, a refused candidate): compile here, no second hand-off.
             self._phase = f"compiling with {candidate.backend}"
-            self.host.run_inline(lambda: self._compile_inline(candidate, backend), large=self.large)
+            self._compile_inline(candidate, backend)
             return
         self._phase = f"waiting for or compiling in a {candidate.backend} worker"
         try:
@@ -231,10 +232,7 @@ class CompileAttempt:
             self._next()
             return
         # The key and the result name the constraint as asked, not as rewritten.
-        self._finish(
-            dataclasses.replace(result, constraint=self.constraint, ignored_keywords=candidate.ignored),
-            remember=True,
-        )
+        self._finish(result.renamed(self.constraint, ignored_keywords=candidate.ignored), remember=True)
 
     def _give_up(self, *, remember: bool = True) -> None:
         if not self._errors:
@@ -330,13 +328,13 @@ class Deadlines:
         with self._cond:
             if self._closed:
                 return
-            heapq.heappush(
-                self._heap, (attempt.deadline + WATCHDOG_GRACE_S, next(self._order), weakref.ref(attempt))
-            )
+            entry = (attempt.deadline + WATCHDOG_GRACE_S, next(self._order), weakref.ref(attempt))
+            heapq.heappush(self._heap, entry)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="thinkstruct-deadlines", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if self._heap[0] is entry:  # sooner than the watchdog sleeps to: wake it
+                self._cond.notify()
 
     def close(self) -> None:
         with self._cond:

@@ -97,6 +97,11 @@ class StopTokenMatcher(GrammarMatcher):
         #: Tokens accepted and not rolled back (0: at the start state).
         self._depth = 0
 
+    def adopt_start_row(self, row: torch.Tensor) -> None:
+        """Copy ``row`` (the grammar's :attr:`~thinkstruct.grammar.base.CompiledGrammar.start_row`)
+        at the start state from now on, as a matcher built after it was kept does."""
+        self._start_row = row
+
     # ---- the hooks -------------------------------------------------------------------
 
     @abc.abstractmethod

@@ -29,10 +29,14 @@ import json
 import re
 from typing import TYPE_CHECKING
 
+import numpy as np
+import torch
+
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.answers import can_stop, first_rejected
-from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_bounds, is_allowed
+from thinkstruct.grammar.bitmask import allowed_bounds, bitmask_words, is_allowed
 from thinkstruct.grammar.constraint import ConstraintKind
+from thinkstruct.grammar.matcher import StopTokenMatcher
 from thinkstruct.grammar.schema_instances import integral, witnesses
 
 if TYPE_CHECKING:
@@ -53,10 +57,13 @@ def probe(compiled: CompiledGrammar, *, witness: bool = True) -> InvalidConstrai
     tok = compiled.tokenizer
     kind = compiled.constraint.kind
     matcher = compiled.matcher()
-    bitmask = allocate_bitmask(1, tok.vocab_size)
+    # Right after a compile every torch call is slow (~0.1 ms: cold caches), so this
+    # takes few: the row is numpy's, read as numpy, and kept as the start row.
+    words = np.empty(bitmask_words(tok.vocab_size), dtype=np.int32)
+    row = torch.from_numpy(words)
+    bitmask = row.unsqueeze(0)
     matcher.fill_bitmask(bitmask, 0)
-    compiled.keep_start_row(bitmask[0])  # the first matcher's first fill copies it
-    answer = allowed_bounds(bitmask[0], tok.vocab_size, excluded=tok.eos_token_ids)
+    answer = allowed_bounds(words, tok.vocab_size, excluded=tok.eos_token_ids)
     if not answer and (kind in _JSON_KINDS or not any(is_allowed(bitmask, 0, t) for t in tok.eos_token_ids)):
         return _failed(compiled, "the grammar allows no answer at all", matcher)
     for token in answer:
@@ -68,7 +75,12 @@ def probe(compiled: CompiledGrammar, *, witness: bool = True) -> InvalidConstrai
             )
         matcher.rollback(1)
     if witness and kind is ConstraintKind.JSON_SCHEMA:
-        return _check_witness(compiled, matcher)
+        problem = _check_witness(compiled, matcher)
+        if problem is not None:
+            return problem
+    # Passed: the first request's matcher is this one, back at the start, and its first
+    # fill copies this mask.
+    compiled.keep_start_row(row, spare=matcher if isinstance(matcher, StopTokenMatcher) else None)
     return None
 
 

@@ -81,16 +81,18 @@ def assertions(schema: Any) -> list[tuple[str, str]]:
     return found
 
 
-def normalize(schema: Any, *, hard_keywords: frozenset[str]) -> Any:
+def normalize(schema: Any, *, hard_keywords: frozenset[str], text: str | None = None) -> Any:
     """An equivalent schema that more backends compile exactly (see the module doc).
 
     Args:
         hard_keywords: the keywords some backend cannot enforce (finite value sets are
             narrowed only under them, where it pays off).
+        text: ``schema``'s JSON text when the caller has it (spares serializing it).
     """
     if not isinstance(schema, dict):
         return schema
-    text = json.dumps(schema)
+    if text is None:
+        text = json.dumps(schema)
     out = json.loads(text)  # a private copy, much faster than deepcopy
     if _narrow_finite(out, text, hard_keywords):
         text = json.dumps(out)

@@ -104,6 +104,10 @@ class LLGuidanceBackend(GrammarBackend):
         kind = constraint.kind
         if kind is ConstraintKind.REGEX or kind is ConstraintKind.EBNF:
             return unrolled_size(constraint.value) > INLINE_UNROLLED_ATOMS
+        text = constraint.value  # compact JSON: a keyword in it reads '"name":'
+        merges = '"allOf":' in text or '"$ref":' in text
+        if not merges and '"pattern' not in text:
+            return False  # the usual schema: nothing merged, no regex (no walk needed)
         if kind is ConstraintKind.JSON_SCHEMA:
             schemas = [constraint.document]
         elif kind is ConstraintKind.STRUCTURAL_TAG:
@@ -113,7 +117,7 @@ class LLGuidanceBackend(GrammarBackend):
         else:
             return False
         return any(
-            merge_combinations(s) > INLINE_MERGE_COMBINATIONS
+            (merges and merge_combinations(s) > INLINE_MERGE_COMBINATIONS)
             or any(unrolled_size(p) > INLINE_UNROLLED_ATOMS for p in _patterns(s))
             for s in schemas
         )
