@@ -377,3 +377,37 @@ def test_forced_tokens_past_the_step_budget_wait_for_the_next_step(tiny_model, c
         assert narrow.usage.jump_forward_tokens >= 10
         # Each forced token took a step of its own at one position a step.
         assert narrow_steps >= wide_steps + narrow.usage.jump_forward_tokens - 2
+
+
+def test_short_prompts_are_prefilled_before_long_ones_that_came_first(tiny_model, compiler) -> None:
+    """Two prompts waiting together: the short one's first token comes first although it
+    arrived second (shortest first), and both get the tokens they get alone."""
+    long_ids = [(31 * j) % 120_000 + 2 for j in range(40)]
+    short_ids = [5, 6, 7]
+    sampling = SamplingParams(max_tokens=2, seed=1)
+    with Engine(tiny_model, config=EngineConfig(max_batch=4, prefill_chunk=16), compiler=compiler) as e:
+        alone = [run(e, prompt_ids=ids, sampling=sampling).token_ids for ids in (long_ids, short_ids)]
+        runner = e._runner
+        forward = runner.forward
+        entered, release = threading.Event(), threading.Event()
+
+        def held_forward(*args, **kwargs):
+            entered.set()
+            release.wait(30)
+            return forward(*args, **kwargs)
+
+        runner.forward = held_forward  # the engine thread stops in its next pass
+        busy = e.submit(GenerationRequest(prompt_ids=[9, 10], sampling=SamplingParams(max_tokens=3)))
+        assert entered.wait(30)
+        submitted = {}
+        handles = {}
+        for name, ids in (("long", long_ids), ("short", short_ids)):
+            submitted[name] = time.monotonic()
+            handles[name] = e.submit(GenerationRequest(prompt_ids=ids, sampling=sampling))
+        runner.forward = forward
+        release.set()
+        outs = {name: h.wait() for name, h in handles.items()}
+        busy.wait()
+    first = {name: submitted[name] + outs[name].usage.time_to_first_token_s for name in outs}
+    assert first["short"] < first["long"]
+    assert [outs["long"].token_ids, outs["short"].token_ids] == alone

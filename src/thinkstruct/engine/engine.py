@@ -5,9 +5,9 @@ matmuls 1.5x slower on two cores). Callers submit requests from any thread; the 
 thread runs continuous batching over the slots of one KV cache:
 
 1. admit: queued requests take free slots; joining requests' prompts are prefilled into
-   their own slots, several in one pass of at most :attr:`EngineConfig.prefill_chunk`
-   positions (padding counted) between two decoding steps, so running requests keep
-   their pace;
+   their own slots, shortest first (a wait ages a prompt), several in one pass of at
+   most :attr:`EngineConfig.prefill_chunk` positions (padding counted) between two
+   decoding steps, so running requests keep their pace;
 2. decode: one forward pass over every running row (a row may feed several tokens: its
    sampled token plus those its grammar forces, up to
    :attr:`EngineConfig.decode_positions` positions for the pass); while it runs, a helper
@@ -53,6 +53,11 @@ if TYPE_CHECKING:
     from thinkstruct.tokenizer import Tokenizer
 
 log = logging.getLogger("thinkstruct.engine")
+
+
+#: How much a second of waiting counts against a prompt's length when the engine picks
+#: which prompts to prefill first (about what two cores prefill in a second at int8).
+PREFILL_AGING_TOKENS_PER_S = 256
 
 
 def default_runner(model: object, *, slots: int, context_length: int, vocab_size: int) -> ModelRunner:
@@ -380,10 +385,11 @@ class Engine:
             self._prefilling.append(seq)
         if not self._prefilling:
             return
+        self._order_prefills()
         # Each prompt is cut at multiples of prefill_chunk whatever else is prefilling, so
         # a request's own computation never depends on the others (with batch-invariant
-        # kernels, a seed then gives the same tokens in any batch); rows join a pass, oldest
-        # first, while their next chunk fits the pass's token budget.
+        # kernels, a seed then gives the same tokens in any batch); rows join a pass in
+        # the order above while their next chunk fits the pass's token budget.
         size = self.config.prefill_chunk
         rows: list[Sequence] = []
         chunks: list[list[int]] = []
@@ -421,6 +427,23 @@ class Engine:
         self._running.extend(joining)
         self._sample_and_advance(joining, logits)
         self._compact()
+
+    def _order_prefills(self) -> None:
+        """Shortest remaining prompt first among the prompts not started, a request's wait
+        counting for :data:`PREFILL_AGING_TOKENS_PER_S` tokens a second (so a long prompt
+        is not passed over forever). A short chat question then does not wait behind a
+        long schema prompt's second of prefill, and prompts of like length share passes
+        (less padding). A started prompt (its KV in its slot) stays first; the others
+        hold no KV yet, so their slots are simply renumbered."""
+        fresh = [s for s in self._prefilling if s.cached == 0]
+        if len(fresh) < 2:
+            return
+        now = time.monotonic()
+        fresh.sort(key=lambda s: len(s.pending) - PREFILL_AGING_TOKENS_PER_S * (now - s.submitted_at))
+        started = [s for s in self._prefilling if s.cached]
+        self._prefilling = started + fresh
+        for slot, seq in enumerate(fresh, start=len(self._running) + len(started)):
+            seq.slot = slot
 
     # ---- decoding ----------------------------------------------------------------------
 
