@@ -58,8 +58,9 @@ def probe(compiled: CompiledGrammar, *, witness: bool = True) -> InvalidConstrai
     kind = compiled.constraint.kind
     matcher = compiled.matcher()
     # Right after a compile every torch call is slow (~0.1 ms: cold caches), so this
-    # takes few: the row is numpy's, read as numpy, and kept as the start row.
-    words = np.empty(bitmask_words(tok.vocab_size), dtype=np.int32)
+    # takes few: the row is numpy's, read as numpy, and kept as the start row. It starts
+    # all-allowed, as allocate_bitmask's rows do, whatever words a library leaves.
+    words = np.full(bitmask_words(tok.vocab_size), -1, dtype=np.int32)
     row = torch.from_numpy(words)
     bitmask = row.unsqueeze(0)
     matcher.fill_bitmask(bitmask, 0)
