@@ -130,7 +130,9 @@ def test_the_model_stays_correct_outside_the_runner(tiny_model, runner_class) ->
 def test_fused_int8_projections_compute_what_the_separate_layers_do(tiny_model, per_channel) -> None:
     """The Llama runner stacks a layer's q/k/v (and gate/up) int8 weights into one, each
     row keeping its part's scale: the logits equal those of the quantized model's own
-    layers run one by one."""
+    layers run one by one. (Rows of equal length: in a padded pass the runner quantizes
+    only the real tokens, where transformers' layers also see the padding, and torch's
+    dynamic int8 takes one input scale per tensor.)"""
     import copy
     import warnings
 
@@ -144,13 +146,13 @@ def test_fused_int8_projections_compute_what_the_separate_layers_do(tiny_model, 
     context = tiny_model.context_length
     separate = TransformersRunner(model, slots=2, context_length=context)
     fused = LlamaRunner(model, slots=2, context_length=context)
-    rows = [[5, 6, 7, 8, 9], [300, 400]]
+    rows = [[5, 6, 7, 8, 9], [300, 400, 500, 600, 700]]
     with torch.inference_mode():
         expected = separate.forward(0, rows, [0, 0])
         got = fused.forward(0, rows, [0, 0])
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-        expected = separate.forward(0, [[10], [11, 12]], [5, 2])
-        got = fused.forward(0, [[10], [11, 12]], [5, 2])
+        expected = separate.forward(0, [[10, 13], [11, 12]], [5, 5])
+        got = fused.forward(0, [[10, 13], [11, 12]], [5, 5])
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
