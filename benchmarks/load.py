@@ -19,7 +19,7 @@ tokens/s, peak RSS, and a verdict per target:
   after the ramp (printed with the ramp too).
 
     python benchmarks/load.py [--clients 64] [--ramp 10] [--duration 60] [--max-batch 64] [--quantize int8]
-        [--prefill-chunk 512]
+        [--prefill-chunk N]
 """
 
 from __future__ import annotations
@@ -168,13 +168,13 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
         str(args.max_batch),
         "--max-queue",
         str(args.max_queue),
-        "--prefill-chunk",
-        str(args.prefill_chunk),
         "--log-level",
         "warning",
     ]
     if args.quantize:
         cmd += ["--quantize", args.quantize]
+    if args.prefill_chunk:
+        cmd += ["--prefill-chunk", str(args.prefill_chunk)]
     if args.model:
         cmd += ["--model", args.model]
     return subprocess.Popen(cmd, env=dict(os.environ), stdout=subprocess.DEVNULL)
@@ -496,7 +496,7 @@ def main() -> None:
     )
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--max-queue", type=int, default=256)
-    parser.add_argument("--prefill-chunk", type=int, default=512)
+    parser.add_argument("--prefill-chunk", type=int, default=None, help="default: the server's")
     parser.add_argument("--quantize", default="int8")
     parser.add_argument("--model", default=None)
     args = parser.parse_args()

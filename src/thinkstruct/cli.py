@@ -86,10 +86,10 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--prefill-chunk",
         type=_positive_int,
-        default=512,
+        default=None,
         metavar="N",
-        help="prompt positions computed in one prefill pass between decoding steps, padding "
-        "counted (default 512)",
+        help="prompt tokens computed in one prefill pass between decoding steps "
+        "(default: the engine's, EngineConfig.prefill_chunk)",
     )
     g.add_argument(
         "--max-queue",
@@ -231,7 +231,7 @@ def _build_engine(args: argparse.Namespace, *, progress: bool = True, warm_up: b
         config=EngineConfig(
             max_batch=args.max_batch,
             max_queue=args.max_queue,
-            prefill_chunk=args.prefill_chunk,
+            **({} if args.prefill_chunk is None else {"prefill_chunk": args.prefill_chunk}),
             max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
         ),
         compiler=compiler,

@@ -411,3 +411,72 @@ def test_short_prompts_are_prefilled_before_long_ones_that_came_first(tiny_model
     first = {name: submitted[name] + outs[name].usage.time_to_first_token_s for name in outs}
     assert first["short"] < first["long"]
     assert [outs["long"].token_ids, outs["short"].token_ids] == alone
+
+
+def test_a_long_prompt_that_waited_goes_before_a_fresh_short_one(tiny_model, compiler, monkeypatch) -> None:
+    """A prompt that has waited PREFILL_PATIENCE_S is prefilled before a shorter one that
+    just arrived, so shortest-first cannot starve it."""
+    from thinkstruct.engine import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PREFILL_PATIENCE_S", 0.3)
+
+    long_ids = [(31 * j) % 120_000 + 2 for j in range(48)]  # three full chunks: no pass to share
+    short_ids = [5, 6, 7]
+    sampling = SamplingParams(max_tokens=2, seed=1)
+    with Engine(tiny_model, config=EngineConfig(max_batch=4, prefill_chunk=16), compiler=compiler) as e:
+        runner = e._runner
+        forward = runner.forward
+        entered, release = threading.Event(), threading.Event()
+
+        def held_forward(*args, **kwargs):
+            entered.set()
+            release.wait(30)
+            return forward(*args, **kwargs)
+
+        runner.forward = held_forward
+        busy = e.submit(GenerationRequest(prompt_ids=[9, 10], sampling=SamplingParams(max_tokens=3)))
+        assert entered.wait(30)
+        submitted = {"long": time.monotonic()}
+        handles = {"long": e.submit(GenerationRequest(prompt_ids=long_ids, sampling=sampling))}
+        time.sleep(0.5)  # past its patience
+        submitted["short"] = time.monotonic()
+        handles["short"] = e.submit(GenerationRequest(prompt_ids=short_ids, sampling=sampling))
+        runner.forward = forward
+        release.set()
+        outs = {name: h.wait() for name, h in handles.items()}
+        busy.wait()
+    first = {name: submitted[name] + outs[name].usage.time_to_first_token_s for name in outs}
+    assert first["long"] < first["short"]
+
+
+def test_a_prefill_pass_counts_the_tokens_a_packing_runner_computes(tiny_model, compiler) -> None:
+    """The Llama runner skips padding, so prompts of 12 and 3 tokens share a 16-token pass
+    (padded they would be 24 positions); no pass feeds more than prefill_chunk tokens."""
+    passes: list[list[int]] = []
+    with Engine(tiny_model, config=EngineConfig(max_batch=4, prefill_chunk=16), compiler=compiler) as e:
+        runner = e._runner
+        assert runner.packs_tokens
+        forward = runner.forward
+        entered, release = threading.Event(), threading.Event()
+
+        def recorded_forward(first_slot, tokens, starts):
+            if not entered.is_set():
+                entered.set()
+                release.wait(30)
+            passes.append([len(t) for t in tokens])
+            return forward(first_slot, tokens, starts)
+
+        runner.forward = recorded_forward
+        busy = e.submit(GenerationRequest(prompt_ids=[9, 10], sampling=SamplingParams(max_tokens=1)))
+        assert entered.wait(30)
+        long_ids = [(37 * j) % 120_000 + 2 for j in range(12)]
+        handles = [
+            e.submit(GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=1)))
+            for ids in (long_ids, [5, 6, 7], [(11 * j) % 120_000 + 2 for j in range(30)])
+        ]
+        release.set()
+        for h in handles:
+            h.wait()
+        busy.wait()
+    assert sorted(passes[1]) == [3, 12]  # the first pass after the held one: both prompts
+    assert all(sum(p) <= 16 for p in passes)

@@ -5,8 +5,8 @@ matmuls 1.5x slower on two cores). Callers submit requests from any thread; the 
 thread runs continuous batching over the slots of one KV cache:
 
 1. admit: queued requests take free slots; joining requests' prompts are prefilled into
-   their own slots, shortest first (a wait ages a prompt), several in one pass of at
-   most :attr:`EngineConfig.prefill_chunk` positions (padding counted) between two
+   their own slots, shortest first (one passed over too long goes first), several in
+   one pass of at most :attr:`EngineConfig.prefill_chunk` positions between two
    decoding steps, so running requests keep their pace;
 2. decode: one forward pass over every running row (a row may feed several tokens: its
    sampled token plus those its grammar forces, up to
@@ -55,9 +55,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("thinkstruct.engine")
 
 
-#: How much a second of waiting counts against a prompt's length when the engine picks
-#: which prompts to prefill first (about what two cores prefill in a second at int8).
-PREFILL_AGING_TOKENS_PER_S = 256
+#: Seconds a prompt may be passed over by shorter ones; after that it goes ahead of every
+#: prompt that has waited less, oldest first. Below it the order is shortest first: a
+#: burst of prompts takes seconds to prefill on two cores (measured, 64 streaming clients
+#: joining over 10 s: 28 prompts waiting, about 7 s of prefill), and when a wait counted
+#: linearly against a prompt's length (256, then 32 tokens a second) every prompt of the
+#: backlog had aged past a fresh 35-token question, which then waited behind up to nine
+#: passes of older, twice-as-long schema prompts.
+PREFILL_PATIENCE_S = 5.0
 
 
 def default_runner(model: object, *, slots: int, context_length: int, vocab_size: int) -> ModelRunner:
@@ -91,8 +96,12 @@ class EngineConfig:
         max_queue: most requests waiting for a slot; more are refused with
             :class:`EngineOverloaded`.
         max_prompt_tokens: longest prompt accepted (default: the model's context minus one).
-        prefill_chunk: positions computed per prefill pass while others decode (rows of a
-            pass are padded to its longest chunk, and the padding counts).
+        prefill_chunk: positions computed per prefill pass while others decode (the
+            tokens fed, or, on a runner without ``packs_tokens``, rows x the longest chunk). A joining
+            prompt's first token waits for its whole pass, and a prompt arriving during a
+            pass for the rest of it: 256 positions are about 0.5 s at int8 on two cores
+            under load (512 gave a plain question's p99 time to first token above 2 s at
+            64 clients; prefill was a quarter of the engine's time either way).
         decode_positions: positions a decoding step may compute, at least one per row. A
             row feeds its sampled token and the tokens its grammar forces; the pass is
             padded to the longest row, so forced tokens past ``decode_positions // rows``
@@ -104,7 +113,7 @@ class EngineConfig:
     max_batch: int = 8
     max_queue: int = 256
     max_prompt_tokens: int | None = None
-    prefill_chunk: int = 512
+    prefill_chunk: int = 256
     decode_positions: int = 64
     idle_poll_s: float = 0.05
 
@@ -393,13 +402,15 @@ class Engine:
         size = self.config.prefill_chunk
         rows: list[Sequence] = []
         chunks: list[list[int]] = []
-        width = 0
+        width = fed = 0
         for seq in self._prefilling:
             chunk = seq.pending[:size]
-            # The pass computes rows x its longest chunk positions, padding included.
-            if rows and (len(rows) + 1) * max(width, len(chunk)) > size:
+            # What the pass computes: its tokens, or (a runner that pads) rows x its longest.
+            cost = fed + len(chunk) if runner.packs_tokens else (len(rows) + 1) * max(width, len(chunk))
+            if rows and cost > size:
                 break
             width = max(width, len(chunk))
+            fed += len(chunk)
             rows.append(seq)
             chunks.append(chunk)
         first = rows[0].slot
@@ -429,17 +440,22 @@ class Engine:
         self._compact()
 
     def _order_prefills(self) -> None:
-        """Shortest remaining prompt first among the prompts not started, a request's wait
-        counting for :data:`PREFILL_AGING_TOKENS_PER_S` tokens a second (so a long prompt
-        is not passed over forever). A short chat question then does not wait behind a
-        long schema prompt's second of prefill, and prompts of like length share passes
-        (less padding). A started prompt (its KV in its slot) stays first; the others
-        hold no KV yet, so their slots are simply renumbered."""
+        """Shortest remaining prompt first among the prompts not started, except that a
+        prompt waiting :data:`PREFILL_PATIENCE_S` or more goes ahead of the others, oldest
+        first (so a long prompt is not passed over forever). A short chat question then
+        does not wait behind long schema prompts' seconds of prefill, and prompts of like
+        length share passes (less padding). A started prompt (its KV in its slot) stays
+        first; the others hold no KV yet, so their slots are simply renumbered."""
         fresh = [s for s in self._prefilling if s.cached == 0]
         if len(fresh) < 2:
             return
-        now = time.monotonic()
-        fresh.sort(key=lambda s: len(s.pending) - PREFILL_AGING_TOKENS_PER_S * (now - s.submitted_at))
+        overdue = time.monotonic() - PREFILL_PATIENCE_S
+
+        def order(s: Sequence) -> tuple[bool, int, float]:
+            waited_long = s.submitted_at <= overdue
+            return (not waited_long, 0 if waited_long else len(s.pending), s.submitted_at)
+
+        fresh.sort(key=order)
         started = [s for s in self._prefilling if s.cached]
         self._prefilling = started + fresh
         for slot, seq in enumerate(fresh, start=len(self._running) + len(started)):

@@ -168,6 +168,8 @@ class LlamaRunner(SlotRunner):
         ValueError: a model :func:`supports` refuses (names why).
     """
 
+    packs_tokens = True
+
     def __init__(self, model: Any, *, slots: int, context_length: int, vocab_size: int | None = None) -> None:
         reason = supports(model)
         if reason is not None:

@@ -32,11 +32,14 @@ class ModelRunner(abc.ABC):
         vocab_size: width of the returned logits.
         slots: rows the cache holds.
         context_length: most tokens one row may hold.
+        packs_tokens: a pass costs about the tokens its rows feed (its per-token work skips
+            padding); ``False``: it costs rows x the longest row's tokens.
     """
 
     vocab_size: int
     slots: int
     context_length: int
+    packs_tokens: bool = False
 
     @abc.abstractmethod
     def forward(
