@@ -8,10 +8,13 @@ one wrong token through, or a batch that mixes up two rows, shows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import jsonschema
 import pytest
@@ -379,38 +382,60 @@ def test_forced_tokens_past_the_step_budget_wait_for_the_next_step(tiny_model, c
         assert narrow_steps >= wide_steps + narrow.usage.jump_forward_tokens - 2
 
 
+@contextlib.contextmanager
+def held_in_a_pass(engine: Engine, *, passes: list[list[int]] | None = None) -> Iterator[None]:
+    """Hold the engine thread inside its next forward pass (a small request keeps it busy)
+    while the block runs, so what the block submits waits together; ``passes`` records
+    the token count of each row of every pass from then on."""
+    runner = engine._runner
+    forward = runner.forward
+    entered, release = threading.Event(), threading.Event()
+
+    def held_forward(first_slot, tokens, starts):
+        if not entered.is_set():
+            entered.set()
+            release.wait(30)
+        if passes is not None:
+            passes.append([len(t) for t in tokens])
+        return forward(first_slot, tokens, starts)
+
+    runner.forward = held_forward
+    busy = engine.submit(GenerationRequest(prompt_ids=[9, 10], sampling=SamplingParams(max_tokens=1)))
+    assert entered.wait(30)
+    try:
+        yield
+    finally:
+        release.set()
+        busy.wait()
+
+
+def _first_tokens_at(
+    engine: Engine, prompts: dict[str, list[int]], *, pause_s: float = 0.0
+) -> dict[str, Any]:
+    """Submit ``prompts`` in order (``pause_s`` apart) while the engine is held; returns
+    each one's completion and the time its first token came."""
+    sampling = SamplingParams(max_tokens=2, seed=1)
+    submitted, handles = {}, {}
+    with held_in_a_pass(engine):
+        for name, ids in prompts.items():
+            if handles:
+                time.sleep(pause_s)
+            submitted[name] = time.monotonic()
+            handles[name] = engine.submit(GenerationRequest(prompt_ids=ids, sampling=sampling))
+    outs = {name: h.wait() for name, h in handles.items()}
+    return {name: (outs[name], submitted[name] + outs[name].usage.time_to_first_token_s) for name in outs}
+
+
 def test_short_prompts_are_prefilled_before_long_ones_that_came_first(tiny_model, compiler) -> None:
     """Two prompts waiting together: the short one's first token comes first although it
     arrived second (shortest first), and both get the tokens they get alone."""
-    long_ids = [(31 * j) % 120_000 + 2 for j in range(40)]
-    short_ids = [5, 6, 7]
+    prompts = {"long": [(31 * j) % 120_000 + 2 for j in range(40)], "short": [5, 6, 7]}
     sampling = SamplingParams(max_tokens=2, seed=1)
     with Engine(tiny_model, config=EngineConfig(max_batch=4, prefill_chunk=16), compiler=compiler) as e:
-        alone = [run(e, prompt_ids=ids, sampling=sampling).token_ids for ids in (long_ids, short_ids)]
-        runner = e._runner
-        forward = runner.forward
-        entered, release = threading.Event(), threading.Event()
-
-        def held_forward(*args, **kwargs):
-            entered.set()
-            release.wait(30)
-            return forward(*args, **kwargs)
-
-        runner.forward = held_forward  # the engine thread stops in its next pass
-        busy = e.submit(GenerationRequest(prompt_ids=[9, 10], sampling=SamplingParams(max_tokens=3)))
-        assert entered.wait(30)
-        submitted = {}
-        handles = {}
-        for name, ids in (("long", long_ids), ("short", short_ids)):
-            submitted[name] = time.monotonic()
-            handles[name] = e.submit(GenerationRequest(prompt_ids=ids, sampling=sampling))
-        runner.forward = forward
-        release.set()
-        outs = {name: h.wait() for name, h in handles.items()}
-        busy.wait()
-    first = {name: submitted[name] + outs[name].usage.time_to_first_token_s for name in outs}
-    assert first["short"] < first["long"]
-    assert [outs["long"].token_ids, outs["short"].token_ids] == alone
+        alone = [run(e, prompt_ids=ids, sampling=sampling).token_ids for ids in prompts.values()]
+        got = _first_tokens_at(e, prompts)
+    assert got["short"][1] < got["long"][1]
+    assert [got["long"][0].token_ids, got["short"][0].token_ids] == alone
 
 
 def test_a_long_prompt_that_waited_goes_before_a_fresh_short_one(tiny_model, compiler, monkeypatch) -> None:
@@ -419,64 +444,30 @@ def test_a_long_prompt_that_waited_goes_before_a_fresh_short_one(tiny_model, com
     from thinkstruct.engine import engine as engine_module
 
     monkeypatch.setattr(engine_module, "PREFILL_PATIENCE_S", 0.3)
-
-    long_ids = [(31 * j) % 120_000 + 2 for j in range(48)]  # three full chunks: no pass to share
-    short_ids = [5, 6, 7]
-    sampling = SamplingParams(max_tokens=2, seed=1)
+    # Three full chunks: the short prompt cannot share the long one's last pass.
+    prompts = {"long": [(31 * j) % 120_000 + 2 for j in range(48)], "short": [5, 6, 7]}
     with Engine(tiny_model, config=EngineConfig(max_batch=4, prefill_chunk=16), compiler=compiler) as e:
-        runner = e._runner
-        forward = runner.forward
-        entered, release = threading.Event(), threading.Event()
-
-        def held_forward(*args, **kwargs):
-            entered.set()
-            release.wait(30)
-            return forward(*args, **kwargs)
-
-        runner.forward = held_forward
-        busy = e.submit(GenerationRequest(prompt_ids=[9, 10], sampling=SamplingParams(max_tokens=3)))
-        assert entered.wait(30)
-        submitted = {"long": time.monotonic()}
-        handles = {"long": e.submit(GenerationRequest(prompt_ids=long_ids, sampling=sampling))}
-        time.sleep(0.5)  # past its patience
-        submitted["short"] = time.monotonic()
-        handles["short"] = e.submit(GenerationRequest(prompt_ids=short_ids, sampling=sampling))
-        runner.forward = forward
-        release.set()
-        outs = {name: h.wait() for name, h in handles.items()}
-        busy.wait()
-    first = {name: submitted[name] + outs[name].usage.time_to_first_token_s for name in outs}
-    assert first["long"] < first["short"]
+        got = _first_tokens_at(e, prompts, pause_s=0.5)  # the long one waits past its patience
+    assert got["long"][1] < got["short"][1]
 
 
 def test_a_prefill_pass_counts_the_tokens_a_packing_runner_computes(tiny_model, compiler) -> None:
     """The Llama runner skips padding, so prompts of 12 and 3 tokens share a 16-token pass
     (padded they would be 24 positions); no pass feeds more than prefill_chunk tokens."""
     passes: list[list[int]] = []
+    prompts = [
+        [(37 * j) % 120_000 + 2 for j in range(12)],
+        [5, 6, 7],
+        [(11 * j) % 120_000 + 2 for j in range(30)],
+    ]
     with Engine(tiny_model, config=EngineConfig(max_batch=4, prefill_chunk=16), compiler=compiler) as e:
-        runner = e._runner
-        assert runner.packs_tokens
-        forward = runner.forward
-        entered, release = threading.Event(), threading.Event()
-
-        def recorded_forward(first_slot, tokens, starts):
-            if not entered.is_set():
-                entered.set()
-                release.wait(30)
-            passes.append([len(t) for t in tokens])
-            return forward(first_slot, tokens, starts)
-
-        runner.forward = recorded_forward
-        busy = e.submit(GenerationRequest(prompt_ids=[9, 10], sampling=SamplingParams(max_tokens=1)))
-        assert entered.wait(30)
-        long_ids = [(37 * j) % 120_000 + 2 for j in range(12)]
-        handles = [
-            e.submit(GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=1)))
-            for ids in (long_ids, [5, 6, 7], [(11 * j) % 120_000 + 2 for j in range(30)])
-        ]
-        release.set()
+        assert e._runner.packs_tokens
+        with held_in_a_pass(e, passes=passes):
+            handles = [
+                e.submit(GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=1)))
+                for ids in prompts
+            ]
         for h in handles:
             h.wait()
-        busy.wait()
     assert sorted(passes[1]) == [3, 12]  # the first pass after the held one: both prompts
     assert all(sum(p) <= 16 for p in passes)
