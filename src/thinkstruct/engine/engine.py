@@ -97,14 +97,16 @@ class EngineConfig:
             :class:`EngineOverloaded`.
         max_prompt_tokens: longest prompt accepted (default: the model's context minus one).
         prefill_chunk: positions computed per prefill pass while others decode (the
-            tokens fed, or, on a runner without ``packs_tokens``, rows x the longest chunk). A joining
-            prompt's first token waits for its whole pass, and a prompt arriving during a
-            pass for the rest of it: 256 positions are about 0.5 s at int8 on two cores
-            under load (512 gave a plain question's p99 time to first token above 2 s at
-            64 clients; prefill was a quarter of the engine's time either way).
+            tokens fed, or, on a runner without ``packs_tokens``, rows x the longest
+            chunk). A joining prompt's first token waits for its whole pass, and a prompt
+            arriving during a pass for the rest of it: 256 positions are about 0.5 s at
+            int8 on two cores under load (512 gave a plain question's p99 time to first
+            token above 2 s at 64 clients; prefill was a quarter of the engine's time
+            either way).
         decode_positions: positions a decoding step may compute, at least one per row. A
             row feeds its sampled token and the tokens its grammar forces; the pass is
-            padded to the longest row, so forced tokens past ``decode_positions // rows``
+            padded to the longest row (for attention only on a runner that
+            ``packs_tokens``), so forced tokens past ``decode_positions // rows``
             wait for the next step (that row does not sample then) instead of making
             every row of a large batch pay for them.
         idle_poll_s: how long the idle engine thread sleeps between checks.
