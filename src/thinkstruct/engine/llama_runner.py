@@ -10,7 +10,8 @@ wake-up). This runner computes the same function from the same weights with fewe
   dynamic int8 layers the concatenation is exact: the integer weights are stacked and each
   output row keeps its own scale (per-channel), and the input is quantized once instead of
   three times with the same scale;
-- the rotary angles are computed once per pass, not once per layer;
+- the rotary angles are computed once per pass, not once per layer, and a layer's
+  queries and keys are rotated in one go;
 - a pass whose rows feed different numbers of tokens (prompts of different lengths, a
   row with forced tokens beside rows with one) runs its per-token work (norms,
   projections, MLP) on the real tokens only, packed; only attention sees the rows padded
@@ -208,17 +209,15 @@ class LlamaRunner(SlotRunner):
         real = _real_tokens(plan.lengths, width)
         ids = plan.ids.flatten()
         h = self._embed(ids if real is None else ids[real])
-        q_end, k_end = heads * dim, (heads + kv_heads) * dim
+        k_end = (heads + kv_heads) * dim
         for i, layer in enumerate(self._layers):
             x = _rms_norm(h, layer.attn_norm, layer.attn_eps)
             qkv = _padded(layer.qkv(x), real, rows, width)
-            q = qkv[..., :q_end].view(rows, width, heads, dim).transpose(1, 2)
-            k = qkv[..., q_end:k_end].view(rows, width, kv_heads, dim).transpose(1, 2)
+            # Queries and keys rotate together: [rows, heads + kv_heads, width, dim].
+            qk = _rotate(qkv[..., :k_end].view(rows, width, heads + kv_heads, dim).transpose(1, 2), cos, sin)
             v = qkv[..., k_end:].view(rows, width, kv_heads, dim).transpose(1, 2)
-            q = _rotate(q, cos, sin)
-            k = _rotate(k, cos, sin)
-            keys, values = self.cache.write(i, k, v)  # where _begin planned
-            folded = q.reshape(rows, kv_heads, group * width, dim)
+            keys, values = self.cache.write(i, qk[:, heads:], v)  # where _begin planned
+            folded = qk[:, :heads].reshape(rows, kv_heads, group * width, dim)
             attended = F.scaled_dot_product_attention(
                 folded, keys, values, attn_mask=mask, scale=layer.scaling
             )
