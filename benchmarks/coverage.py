@@ -21,6 +21,7 @@ on time.
 
     python benchmarks/coverage.py                      # every mode, default sampling
     python benchmarks/coverage.py --modes auto-strict auto-lenient --suites maskbench
+    python benchmarks/coverage.py --modes auto-strict --suites maskbench --skip-probes
 """
 
 from __future__ import annotations
@@ -198,6 +199,16 @@ def report(suite: str, rows: dict[str, Tally]) -> None:
             print(f"- {mode}: silent violations in {sorted(set(t.silent_schemas))[:10]}")
 
 
+def skip_probes() -> None:
+    """Switch off :func:`thinkstruct.grammar.probe.probe` and
+    :func:`thinkstruct.grammar.validation.check_instances_exist` in this process."""
+    import thinkstruct.grammar.probe as probe
+    import thinkstruct.grammar.validation as validation
+
+    probe.probe = lambda compiled, *, witness=True: None
+    validation.check_instances_exist = lambda schema, **_: None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -216,7 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--fill-tokens", type=int, default=64, help="timed mask fills per schema")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--skip-probes",
+        action="store_true",
+        help="measure without the per-compile checks against dead grammars (the probe of each "
+        "compiled grammar and the finite-instance check), in this process only (llguidance; "
+        "worker processes keep theirs): what those checks cost. Never how a server runs",
+    )
     args = parser.parse_args(argv)
+    if args.skip_probes:
+        skip_probes()
     suites = {"maskbench": load_maskbench, "test-suite": load_suite}
     for suite in args.suites:
         cases = suites[suite]()
