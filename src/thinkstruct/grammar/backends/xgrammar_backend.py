@@ -218,7 +218,7 @@ class XGrammarMatcher(StopTokenMatcher):
 
     def _advance(self, token_id: int) -> bool:
         # False (state unchanged) for a refused, special or out-of-range token.
-        return bool(self._m.accept_token(token_id))
+        return self._m.accept_token(token_id)
 
     def _rollback(self, num_tokens: int) -> None:
         self._m.rollback(num_tokens)
