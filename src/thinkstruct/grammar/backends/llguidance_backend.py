@@ -326,7 +326,8 @@ class LLGuidanceMatcher(StopTokenMatcher):
 
     def _advance(self, token_id: int) -> bool:
         # try_consume_tokens stops at a refused token without entering the error state.
-        return bool(self._m.try_consume_tokens([token_id]) == 1)
+        consumed: int = self._m.try_consume_tokens([token_id])  # typed here, not converted
+        return consumed == 1
 
     def _advance_many(self, token_ids: Sequence[int]) -> int:
         return int(self._m.try_consume_tokens(list(token_ids)))
