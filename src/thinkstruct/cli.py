@@ -9,8 +9,10 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -471,5 +473,21 @@ def _context(text: str, offset: int) -> str:
     return json.dumps(before + "⟨here⟩" + after, ensure_ascii=False)
 
 
+def run() -> None:
+    """The ``thinkstruct`` command: :func:`main`, then exit with its status.
+
+    The exit skips the interpreter's teardown, and only that: exit handlers run and the
+    output is flushed as ``sys.exit`` would (every command has closed its engine, compile
+    workers and sockets by then). The teardown has nothing left to release and prints,
+    after every Ctrl-C of ``serve``, dozens of lines of nanobind's leak report for
+    triton's bindings (torch imports triton where it is installed; xgrammar depends on it).
+    """
+    code = main()
+    atexit._run_exitfuncs()  # logging.shutdown among them
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
