@@ -18,7 +18,16 @@ from thinkstruct.engine.llama_runner import LlamaRunner, supports
 from thinkstruct.engine.runner import ModelRunner, TransformersRunner
 
 SLOTS = 4
-RUNNERS = [TransformersRunner, LlamaRunner]
+
+
+class TorchOpsLlamaRunner(LlamaRunner):
+    """The Llama runner without its compiled kernels (what runs where they cannot)."""
+
+    def __init__(self, model, **kwargs) -> None:
+        super().__init__(model, kernels=False, **kwargs)
+
+
+RUNNERS = [TransformersRunner, LlamaRunner, TorchOpsLlamaRunner]
 runners = pytest.mark.parametrize("runner_class", RUNNERS, ids=lambda c: c.__name__)
 
 
@@ -30,7 +39,10 @@ def reference_logits(model, ids: list[int]) -> torch.Tensor:
 
 
 def _runner(tiny_model, runner_class: type[ModelRunner] = TransformersRunner) -> ModelRunner:
-    return runner_class(tiny_model.model, slots=SLOTS, context_length=tiny_model.context_length)  # type: ignore[call-arg]
+    runner = runner_class(tiny_model.model, slots=SLOTS, context_length=tiny_model.context_length)  # type: ignore[call-arg]
+    if runner_class is LlamaRunner:  # the tiny model's float32 sizes fit the kernels, here they build
+        assert runner.compiled
+    return runner
 
 
 @runners

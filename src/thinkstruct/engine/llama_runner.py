@@ -23,6 +23,13 @@ wake-up). This runner computes the same function from the same weights with fewe
   other rows of its batch are (softmax over a padded span summed in another order would
   change its last bits, and a seeded request its tokens).
 
+A float32 model (``--dtype float32``, or ``--quantize int8``, whose activations are
+float32) runs its norms, rotary positions with the cache write, attention and gated SiLU
+on :mod:`~thinkstruct.engine.cpu_kernels` where they build: four calls a layer instead of
+about twenty torch operations, and attention reads each token's own slot directly (no
+padding, no mask). Measured on SmolLM2-135M int8, interleaved in one process: a decoding
+step 36.0 against 47.8 ms at batch 1, 47.6 against 67.5 ms at batch 8.
+
 It shares :class:`~thinkstruct.engine.kv_slots.SlotCache`'s buffers and the
 :class:`~thinkstruct.engine.runner.ModelRunner` contract with
 :class:`~thinkstruct.engine.runner.TransformersRunner`, which stays the runner for every
@@ -37,7 +44,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from thinkstruct.engine.runner import SlotRunner
+from thinkstruct.engine.cpu_kernels import CpuKernels, cpu_kernels
+from thinkstruct.engine.runner import PaddedPass, SlotRunner
 
 #: Architectures whose layers are exactly: RMSNorm, q/k/v/o attention with rotary
 #: positions and grouped key/value heads, RMSNorm, gated SiLU MLP.
@@ -164,6 +172,9 @@ class LlamaRunner(SlotRunner):
             and gate/up weights are stacked into new ones.
         slots, context_length, vocab_size: as for
             :class:`~thinkstruct.engine.runner.SlotRunner`.
+        kernels: run passes on the compiled kernels (:func:`cpu_kernels`) where they
+            can: a float32 model whose sizes are multiples of 8, on a machine where they
+            build. ``False`` computes with torch operations only.
 
     Raises:
         ValueError: a model :func:`supports` refuses (names why).
@@ -171,7 +182,15 @@ class LlamaRunner(SlotRunner):
 
     packs_tokens = True
 
-    def __init__(self, model: Any, *, slots: int, context_length: int, vocab_size: int | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        slots: int,
+        context_length: int,
+        vocab_size: int | None = None,
+        kernels: bool = True,
+    ) -> None:
         reason = supports(model)
         if reason is not None:
             raise ValueError(f"LlamaRunner cannot run this model: {reason}")
@@ -183,11 +202,23 @@ class LlamaRunner(SlotRunner):
         self._norm_eps = float(base.norm.variance_epsilon)
         self._inv_freq = base.rotary_emb.inv_freq.detach().float()
         self._rope_scale = float(base.rotary_emb.attention_scaling)
+        self._kernels = cpu_kernels() if kernels and self._fits_kernels() else None
+
+    def _fits_kernels(self) -> bool:
+        sizes = (self._head_dim // 2, self._heads * self._head_dim, self._layers[0].gate_up.sizes[0])
+        return self._dtype == torch.float32 and self._head_dim <= 256 and all(n % 8 == 0 for n in sizes)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether passes run on the compiled kernels."""
+        return self._kernels is not None
 
     def forward(
         self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]
     ) -> torch.Tensor:
         plan = self._begin(first_slot, tokens, starts)
+        if self._kernels is not None:
+            return self._compiled_forward(self._kernels, first_slot, plan)
         rows, width = plan.ids.shape
         heads, kv_heads, dim = self._heads, self._kv_heads, self._head_dim
         group = heads // kv_heads
@@ -233,6 +264,36 @@ class LlamaRunner(SlotRunner):
         else:
             last = plan.lengths.cumsum(0) - 1
         return self._logits(_rms_norm(h[last], self._norm, self._norm_eps))
+
+    def _compiled_forward(self, kernels: CpuKernels, first_slot: int, plan: PaddedPass) -> torch.Tensor:
+        """The same pass on the compiled kernels: every step on the real tokens, packed."""
+        rows, width = plan.ids.shape
+        real = _real_tokens(plan.lengths, width)
+        ids, pos_of = plan.ids.flatten(), plan.positions.flatten()
+        slot_of = torch.arange(first_slot, first_slot + rows).repeat_interleave(width)
+        if real is not None:
+            ids, pos_of, slot_of = ids[real], pos_of[real], slot_of[real]
+        angles = pos_of[:, None].float() * self._inv_freq
+        cos = (angles.cos() * self._rope_scale).contiguous()
+        sin = (angles.sin() * self._rope_scale).contiguous()
+        heads, kv_heads = self._heads, self._kv_heads
+        h = self._embed(ids)
+        for i, layer in enumerate(self._layers):
+            keys, values = self.cache.keys[i], self.cache.values[i]
+            qkv = layer.qkv(kernels.rms_norm(h, layer.attn_norm, layer.attn_eps))
+            kernels.rope_store(
+                qkv, heads=heads, kv_heads=kv_heads, cos=cos, sin=sin,
+                slot_of=slot_of, pos_of=pos_of, keys=keys, values=values,
+            )  # fmt: skip
+            attended = kernels.attention(
+                qkv, heads=heads, kv_heads=kv_heads, slot_of=slot_of, pos_of=pos_of,
+                span=plan.span, keys=keys, values=values, scale=layer.scaling,
+            )  # fmt: skip
+            h = h + layer.out(attended)
+            x = kernels.rms_norm(h, layer.mlp_norm, layer.mlp_eps)
+            h = h + layer.down(kernels.silu_mul(layer.gate_up(x)))
+        last = plan.lengths.cumsum(0) - 1
+        return self._logits(kernels.rms_norm(h[last], self._norm, self._norm_eps))
 
 
 def _real_tokens(lengths: torch.Tensor, width: int) -> torch.Tensor | None:

@@ -1,0 +1,179 @@
+/* thinkstruct's CPU kernels for a Llama decoding step (float32, AVX2 + FMA).
+ *
+ * Built on first use by cpu_kernels.py (gcc -O3 -mavx2 -mfma -fopenmp) and loaded with
+ * ctypes after torch, so OpenMP here is torch's own runtime and thread pool. Each kernel
+ * replaces a chain of small torch operations whose cost at decoding sizes is dispatch and
+ * thread wake-ups, not arithmetic.
+ *
+ * Layouts (all row-major, float32 unless said):
+ *   tokens    T tokens of one pass, packed; token t belongs to cache slot slot_of[t] and
+ *             sits at position pos_of[t] of it (int64).
+ *   qkv       [T, ld]: per token heads*dim query values, then kv_heads*dim keys, then
+ *             kv_heads*dim values.
+ *   cache     keys/values buffers [slots, kv_heads, capacity, dim].
+ *
+ * Every result of a token depends on that token's inputs and its slot's cache only, in a
+ * fixed order of operations: never on the other tokens of the pass or how many there are.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* e^x for x <= 0 (softmax after subtracting the maximum): Cephes' expf polynomial,
+ * a few ulp; x below -87 gives 0. */
+static inline __m256 exp256(__m256 x) {
+    const __m256 low = _mm256_set1_ps(-87.0f);
+    __m256 tiny = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, low);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+/* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for rows r < rows; dim % 8 == 0. */
+void ts_rms_norm(const float *x, int64_t rows, int64_t dim, int64_t ld_x, const float *weight, float eps,
+                 float *out, int64_t ld_out) {
+#pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * ld_x;
+        float *o = out + r * ld_out;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t i = 0; i < dim; i += 8) {
+            __m256 v = _mm256_loadu_ps(xr + i);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum256(acc) / (float)dim + eps));
+        for (int64_t i = 0; i < dim; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), inv),
+                                                  _mm256_loadu_ps(weight + i)));
+    }
+}
+
+/* out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i]; inter % 8 == 0. */
+void ts_silu_mul(const float *gate_up, int64_t tokens, int64_t inter, float *out) {
+#pragma omp parallel for schedule(static) if (tokens >= 16)
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *g = gate_up + t * 2 * inter;
+        const float *u = g + inter;
+        float *o = out + t * inter;
+        for (int64_t i = 0; i < inter; i += 8) {
+            __m256 gv = _mm256_loadu_ps(g + i);
+            /* sigmoid(g) = r = 1 / (1 + e^-|g|) for g >= 0, e^-|g| * r for g < 0 */
+            __m256 e = exp256(_mm256_or_ps(gv, _mm256_set1_ps(-0.0f))); /* e^-|g| */
+            __m256 r = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            __m256 sig = _mm256_blendv_ps(r, _mm256_mul_ps(e, r), gv);
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(u + i)));
+        }
+    }
+}
+
+/* Rotate each token's queries (in place) and keys by its position (cos/sin [T, dim/2],
+ * rotate-half layout), and write the rotated keys and the values into the cache at
+ * (slot_of[t], pos_of[t]). */
+void ts_rope_store(float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
+                   const float *cos_t, const float *sin_t, const int64_t *slot_of, const int64_t *pos_of,
+                   float *keys, float *values, int64_t capacity) {
+    const int64_t half = dim / 2;
+#pragma omp parallel for schedule(static) if (tokens >= 16)
+    for (int64_t t = 0; t < tokens; t++) {
+        float *row = qkv + t * ld;
+        const float *c = cos_t + t * half;
+        const float *s = sin_t + t * half;
+        for (int64_t h = 0; h < heads + kv_heads; h++) {
+            float *x = row + h * dim;
+            for (int64_t i = 0; i < half; i += 8) {
+                __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + half + i);
+                __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
+                _mm256_storeu_ps(x + i, _mm256_sub_ps(_mm256_mul_ps(a, cv), _mm256_mul_ps(b, sv)));
+                _mm256_storeu_ps(x + half + i, _mm256_add_ps(_mm256_mul_ps(b, cv), _mm256_mul_ps(a, sv)));
+            }
+        }
+        const int64_t base = slot_of[t] * kv_heads * capacity + pos_of[t];
+        for (int64_t h = 0; h < kv_heads; h++) {
+            float *kd = keys + (base + h * capacity) * dim;
+            float *vd = values + (base + h * capacity) * dim;
+            const float *ks = row + (heads + h) * dim;
+            const float *vs = row + (heads + kv_heads + h) * dim;
+            for (int64_t i = 0; i < dim; i += 8) {
+                _mm256_storeu_ps(kd + i, _mm256_loadu_ps(ks + i));
+                _mm256_storeu_ps(vd + i, _mm256_loadu_ps(vs + i));
+            }
+        }
+    }
+}
+
+/* out[t, h*dim:(h+1)*dim] = softmax(q . K[0..pos] * scale) V[0..pos] for each token t and
+ * query head h (its key/value head h / (heads / kv_heads)), over its own slot's cache.
+ * span: 1 + the largest pos_of (scratch size). dim % 8 == 0, dim <= 256. */
+void ts_attention(const float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
+                  const int64_t *slot_of, const int64_t *pos_of, const float *keys, const float *values,
+                  int64_t capacity, int64_t span, float scale, float *out, int64_t ld_out) {
+    const int64_t group = heads / kv_heads;
+    const int64_t padded = (span + 7) & ~(int64_t)7;
+#pragma omp parallel if (tokens * heads >= 4)
+    {
+        float *scores = (float *)aligned_alloc(32, (size_t)padded * sizeof(float));
+#pragma omp for schedule(static, 1)
+        for (int64_t unit = 0; unit < tokens * heads; unit++) {
+            const int64_t t = unit / heads, h = unit % heads, kvh = h / group;
+            const int64_t n = pos_of[t] + 1;
+            const float *q = qkv + t * ld + h * dim;
+            const float *k = keys + (slot_of[t] * kv_heads + kvh) * capacity * dim;
+            const float *v = values + (slot_of[t] * kv_heads + kvh) * capacity * dim;
+            float peak = -INFINITY;
+            for (int64_t j = 0; j < n; j++) {
+                const float *kj = k + j * dim;
+                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+                int64_t i = 0;
+                for (; i + 16 <= dim; i += 16) {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(kj + i + 8), a1);
+                }
+                if (i < dim) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
+                float sj = hsum256(_mm256_add_ps(a0, a1)) * scale;
+                scores[j] = sj;
+                if (sj > peak) peak = sj;
+            }
+            for (int64_t j = n; j < padded; j++) scores[j] = -INFINITY;
+            __m256 total = _mm256_setzero_ps();
+            const __m256 m = _mm256_set1_ps(peak);
+            for (int64_t j = 0; j < n; j += 8) {
+                __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(scores + j), m));
+                _mm256_store_ps(scores + j, e);
+                total = _mm256_add_ps(total, e);
+            }
+            const float inv = 1.0f / hsum256(total);
+            __m256 acc[32];
+            const int64_t lanes = dim / 8;
+            for (int64_t l = 0; l < lanes; l++) acc[l] = _mm256_setzero_ps();
+            for (int64_t j = 0; j < n; j++) {
+                const __m256 w = _mm256_set1_ps(scores[j]);
+                const float *vj = v + j * dim;
+                for (int64_t l = 0; l < lanes; l++) acc[l] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * l), acc[l]);
+            }
+            float *o = out + t * ld_out + h * dim;
+            const __m256 iv = _mm256_set1_ps(inv);
+            for (int64_t l = 0; l < lanes; l++) _mm256_storeu_ps(o + 8 * l, _mm256_mul_ps(acc[l], iv));
+        }
+        free(scores);
+    }
+}

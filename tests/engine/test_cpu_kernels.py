@@ -1,0 +1,129 @@
+"""The compiled CPU kernels against the torch operations they replace.
+
+Each kernel must compute what the Llama runner's torch path computes (to float32
+rounding), for any sizes the runner hands it, and a token's result must not depend on the
+other tokens of the pass: bit for bit, or a seeded request's tokens would change with the
+batch it runs in.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from thinkstruct.engine import cpu_kernels as module
+from thinkstruct.engine.cpu_kernels import CpuKernels, cpu_kernels, unavailable_reason
+
+
+@pytest.fixture(scope="module")
+def kernels() -> CpuKernels:
+    built = cpu_kernels()
+    # This project's machines are x86-64 with AVX2 and gcc: a missing build is a failure.
+    assert built is not None, unavailable_reason()
+    return built
+
+
+def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 40), eighths=st.integers(1, 12), seed=st.integers(0, 2**16))
+def test_rms_norm_and_silu_match_torch(kernels, rows: int, eighths: int, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    dim = 8 * eighths
+    x = torch.randn(rows, dim, generator=generator) * 10
+    weight = torch.randn(dim, generator=generator)
+    torch.testing.assert_close(
+        kernels.rms_norm(x, weight, 1e-5), F.rms_norm(x, (dim,), weight, 1e-5), rtol=1e-5, atol=1e-5
+    )
+    gate_up = torch.randn(rows, 2 * dim, generator=generator) * 8  # far into both tails of the sigmoid
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(kernels.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_rope_store_and_attention_match_torch(kernels, data) -> None:
+    kv_heads = data.draw(st.integers(1, 3), label="kv_heads")
+    heads = kv_heads * data.draw(st.integers(1, 4), label="group")
+    dim = 8 * data.draw(st.sampled_from([2, 4, 8]), label="dim / 8")
+    slots, capacity = 3, 24
+    # Each token: a slot and a position; a slot's positions are filled without holes.
+    lengths = data.draw(st.lists(st.integers(0, 8), min_size=slots, max_size=slots), label="new tokens")
+    cached = [data.draw(st.integers(0, capacity - 8 - 1), label=f"cached {s}") for s in range(slots)]
+    slot_of = torch.tensor([s for s in range(slots) for _ in range(lengths[s])], dtype=torch.long)
+    pos_of = torch.tensor([cached[s] + j for s in range(slots) for j in range(lengths[s])], dtype=torch.long)
+    tokens = slot_of.numel()
+    if tokens == 0:
+        return
+    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="seed"))
+    keys = torch.randn(slots, kv_heads, capacity, dim, generator=generator)
+    values = torch.randn(slots, kv_heads, capacity, dim, generator=generator)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=generator) * 3
+    angles = pos_of[:, None].float() * (1e4 ** (-torch.arange(0, dim, 2).float() / dim))
+    cos, sin = angles.cos().contiguous(), angles.sin().contiguous()
+
+    queries = _rotate_half(qkv[:, : heads * dim].view(tokens, heads, dim), cos[:, None], sin[:, None])
+    new_keys = _rotate_half(
+        qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim), cos[:, None], sin[:, None]
+    )
+    new_values = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim).clone()
+    want_keys, want_values = keys.clone(), values.clone()
+    want_keys[slot_of, :, pos_of] = new_keys
+    want_values[slot_of, :, pos_of] = new_values
+
+    kernels.rope_store(
+        qkv, heads=heads, kv_heads=kv_heads, cos=cos, sin=sin,
+        slot_of=slot_of, pos_of=pos_of, keys=keys, values=values,
+    )  # fmt: skip
+    torch.testing.assert_close(qkv[:, : heads * dim].view(tokens, heads, dim), queries)
+    torch.testing.assert_close(keys, want_keys)
+    torch.testing.assert_close(values, want_values)
+
+    span = int(pos_of.max()) + 1
+    got = kernels.attention(
+        qkv, heads=heads, kv_heads=kv_heads, slot_of=slot_of, pos_of=pos_of,
+        span=span, keys=keys, values=values, scale=dim**-0.5,
+    )  # fmt: skip
+    group = heads // kv_heads
+    for t in range(tokens):
+        s, p = int(slot_of[t]), int(pos_of[t])
+        k = want_keys[s, :, : p + 1].repeat_interleave(group, dim=0)  # [heads, p + 1, dim]
+        v = want_values[s, :, : p + 1].repeat_interleave(group, dim=0)
+        want = F.scaled_dot_product_attention(queries[t][:, None], k, v, scale=dim**-0.5)[:, 0]
+        torch.testing.assert_close(got[t].view(heads, dim), want, rtol=1e-5, atol=1e-5)
+
+    # The first token alone, with the span of its own position: the same bits.
+    alone = kernels.attention(
+        qkv[:1], heads=heads, kv_heads=kv_heads, slot_of=slot_of[:1], pos_of=pos_of[:1],
+        span=int(pos_of[0]) + 1, keys=keys, values=values, scale=dim**-0.5,
+    )  # fmt: skip
+    assert torch.equal(alone[0], got[0])
+
+
+def test_a_killed_build_leaves_nothing_half_written(tmp_path, monkeypatch) -> None:
+    """The library is compiled under a temporary name and renamed: a build that fails
+    leaves no library (and no partial file) behind, and the next call builds again."""
+    monkeypatch.setenv("THINKSTRUCT_CACHE", str(tmp_path))
+    monkeypatch.setattr(
+        module, "FLAGS", (*module.FLAGS, "-DTS_BREAK_THE_BUILD=1", "-include", "/nonexistent.h")
+    )
+    with pytest.raises(Exception):  # noqa: B017 - whatever the compiler's failure is
+        module._built_library()
+    assert list((tmp_path / "kernels").iterdir()) == []
+    monkeypatch.undo()
+    monkeypatch.setenv("THINKSTRUCT_CACHE", str(tmp_path))
+    built = module._built_library()
+    assert built.parent == tmp_path / "kernels" and built.suffix == ".so"
+    assert [p.name for p in built.parent.iterdir()] == [built.name]
+
+
+def test_the_switch_turns_them_off(monkeypatch) -> None:
+    monkeypatch.setenv(module.DISABLE_ENV, "0")
+    assert unavailable_reason() == f"{module.DISABLE_ENV}=0"
