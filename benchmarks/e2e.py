@@ -1,7 +1,7 @@
 """End to end on the embedded SmolLM2-135M-Instruct: the engine against the machine's limit.
 
 One run, sides interleaved (this machine is noisy): for each dtype setting (bf16, and
-dynamic int8 with ``--quantize``),
+dynamic int8 and int8 weights with ``--quantize``),
 
 - the engine with 1 and 8 concurrent clients (closed loop: each client sends its next
   request as soon as one finishes), unconstrained and constrained (a JSON schema), in
@@ -293,19 +293,19 @@ def main() -> None:
     )
     parser.add_argument("--window", type=float, default=15.0, help="seconds per closed-loop measurement")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of every side")
-    parser.add_argument("--dtypes", nargs="+", default=["int8", "bf16"], choices=["bf16", "int8", "fp32"])
+    parser.add_argument("--dtypes", nargs="+", default=["int8", "bf16"], choices=sorted(VARIANTS))
     args = parser.parse_args()
     torch.manual_seed(0)
     for d in args.dtypes:
         bench_dtype(d, args)
     # Greedy agreement, each variant against float32 (the reference precision; bf16 against
-    # float32 is the yardstick for how far int8 is), and int8 against bf16 when both ran.
+    # float32 is the yardstick for how far int8 is), and each int8 against bf16 when both ran.
     loaded = {
         d: load_model(dtype=VARIANTS[d][0], quantize=VARIANTS[d][1], progress=False) for d in args.dtypes
     }
     pairs = [(d, "fp32") for d in args.dtypes if d != "fp32" and "fp32" in loaded]
-    if "int8" in loaded and "bf16" in loaded:
-        pairs.append(("int8", "bf16"))
+    if "bf16" in loaded:
+        pairs += [(d, "bf16") for d in ("int8", "int8w") if d in loaded]
     for candidate, reference in pairs:
         ref = loaded[reference]
         prompts = [chat_prompt_ids(ref, q) for q in QUESTIONS]

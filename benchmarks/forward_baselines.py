@@ -344,7 +344,12 @@ def teacher_forced(
 
 # ---- the table ---------------------------------------------------------------------------------
 
-VARIANTS = {"bf16": ("bfloat16", None), "fp32": ("float32", None), "int8": ("float32", "int8")}
+VARIANTS = {
+    "bf16": ("bfloat16", None),
+    "fp32": ("float32", None),
+    "int8": ("float32", "int8"),
+    "int8w": ("float32", "int8-weights"),
+}
 
 
 def interleaved_table(

@@ -76,7 +76,10 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
     g.add_argument(
-        "--quantize", default=None, choices=("int8",), help="dynamic int8 weights on Linear layers"
+        "--quantize",
+        default=None,
+        choices=("int8", "int8-weights"),
+        help="int8 Linear layers: int8 (activations too, fastest) or int8-weights (float activations, closest to float32)",
     )
     g.add_argument(
         "--max-batch",

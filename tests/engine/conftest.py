@@ -29,6 +29,12 @@ def smollm2_int8() -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
+def smollm2_int8_weights() -> LoadedModel:
+    """SmolLM2-135M-Instruct with int8 weights and float32 activations (about 2 s)."""
+    return load_model(quantize="int8-weights", progress=False)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A saved tiny random Llama over the DeepSeek-V4 tokenizer (see tiny_model.py)."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))

@@ -166,6 +166,42 @@ def test_keeping_outlier_layers_float_is_closer_to_float32(smollm2_int8: LoadedM
     assert kl(smollm2_int8.model) < kl(everything) / 2
 
 
+def test_int8_weights_quantize_every_linear_and_keep_the_answer(smollm2_int8_weights: LoadedModel) -> None:
+    from thinkstruct.engine.int8_weights import Int8Linear
+
+    loaded = smollm2_int8_weights
+    assert loaded.quantize == "int8-weights" and loaded.dtype is torch.float32 and loaded.float_modules == ()
+    assert not any(type(m) is torch.nn.Linear for m in loaded.model.modules())
+    quantized = {name for name, m in loaded.model.named_modules() if isinstance(m, Int8Linear)}
+    assert len(quantized) == 30 * 7 + 1 and "lm_head" in quantized
+    assert loaded.tokenizer.vocab_size == 49152  # read from the quantized head
+    tokens = greedy(loaded, chat_ids(loaded, QUESTION, enable_thinking=False), 12)
+    assert "Paris" in loaded.tokenizer.decode(tokens)
+
+
+def test_int8_weights_stay_far_closer_to_float32_than_dynamic_int8(
+    smollm2_int8: LoadedModel, smollm2_int8_weights: LoadedModel
+) -> None:
+    """Teacher-forced on float32's own answer: with float32 activations the int8 weights
+    keep float32's next token nearly everywhere, at a fraction of dynamic int8's KL."""
+    reference = load_model(dtype="float32", progress=False)
+    prompt = chat_ids(
+        reference, [{"role": "user", "content": "Write a haiku about the sea."}], enable_thinking=False
+    )
+    ids = torch.tensor([prompt + greedy(reference, prompt, 24)])
+    span = slice(len(prompt) - 1, ids.shape[1] - 1)
+    with torch.inference_mode():
+        ref = reference.model(input_ids=ids).logits[0, span].log_softmax(-1)
+        weights = smollm2_int8_weights.model(input_ids=ids).logits[0, span].log_softmax(-1)
+        dynamic = smollm2_int8.model(input_ids=ids).logits[0, span].log_softmax(-1)
+
+    def kl(out: torch.Tensor) -> float:
+        return float(torch.nn.functional.kl_div(out, ref, log_target=True, reduction="batchmean"))
+
+    assert kl(weights) < kl(dynamic) / 4
+    assert float((weights.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.9
+
+
 # ---- a local model directory ----------------------------------------------------------------
 
 

@@ -168,6 +168,55 @@ def test_fused_int8_projections_compute_what_the_separate_layers_do(tiny_model, 
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["kernels", "torch"])
+def test_fused_int8_weight_projections_compute_what_the_separate_layers_do(tiny_model, compiled) -> None:
+    """The same for int8 weights (float activations): each stacked row keeps its weights
+    and scale, and the logits are those of the quantized model's own layers run one by
+    one, rows of any lengths."""
+    import copy
+
+    from thinkstruct.engine.int8_weights import quantize_int8_weights
+
+    model = copy.deepcopy(tiny_model.model)
+    quantize_int8_weights(model, compiled=compiled)
+    context = tiny_model.context_length
+    separate = TransformersRunner(model, slots=2, context_length=context)
+    fused = LlamaRunner(model, slots=2, context_length=context)
+    assert fused.compiled
+    rows = [[5, 6, 7, 8, 9], [300, 400, 500]]
+    with torch.inference_mode():
+        torch.testing.assert_close(
+            fused.forward(0, rows, [0, 0]), separate.forward(0, rows, [0, 0]), rtol=1e-4, atol=1e-4
+        )
+        feed = [[10, 13], [11]]
+        torch.testing.assert_close(
+            fused.forward(0, feed, [5, 3]), separate.forward(0, feed, [5, 3]), rtol=1e-4, atol=1e-4
+        )
+
+
+def test_with_int8_weights_a_rows_logits_do_not_depend_on_its_batch(tiny_model) -> None:
+    """Bit for bit: with int8 weights on the compiled kernels every step of a row is
+    computed from that row alone, so a row decoding alone and the same row beside others
+    (a longer prompt prefilled beside it, then rows feeding several tokens) get the same
+    logits, and a seeded request the same tokens whatever else the server runs."""
+    import copy
+
+    from thinkstruct.engine.int8_weights import quantize_int8_weights
+
+    model = copy.deepcopy(tiny_model.model)
+    quantize_int8_weights(model)
+    alone = LlamaRunner(model, slots=SLOTS, context_length=tiny_model.context_length)
+    crowded = LlamaRunner(model, slots=SLOTS, context_length=tiny_model.context_length)
+    ids = [5, 6, 7, 8, 9]
+    with torch.inference_mode():
+        first = alone.forward(0, [ids], [0])
+        beside = crowded.forward(0, [ids, list(range(20, 37)), [3]], [0, 0, 0])
+        assert torch.equal(first[0], beside[0])
+        after = alone.forward(0, [[11]], [5])
+        beside = crowded.forward(0, [[11], [12], [13, 14, 15]], [5, 17, 1])
+        assert torch.equal(after[0], beside[0])
+
+
 def test_a_model_the_llama_runner_does_not_compute_gets_the_transformers_runner() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 

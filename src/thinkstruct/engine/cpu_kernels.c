@@ -177,3 +177,106 @@ void ts_attention(const float *qkv, int64_t tokens, int64_t ld, int64_t heads, i
         free(scores);
     }
 }
+
+/* ---- int8 weights, float32 activations ----------------------------------------------
+ * out[m, n] = scale[n] * sum_k x[m, k] * w[n, k], w int8 with one scale per output row.
+ * Packed weights: [N / 16][K][16] (16 output rows interleaved per k). Each output is one
+ * chain of fused multiply-adds over k in order, whatever the tile, so a row's result does
+ * not depend on how many rows are computed with it. Up to 8 rows (decoding) convert the
+ * weights as they stream (memory bound); more rows (prefill, compute bound) first convert
+ * a block of 16 output rows to float32 once (exactly the same values) and run 6 x 16
+ * register tiles over it. */
+#define TS_W8_LOAD(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+
+/* rows <= 4 x 16 outputs, weights converted in the loop. */
+static inline __attribute__((always_inline)) void w8_stream_tile(const int rows, const float *x, int64_t ld_x,
+                                                                 const int8_t *wq, int64_t K, const float *scale,
+                                                                 float *out, int64_t ld_out) {
+    __m256 acc[4][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m256 w0 = TS_W8_LOAD(wq + k * 16), w1 = TS_W8_LOAD(wq + k * 16 + 8);
+        for (int r = 0; r < rows; r++) {
+            const __m256 xb = _mm256_broadcast_ss(x + r * ld_x + k);
+            acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
+        }
+    }
+    const __m256 s0 = _mm256_loadu_ps(scale), s1 = _mm256_loadu_ps(scale + 8);
+    for (int r = 0; r < rows; r++) {
+        _mm256_storeu_ps(out + r * ld_out, _mm256_mul_ps(acc[r][0], s0));
+        _mm256_storeu_ps(out + r * ld_out + 8, _mm256_mul_ps(acc[r][1], s1));
+    }
+}
+
+/* rows <= 6 x 16 outputs over float32 weights [K][16]. */
+static inline __attribute__((always_inline)) void w8_block_tile(const int rows, const float *x, int64_t ld_x,
+                                                                const float *wf, int64_t K, const float *scale,
+                                                                float *out, int64_t ld_out) {
+    __m256 acc[6][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m256 w0 = _mm256_load_ps(wf + k * 16), w1 = _mm256_load_ps(wf + k * 16 + 8);
+        for (int r = 0; r < rows; r++) {
+            const __m256 xb = _mm256_broadcast_ss(x + r * ld_x + k);
+            acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
+        }
+    }
+    const __m256 s0 = _mm256_loadu_ps(scale), s1 = _mm256_loadu_ps(scale + 8);
+    for (int r = 0; r < rows; r++) {
+        _mm256_storeu_ps(out + r * ld_out, _mm256_mul_ps(acc[r][0], s0));
+        _mm256_storeu_ps(out + r * ld_out + 8, _mm256_mul_ps(acc[r][1], s1));
+    }
+}
+
+#define TS_STREAM(n) w8_stream_tile(n, xm, ld_x, wq, K, sb, om, ld_out)
+#define TS_BLOCK(n) w8_block_tile(n, xm, ld_x, wf, K, sb, om, ld_out)
+
+/* x [M, K] (row stride ld_x), packed w as above, scale [N], out [M, N] (row stride ld_out);
+ * N % 16 == 0. */
+void ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_t *w, const float *scale,
+                  int64_t N, float *out, int64_t ld_out) {
+    const int64_t blocks = N / 16;
+    if (M <= 8) {
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            const int8_t *wq = w + b * K * 16;
+            const float *sb = scale + b * 16;
+            for (int64_t m = 0; m < M; m += 4) {
+                const float *xm = x + m * ld_x;
+                float *om = out + m * ld_out + b * 16;
+                switch (M - m >= 4 ? 4 : M - m) {
+                    case 1: TS_STREAM(1); break;
+                    case 2: TS_STREAM(2); break;
+                    case 3: TS_STREAM(3); break;
+                    default: TS_STREAM(4); break;
+                }
+            }
+        }
+        return;
+    }
+#pragma omp parallel
+    {
+        float *wf = (float *)aligned_alloc(32, (size_t)K * 16 * sizeof(float));
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            const int8_t *wq = w + b * K * 16;
+            const float *sb = scale + b * 16;
+            for (int64_t k = 0; k < K * 16; k += 8) _mm256_store_ps(wf + k, TS_W8_LOAD(wq + k));
+            for (int64_t m = 0; m < M; m += 6) {
+                const float *xm = x + m * ld_x;
+                float *om = out + m * ld_out + b * 16;
+                switch (M - m >= 6 ? 6 : M - m) {
+                    case 1: TS_BLOCK(1); break;
+                    case 2: TS_BLOCK(2); break;
+                    case 3: TS_BLOCK(3); break;
+                    case 4: TS_BLOCK(4); break;
+                    case 5: TS_BLOCK(5); break;
+                    default: TS_BLOCK(6); break;
+                }
+            }
+        }
+        free(wf);
+    }
+}

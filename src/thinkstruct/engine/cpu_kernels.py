@@ -4,7 +4,9 @@ A decoding step of a small model makes hundreds of small torch operations, and o
 cores each costs more in dispatch and OpenMP wake-ups than in arithmetic (measured on
 SmolLM2-135M at batch 8: SDPA 406 µs a layer for one query token a row, an RMS norm
 79 µs). ``cpu_kernels.c`` does a layer's glue in four calls: RMS norm, rotary positions
-plus the KV cache write, attention over each token's own slot, and the gated SiLU.
+plus the KV cache write, attention over each token's own slot, and the gated SiLU; and
+the matrix multiply of :class:`~thinkstruct.engine.int8.Int8Linear` (int8 weights,
+float32 activations).
 
 The C file is compiled once per machine (``gcc -O3 -mavx2 -mfma -fopenmp``, about a
 second) into ``cache_dir()/kernels``, under a name that hashes the source, the flags and
@@ -50,6 +52,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "ts_rms_norm": [_ptr, _i64, _i64, _i64, _ptr, _f32, _ptr, _i64],
     "ts_silu_mul": [_ptr, _i64, _i64, _ptr],
     "ts_rope_store": [_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64],
+    "ts_w8_linear": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64],
     "ts_attention": [
         _ptr,
         _i64,
@@ -83,6 +86,26 @@ class CpuKernels:
             function.argtypes = argtypes
             function.restype = None
         self._lib = library
+
+    def w8_linear(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """``x [M, K] @ W.T`` for int8 ``W [N, K]`` with row scales ``scale [N]``, given as
+        ``packed [N / 16, K, 16]`` (see :class:`~thinkstruct.engine.int8.Int8Linear`):
+        ``[M, N]``."""
+        rows, inner = x.shape
+        outputs = scale.shape[0]
+        out = torch.empty((rows, outputs), dtype=torch.float32)
+        self._lib.ts_w8_linear(
+            x.data_ptr(),
+            rows,
+            inner,
+            x.stride(0),
+            packed.data_ptr(),
+            scale.data_ptr(),
+            outputs,
+            out.data_ptr(),
+            outputs,
+        )
+        return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """``x [rows, dim]`` normalized by its root mean square, times ``weight [dim]``."""

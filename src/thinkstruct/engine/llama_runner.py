@@ -6,10 +6,9 @@ fifty per layer (each with its Python call, dispatch and, with two threads, an O
 wake-up). This runner computes the same function from the same weights with fewer:
 
 - the query, key and value projections run as one matrix multiply, and so do the gate
-  and up projections (their weights concatenated once, at construction). For torch's
-  dynamic int8 layers the concatenation is exact: the integer weights are stacked and each
-  output row keeps its own scale (per-channel), and the input is quantized once instead of
-  three times with the same scale;
+  and up projections (their weights concatenated once, at construction; for int8 layers
+  the integer rows and their scales are stacked, exactly, and torch's dynamic int8
+  quantizes the input once instead of three times with the same scale);
 - the rotary angles are computed once per pass, not once per layer, and a layer's
   queries and keys are rotated in one go;
 - a pass whose rows feed different numbers of tokens (prompts of different lengths, a
@@ -45,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from thinkstruct.engine.cpu_kernels import CpuKernels, cpu_kernels
+from thinkstruct.engine.int8_weights import Int8Linear
 from thinkstruct.engine.runner import PaddedPass, SlotRunner
 
 #: Architectures whose layers are exactly: RMSNorm, q/k/v/o attention with rotary
@@ -75,9 +75,10 @@ class _Projection:
     """Several linear layers over the same input, run as one: ``x [..., in] -> [..., sum out]``.
 
     One layer runs as itself. Float layers are concatenated into one weight (the layers
-    become views of it: no second copy); torch's dynamic int8 layers into one per-channel
-    int8 weight (each part keeps its scales, so the result is the parts'; the model's own
-    packed weights stay, so these are a second copy). Anything else runs part by part.
+    become views of it: no second copy); int8 layers (:class:`Int8Linear`, or torch's
+    dynamic int8 with per-channel weights) into one int8 layer (each output row keeps its
+    weights and scale, so the result is the parts'; the model's own layers keep theirs, so
+    these are a second copy). Anything else runs part by part.
     """
 
     def __init__(self, modules: Sequence[Any]) -> None:
@@ -92,6 +93,8 @@ class _Projection:
                 m.weight.data = weight[offset : offset + size]
                 offset += size
             self._run = lambda x: F.linear(x, weight)
+        elif all(isinstance(m, Int8Linear) for m in modules):
+            self._run = Int8Linear.stacked(modules)
         elif all(_is_dynamic_int8(m) for m in modules):
             packed = _stacked_int8(modules)
             self._run = lambda x: torch.ops.quantized.linear_dynamic(x, packed, reduce_range=True)
@@ -164,7 +167,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 class LlamaRunner(SlotRunner):
     """A Llama-shaped transformers causal LM (see :func:`supports`) on a :class:`SlotCache`,
-    computed by this module from the model's own weights (float or torch dynamic int8).
+    computed by this module from the model's own weights (float, :class:`Int8Linear` or
+    torch dynamic int8).
 
     Args:
         model: the ``LlamaForCausalLM`` (eval mode); its float weights are shared (its

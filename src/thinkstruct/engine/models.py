@@ -62,10 +62,13 @@ DTYPES = ("bfloat16", "float32", "float16")
 """Accepted ``dtype`` names. bfloat16 halves the weight bytes of float32; on CPUs without
 AVX512-BF16 its matmuls are slow at batch > 1 (see the README's numbers)."""
 
-QUANTIZATIONS = ("int8",)
+QUANTIZATIONS = ("int8", "int8-weights")
 """Accepted ``quantize`` values: ``"int8"`` is torch's dynamic int8 quantization of the
-``nn.Linear`` layers (weights int8 per tensor, activations quantized on the fly per tensor,
-float32 elsewhere), except layers whose inputs carry outliers (see :func:`load_model`)."""
+``nn.Linear`` layers (weights int8 per channel, activations quantized on the fly per tensor,
+float32 elsewhere), except layers whose inputs carry outliers (see :func:`load_model`);
+``"int8-weights"`` stores the weights as int8 (one scale per output row) and keeps the
+activations float32 (:mod:`thinkstruct.engine.int8_weights`): much closer to float32,
+slower to prefill. Both compute in float32."""
 
 PLAIN_FAMILY = ReasoningFamily(
     name="plain",
@@ -119,7 +122,7 @@ class LoadedModel:
         name: the served model id, e.g. ``"SmolLM2-135M-Instruct"``.
         path: what was loaded: the model directory or the ``.gguf`` file.
         dtype: the dtype activations (and non-quantized weights) are computed in.
-        quantize: ``"int8"`` or ``None``.
+        quantize: ``"int8"``, ``"int8-weights"`` or ``None``.
         context_length: the model's maximum sequence length in tokens (prompt + output).
         chat_template: the template chat requests are rendered with; ``None`` when neither
             the model nor its family has one.
@@ -128,8 +131,9 @@ class LoadedModel:
         family_reason: why :attr:`family` was chosen.
         weights_dir: the directory the weights were read from (the cache entry of a GGUF).
         converted: whether this load converted a GGUF (first start) rather than read the cache.
-        float_modules: under int8, the Linear layers kept in float32 because their inputs
-            have outliers a per-tensor int8 scale cannot represent.
+        float_modules: under quantization, the Linear layers kept in float32 (``int8``:
+            their inputs have outliers a per-tensor int8 scale cannot represent;
+            ``int8-weights``: a bias, or an output size the packing cannot take).
         load_seconds: wall time of :func:`load_model`.
     """
 
@@ -166,8 +170,9 @@ def load_model(
         dtype: ``"bfloat16"``, ``"float32"`` or ``"float16"``.
         quantize: ``None`` or ``"int8"``: torch's dynamic int8 on the ``nn.Linear`` layers,
             quantized from the float32 weights; a layer whose input has outliers (found on
-            one calibration forward) stays float32. The model then computes in float32
-            whatever ``dtype`` says.
+            one calibration forward) stays float32; ``"int8-weights"``: int8 weights on
+            every bias-free ``nn.Linear``, float32 activations. The model then computes in
+            float32 whatever ``dtype`` says.
         reasoning_parser: a reasoning family name (or ``"plain"``) that overrides detection.
         progress: show progress bars (stderr) while converting a GGUF.
 
@@ -225,6 +230,20 @@ def load_model(
             len(float_modules),
             ", ".join(float_modules) or "none",
             result.seconds,
+        )
+    elif quantize == "int8-weights":
+        from thinkstruct.engine.int8_weights import quantize_int8_weights
+
+        weights = quantize_int8_weights(model)
+        float_modules = weights.kept_float
+        log.info(
+            "int8 weights for %s: %d Linear layers on %s, %d kept float32 (%s), %.2f s",
+            source,
+            len(weights.quantized),
+            "the compiled kernels" if weights.compiled else "torch's int8 matrix multiply",
+            len(float_modules),
+            ", ".join(float_modules) or "none",
+            weights.seconds,
         )
     loaded = LoadedModel(
         model=model,
@@ -424,9 +443,9 @@ def _load_weights(
     import torch
     from transformers import AutoModelForCausalLM
 
-    compute = torch.float32 if quantize == "int8" else _torch_dtype(dtype)
-    if quantize == "int8" and dtype != "float32":
-        log.info("int8 dynamic quantization computes in float32; dtype=%s does not apply", dtype)
+    compute = torch.float32 if quantize is not None else _torch_dtype(dtype)
+    if quantize is not None and dtype != "float32":
+        log.info("%s quantization computes in float32; dtype=%s does not apply", quantize, dtype)
     try:
         # Reading a plain directory takes well under a second: no bar for it.
         with _transformers_progress(False):
