@@ -188,35 +188,17 @@ void ts_attention(const float *qkv, int64_t tokens, int64_t ld, int64_t heads, i
  * register tiles over it. */
 #define TS_W8_LOAD(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 
-/* rows <= 4 x 16 outputs, weights converted in the loop. */
-static inline __attribute__((always_inline)) void w8_stream_tile(const int rows, const float *x, int64_t ld_x,
-                                                                 const int8_t *wq, int64_t K, const float *scale,
-                                                                 float *out, int64_t ld_out) {
-    __m256 acc[4][2];
-    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        const __m256 w0 = TS_W8_LOAD(wq + k * 16), w1 = TS_W8_LOAD(wq + k * 16 + 8);
-        for (int r = 0; r < rows; r++) {
-            const __m256 xb = _mm256_broadcast_ss(x + r * ld_x + k);
-            acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
-        }
-    }
-    const __m256 s0 = _mm256_loadu_ps(scale), s1 = _mm256_loadu_ps(scale + 8);
-    for (int r = 0; r < rows; r++) {
-        _mm256_storeu_ps(out + r * ld_out, _mm256_mul_ps(acc[r][0], s0));
-        _mm256_storeu_ps(out + r * ld_out + 8, _mm256_mul_ps(acc[r][1], s1));
-    }
-}
-
-/* rows <= 6 x 16 outputs over float32 weights [K][16]. */
-static inline __attribute__((always_inline)) void w8_block_tile(const int rows, const float *x, int64_t ld_x,
-                                                                const float *wf, int64_t K, const float *scale,
-                                                                float *out, int64_t ld_out) {
+/* rows (<= 6) x 16 outputs. from_float (a constant at each call, folded away): read the
+ * block's float32 copy wf [K][16] instead of converting the int8 wq as it streams. */
+static inline __attribute__((always_inline)) void w8_tile(const int rows, const int from_float, const float *x,
+                                                          int64_t ld_x, const int8_t *wq, const float *wf,
+                                                          int64_t K, const float *scale, float *out,
+                                                          int64_t ld_out) {
     __m256 acc[6][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
-        const __m256 w0 = _mm256_load_ps(wf + k * 16), w1 = _mm256_load_ps(wf + k * 16 + 8);
+        const __m256 w0 = from_float ? _mm256_load_ps(wf + k * 16) : TS_W8_LOAD(wq + k * 16);
+        const __m256 w1 = from_float ? _mm256_load_ps(wf + k * 16 + 8) : TS_W8_LOAD(wq + k * 16 + 8);
         for (int r = 0; r < rows; r++) {
             const __m256 xb = _mm256_broadcast_ss(x + r * ld_x + k);
             acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
@@ -230,8 +212,8 @@ static inline __attribute__((always_inline)) void w8_block_tile(const int rows, 
     }
 }
 
-#define TS_STREAM(n) w8_stream_tile(n, xm, ld_x, wq, K, sb, om, ld_out)
-#define TS_BLOCK(n) w8_block_tile(n, xm, ld_x, wf, K, sb, om, ld_out)
+#define TS_STREAM(n) w8_tile(n, 0, xm, ld_x, wq, NULL, K, sb, om, ld_out)
+#define TS_BLOCK(n) w8_tile(n, 1, xm, ld_x, wq, wf, K, sb, om, ld_out)
 
 /* x [M, K] (row stride ld_x), packed w as above, scale [N], out [M, N] (row stride ld_out);
  * N % 16 == 0. */
