@@ -97,7 +97,7 @@ def test_rope_store_and_attention_match_torch(kernels, data) -> None:
         k = want_keys[s, :, : p + 1].repeat_interleave(group, dim=0)  # [heads, p + 1, dim]
         v = want_values[s, :, : p + 1].repeat_interleave(group, dim=0)
         want = F.scaled_dot_product_attention(queries[t][:, None], k, v, scale=dim**-0.5)[:, 0]
-        torch.testing.assert_close(got[t].view(heads, dim), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[t].view(heads, dim), want, rtol=1e-4, atol=1e-4)
 
     # The first token alone, with the span of its own position: the same bits.
     alone = kernels.attention(
