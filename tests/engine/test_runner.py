@@ -240,3 +240,25 @@ def test_a_model_the_llama_runner_does_not_compute_gets_the_transformers_runner(
     with torch.inference_mode():
         got = runner.forward(0, [[1, 2, 3]], [0])[0]
     torch.testing.assert_close(got, reference_logits(model, [1, 2, 3]), rtol=1e-4, atol=1e-4)
+
+
+def test_sizes_the_kernels_cannot_take_run_on_torch_operations() -> None:
+    """A hidden size that is not a multiple of 8 (here 60, with 4 heads of 16: attention's
+    width 64 fits) keeps the Llama runner on torch operations, and its logits right."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=60,
+        head_dim=16,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = LlamaForCausalLM(config).eval()
+    runner = LlamaRunner(model, slots=1, context_length=64)
+    assert not runner.compiled
+    with torch.inference_mode():
+        got = runner.forward(0, [[1, 2, 3]], [0])[0]
+    torch.testing.assert_close(got, reference_logits(model, [1, 2, 3]), rtol=1e-4, atol=1e-4)

@@ -209,7 +209,12 @@ class LlamaRunner(SlotRunner):
         self._kernels = cpu_kernels() if kernels and self._fits_kernels() else None
 
     def _fits_kernels(self) -> bool:
-        sizes = (self._head_dim // 2, self._heads * self._head_dim, self._layers[0].gate_up.sizes[0])
+        sizes = (
+            self._norm.numel(),  # hidden size: the norms' rows
+            self._head_dim // 2,
+            self._heads * self._head_dim,
+            self._layers[0].gate_up.sizes[0],  # intermediate size
+        )
         return self._dtype == torch.float32 and self._head_dim <= 256 and all(n % 8 == 0 for n in sizes)
 
     @property
