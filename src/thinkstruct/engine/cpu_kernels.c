@@ -212,8 +212,25 @@ static inline __attribute__((always_inline)) void w8_tile(const int rows, const 
     }
 }
 
-#define TS_STREAM(n) w8_tile(n, 0, xm, ld_x, wq, NULL, K, sb, om, ld_out)
-#define TS_BLOCK(n) w8_tile(n, 1, xm, ld_x, wq, wf, K, sb, om, ld_out)
+/* All M rows against one block of 16 outputs, in tiles of `height` rows (4 streaming,
+ * 6 over the float32 copy); height and from_float are constants at each call. */
+static inline __attribute__((always_inline)) void w8_block(const int height, const int from_float, const float *x,
+                                                           int64_t M, int64_t ld_x, const int8_t *wq,
+                                                           const float *wf, int64_t K, const float *scale,
+                                                           float *out, int64_t ld_out) {
+    for (int64_t m = 0; m < M; m += height) {
+        const float *xm = x + m * ld_x;
+        float *om = out + m * ld_out;
+        switch (M - m >= height ? height : M - m) {
+            case 1: w8_tile(1, from_float, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
+            case 2: w8_tile(2, from_float, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
+            case 3: w8_tile(3, from_float, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
+            case 4: w8_tile(4, from_float, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
+            case 5: w8_tile(5, from_float, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
+            default: w8_tile(6, from_float, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
+        }
+    }
+}
 
 /* x [M, K] (row stride ld_x), packed w as above, scale [N], out [M, N] (row stride ld_out);
  * N % 16 == 0. */
@@ -222,20 +239,8 @@ void ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8
     const int64_t blocks = N / 16;
     if (M <= 8) {
 #pragma omp parallel for schedule(static)
-        for (int64_t b = 0; b < blocks; b++) {
-            const int8_t *wq = w + b * K * 16;
-            const float *sb = scale + b * 16;
-            for (int64_t m = 0; m < M; m += 4) {
-                const float *xm = x + m * ld_x;
-                float *om = out + m * ld_out + b * 16;
-                switch (M - m >= 4 ? 4 : M - m) {
-                    case 1: TS_STREAM(1); break;
-                    case 2: TS_STREAM(2); break;
-                    case 3: TS_STREAM(3); break;
-                    default: TS_STREAM(4); break;
-                }
-            }
-        }
+        for (int64_t b = 0; b < blocks; b++)
+            w8_block(4, 0, x, M, ld_x, w + b * K * 16, NULL, K, scale + b * 16, out + b * 16, ld_out);
         return;
     }
 #pragma omp parallel
@@ -244,20 +249,8 @@ void ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) {
             const int8_t *wq = w + b * K * 16;
-            const float *sb = scale + b * 16;
             for (int64_t k = 0; k < K * 16; k += 8) _mm256_store_ps(wf + k, TS_W8_LOAD(wq + k));
-            for (int64_t m = 0; m < M; m += 6) {
-                const float *xm = x + m * ld_x;
-                float *om = out + m * ld_out + b * 16;
-                switch (M - m >= 6 ? 6 : M - m) {
-                    case 1: TS_BLOCK(1); break;
-                    case 2: TS_BLOCK(2); break;
-                    case 3: TS_BLOCK(3); break;
-                    case 4: TS_BLOCK(4); break;
-                    case 5: TS_BLOCK(5); break;
-                    default: TS_BLOCK(6); break;
-                }
-            }
+            w8_block(6, 1, x, M, ld_x, wq, wf, K, scale + b * 16, out + b * 16, ld_out);
         }
         free(wf);
     }

@@ -77,14 +77,8 @@ class Int8Linear(torch.nn.Module):
         kernels = parts[0]._kernels
         if any(p._kernels is not kernels or p.in_features != parts[0].in_features for p in parts):
             raise ValueError("stacked int8 layers must share their input size and kernels")
-        layer = cls.__new__(cls)
-        torch.nn.Module.__init__(layer)
-        layer.in_features = parts[0].in_features
-        layer.out_features = sum(p.out_features for p in parts)
-        layer._kernels = kernels
-        layer.register_buffer("weight_int8", torch.cat([p.weight_int8 for p in parts]), persistent=False)
-        layer.register_buffer("scale", torch.cat([p.scale for p in parts]), persistent=False)
-        return layer
+        rows = torch.cat([p._rows() for p in parts])
+        return cls(rows, torch.cat([p.scale for p in parts]), kernels=kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -98,10 +92,14 @@ class Int8Linear(torch.nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` this layer multiplies by."""
-        weight = self.weight_int8
-        if self._kernels is not None:  # [out / BLOCK, in, BLOCK] -> [out, in]
-            weight = weight.transpose(1, 2).reshape(self.out_features, self.in_features)
-        return weight.float() * self.scale[:, None]
+        return self._rows().float() * self.scale[:, None]
+
+    def _rows(self) -> torch.Tensor:
+        """The int8 weight ``[out, in]`` (a copy when it is stored packed)."""
+        if self._kernels is None:
+            return self.weight_int8
+        # [out / BLOCK, in, BLOCK] -> [out, in]
+        return self.weight_int8.transpose(1, 2).reshape(self.out_features, self.in_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
