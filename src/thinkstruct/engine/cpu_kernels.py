@@ -195,8 +195,10 @@ def cpu_kernels() -> CpuKernels | None:
     if reason is None:
         try:
             return CpuKernels(ctypes.CDLL(str(_built_library())))
-        except (OSError, subprocess.CalledProcessError) as exc:
-            reason = f"build failed: {exc}"
+        except subprocess.CalledProcessError as exc:
+            reason = f"build failed: {exc}: {(exc.stderr or '').strip()[-2000:]}"
+        except OSError as exc:
+            reason = f"build or load failed: {exc}"
     log.info("CPU kernels off (%s): the Llama runner uses torch operations", reason)
     return None
 
