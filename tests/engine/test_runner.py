@@ -217,21 +217,25 @@ def test_with_int8_weights_a_rows_logits_do_not_depend_on_its_batch(tiny_model) 
         assert torch.equal(after[0], beside[0])
 
 
-def test_a_model_the_llama_runner_does_not_compute_gets_the_transformers_runner() -> None:
+def _small_llama(**config: object):
+    """A one-layer random Llama with 4 query heads over 2 key/value heads, vocabulary 300."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    config = {
+        "vocab_size": 300,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        **config,
+    }
+    return LlamaForCausalLM(LlamaConfig(**config)).eval()
+
+
+def test_a_model_the_llama_runner_does_not_compute_gets_the_transformers_runner() -> None:
     from thinkstruct.engine.engine import default_runner
 
-    config = LlamaConfig(
-        vocab_size=300,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        attention_bias=True,
-    )
-    model = LlamaForCausalLM(config).eval()
+    model = _small_llama(hidden_size=32, attention_bias=True)
     assert supports(model) == "biased projections"
     with pytest.raises(ValueError, match="biased projections"):
         LlamaRunner(model, slots=1, context_length=64)
@@ -245,18 +249,7 @@ def test_a_model_the_llama_runner_does_not_compute_gets_the_transformers_runner(
 def test_sizes_the_kernels_cannot_take_run_on_torch_operations() -> None:
     """A hidden size that is not a multiple of 8 (here 60, with 4 heads of 16: attention's
     width 64 fits) keeps the Llama runner on torch operations, and its logits right."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=300,
-        hidden_size=60,
-        head_dim=16,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    model = LlamaForCausalLM(config).eval()
+    model = _small_llama(hidden_size=60, head_dim=16)
     runner = LlamaRunner(model, slots=1, context_length=64)
     assert not runner.compiled
     with torch.inference_mode():
