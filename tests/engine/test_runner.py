@@ -27,8 +27,38 @@ class TorchOpsLlamaRunner(LlamaRunner):
         super().__init__(model, kernels=False, **kwargs)
 
 
-RUNNERS = [TransformersRunner, LlamaRunner, TorchOpsLlamaRunner]
+class StackedInt8LlamaRunner(LlamaRunner):
+    """The Llama runner on a copy of the model with int8 weights: every layer of a pass in
+    one kernel call. Its reference is that quantized model run by transformers."""
+
+    def __init__(self, model, **kwargs) -> None:
+        super().__init__(_int8_weights_copy(model), **kwargs)
+        assert self.stacked
+
+
+RUNNERS = [TransformersRunner, LlamaRunner, TorchOpsLlamaRunner, StackedInt8LlamaRunner]
 runners = pytest.mark.parametrize("runner_class", RUNNERS, ids=lambda c: c.__name__)
+
+_quantized: dict[int, torch.nn.Module] = {}
+
+
+def _int8_weights_copy(model):
+    """One int8-weight copy of ``model`` per test run (the runner's and the reference's)."""
+    if id(model) not in _quantized:
+        import copy
+
+        from thinkstruct.engine.int8_weights import quantize_int8_weights
+
+        quantized = copy.deepcopy(model)
+        quantize_int8_weights(quantized)
+        _quantized[id(model)] = quantized
+    return _quantized[id(model)]
+
+
+def plain_model(tiny_model, runner_class: type[ModelRunner]):
+    """What the runner's logits are held to: the model it computes, run by transformers."""
+    model = tiny_model.model
+    return _int8_weights_copy(model) if runner_class is StackedInt8LlamaRunner else model
 
 
 def reference_logits(model, ids: list[int]) -> torch.Tensor:
@@ -40,7 +70,10 @@ def reference_logits(model, ids: list[int]) -> torch.Tensor:
 
 def _runner(tiny_model, runner_class: type[ModelRunner] = TransformersRunner) -> ModelRunner:
     runner = runner_class(tiny_model.model, slots=SLOTS, context_length=tiny_model.context_length)  # type: ignore[call-arg]
-    if runner_class is LlamaRunner:  # the tiny model's float32 sizes fit the kernels, here they build
+    if runner_class in (
+        LlamaRunner,
+        StackedInt8LlamaRunner,
+    ):  # the tiny model's float32 sizes fit the kernels
         assert runner.compiled
     return runner
 
@@ -48,7 +81,7 @@ def _runner(tiny_model, runner_class: type[ModelRunner] = TransformersRunner) ->
 @runners
 def test_rows_of_different_lengths_match_the_plain_model(tiny_model, runner_class) -> None:
     runner = _runner(tiny_model, runner_class)
-    plain = tiny_model.model
+    plain = plain_model(tiny_model, runner_class)
     rows = [[5, 6, 7], [100, 200], [9, 8, 7, 6, 5, 4, 3]]
     with torch.inference_mode():
         for slot, ids in enumerate(rows):
@@ -69,7 +102,9 @@ def test_a_row_moved_to_another_slot_keeps_its_cache(tiny_model, runner_class) -
         runner.forward(2, [[1, 2, 3, 4]], [0])
         runner.copy_slot(2, 0, 4)
         got = runner.forward(0, [[5]], [4])[0]
-    torch.testing.assert_close(got, reference_logits(tiny_model.model, [1, 2, 3, 4, 5]), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        got, reference_logits(plain_model(tiny_model, runner_class), [1, 2, 3, 4, 5]), rtol=1e-4, atol=1e-4
+    )
 
 
 @runners
@@ -80,7 +115,9 @@ def test_buffers_grow_past_the_initial_capacity(tiny_model, runner_class) -> Non
         runner.forward(0, [ids[:200]], [0])
         got = runner.forward(0, [ids[200:]], [200])[0]
     assert runner.cache.capacity >= 300
-    torch.testing.assert_close(got, reference_logits(tiny_model.model, ids), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        got, reference_logits(plain_model(tiny_model, runner_class), ids), rtol=1e-4, atol=1e-4
+    )
 
 
 token = st.integers(min_value=2, max_value=120_000)
@@ -92,7 +129,7 @@ token = st.integers(min_value=2, max_value=120_000)
 def test_any_schedule_matches_the_plain_model(tiny_model, runner_class, data) -> None:
     """A random schedule of joins, multi-token feeds and leaves (with compaction)."""
     runner = _runner(tiny_model, runner_class)
-    plain = tiny_model.model
+    plain = plain_model(tiny_model, runner_class)
     live: list[list[int]] = []  # live[slot] = the tokens that slot holds
     with torch.inference_mode():
         for _ in range(data.draw(st.integers(2, 6), label="rounds")):
@@ -122,17 +159,16 @@ def test_the_model_stays_correct_outside_the_runner(tiny_model, runner_class) ->
     """A runner may switch the model to its attention or make its weights views of fused
     ones; a padded batch run the ordinary way must still give each row its own logits."""
     _runner(tiny_model, runner_class)
+    model = plain_model(tiny_model, runner_class)
     rows = [[3, 4, 5, 6], [7, 8]]
     ids = torch.tensor([rows[0], [1, 1, *rows[1]]])
     mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.inference_mode():
-        out = (
-            tiny_model.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
-        )
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
     import copy
 
-    plain = copy.deepcopy(tiny_model.model)
+    plain = copy.deepcopy(model)
     plain.set_attn_implementation("sdpa")
     for i, row in enumerate(rows):
         torch.testing.assert_close(out[i], reference_logits(plain, row), rtol=1e-4, atol=1e-4)

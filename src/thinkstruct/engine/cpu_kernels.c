@@ -18,6 +18,9 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <omp.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 static inline float hsum256(__m256 v) {
@@ -50,9 +53,8 @@ static inline __m256 exp256(__m256 x) {
 }
 
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for rows r < rows; dim % 8 == 0. */
-void ts_rms_norm(const float *x, int64_t rows, int64_t dim, int64_t ld_x, const float *weight, float eps,
-                 float *out, int64_t ld_out) {
-#pragma omp parallel for schedule(static) if (rows >= 16)
+static void ts_rms_norm_rows(const float *x, int64_t rows, int64_t dim, int64_t ld_x, const float *weight,
+                             float eps, float *out, int64_t ld_out) {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * ld_x;
         float *o = out + r * ld_out;
@@ -68,9 +70,14 @@ void ts_rms_norm(const float *x, int64_t rows, int64_t dim, int64_t ld_x, const 
     }
 }
 
+void ts_rms_norm(const float *x, int64_t rows, int64_t dim, int64_t ld_x, const float *weight, float eps,
+                 float *out, int64_t ld_out) {
+#pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int64_t r = 0; r < rows; r++) ts_rms_norm_rows(x + r * ld_x, 1, dim, ld_x, weight, eps, out + r * ld_out, ld_out);
+}
+
 /* out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i]; inter % 8 == 0. */
-void ts_silu_mul(const float *gate_up, int64_t tokens, int64_t inter, float *out) {
-#pragma omp parallel for schedule(static) if (tokens >= 16)
+static void silu_mul_rows(const float *gate_up, int64_t tokens, int64_t inter, float *out) {
     for (int64_t t = 0; t < tokens; t++) {
         const float *g = gate_up + t * 2 * inter;
         const float *u = g + inter;
@@ -86,15 +93,19 @@ void ts_silu_mul(const float *gate_up, int64_t tokens, int64_t inter, float *out
     }
 }
 
+void ts_silu_mul(const float *gate_up, int64_t tokens, int64_t inter, float *out) {
+#pragma omp parallel for schedule(static) if (tokens >= 16)
+    for (int64_t t = 0; t < tokens; t++) silu_mul_rows(gate_up + t * 2 * inter, 1, inter, out + t * inter);
+}
+
 /* Rotate each token's queries (in place) and keys by its position (cos/sin [T, dim/2],
  * rotate-half layout), and write the rotated keys and the values into the cache at
- * (slot_of[t], pos_of[t]). */
-void ts_rope_store(float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
-                   const float *cos_t, const float *sin_t, const int64_t *slot_of, const int64_t *pos_of,
-                   float *keys, float *values, int64_t capacity) {
+ * (slot_of[t], pos_of[t]); tokens t_lo <= t < t_hi. */
+static void rope_store_rows(float *qkv, int64_t t_lo, int64_t t_hi, int64_t ld, int64_t heads, int64_t kv_heads,
+                            int64_t dim, const float *cos_t, const float *sin_t, const int64_t *slot_of,
+                            const int64_t *pos_of, float *keys, float *values, int64_t capacity) {
     const int64_t half = dim / 2;
-#pragma omp parallel for schedule(static) if (tokens >= 16)
-    for (int64_t t = 0; t < tokens; t++) {
+    for (int64_t t = t_lo; t < t_hi; t++) {
         float *row = qkv + t * ld;
         const float *c = cos_t + t * half;
         const float *s = sin_t + t * half;
@@ -121,59 +132,77 @@ void ts_rope_store(float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_
     }
 }
 
-/* out[t, h*dim:(h+1)*dim] = softmax(q . K[0..pos] * scale) V[0..pos] for each token t and
- * query head h (its key/value head h / (heads / kv_heads)), over its own slot's cache.
- * span: 1 + the largest pos_of (scratch size). dim % 8 == 0, dim <= 256. */
+void ts_rope_store(float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
+                   const float *cos_t, const float *sin_t, const int64_t *slot_of, const int64_t *pos_of,
+                   float *keys, float *values, int64_t capacity) {
+#pragma omp parallel for schedule(static) if (tokens >= 16)
+    for (int64_t t = 0; t < tokens; t++)
+        rope_store_rows(qkv, t, t + 1, ld, heads, kv_heads, dim, cos_t, sin_t, slot_of, pos_of, keys, values,
+                        capacity);
+}
+
+/* One unit of attention: token t = unit / heads, query head h = unit % heads (its
+ * key/value head h / (heads / kv_heads)): out[t, h*dim:(h+1)*dim] = softmax(q . K[0..pos]
+ * * scale) V[0..pos] over its own slot's cache. scores: scratch of pos + 1 floats rounded
+ * up to 8 (32-byte aligned). dim % 8 == 0, dim <= 256. */
+static void attend_unit(const float *qkv, int64_t unit, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
+                        const int64_t *slot_of, const int64_t *pos_of, const float *keys, const float *values,
+                        int64_t capacity, float scale, float *scores, float *out, int64_t ld_out) {
+    const int64_t group = heads / kv_heads;
+    const int64_t t = unit / heads, h = unit % heads, kvh = h / group;
+    const int64_t n = pos_of[t] + 1;
+    const float *q = qkv + t * ld + h * dim;
+    const float *k = keys + (slot_of[t] * kv_heads + kvh) * capacity * dim;
+    const float *v = values + (slot_of[t] * kv_heads + kvh) * capacity * dim;
+    float peak = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+        const float *kj = k + j * dim;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 16 <= dim; i += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(kj + i + 8), a1);
+        }
+        if (i < dim) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
+        float sj = hsum256(_mm256_add_ps(a0, a1)) * scale;
+        scores[j] = sj;
+        if (sj > peak) peak = sj;
+    }
+    for (int64_t j = n; j < ((n + 7) & ~(int64_t)7); j++) scores[j] = -INFINITY;
+    __m256 total = _mm256_setzero_ps();
+    const __m256 m = _mm256_set1_ps(peak);
+    for (int64_t j = 0; j < n; j += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(scores + j), m));
+        _mm256_store_ps(scores + j, e);
+        total = _mm256_add_ps(total, e);
+    }
+    const float inv = 1.0f / hsum256(total);
+    __m256 acc[32];
+    const int64_t lanes = dim / 8;
+    for (int64_t l = 0; l < lanes; l++) acc[l] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j++) {
+        const __m256 w = _mm256_set1_ps(scores[j]);
+        const float *vj = v + j * dim;
+        for (int64_t l = 0; l < lanes; l++) acc[l] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * l), acc[l]);
+    }
+    float *o = out + t * ld_out + h * dim;
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (int64_t l = 0; l < lanes; l++) _mm256_storeu_ps(o + 8 * l, _mm256_mul_ps(acc[l], iv));
+}
+
+/* Every token t's queries (in qkv) attend to its slot's positions 0..pos_of[t] (see
+ * attend_unit). span: 1 + the largest pos_of (scratch size). */
 void ts_attention(const float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
                   const int64_t *slot_of, const int64_t *pos_of, const float *keys, const float *values,
                   int64_t capacity, int64_t span, float scale, float *out, int64_t ld_out) {
-    const int64_t group = heads / kv_heads;
     const int64_t padded = (span + 7) & ~(int64_t)7;
 #pragma omp parallel if (tokens * heads >= 4)
     {
         float *scores = (float *)aligned_alloc(32, (size_t)padded * sizeof(float));
 #pragma omp for schedule(static, 1)
-        for (int64_t unit = 0; unit < tokens * heads; unit++) {
-            const int64_t t = unit / heads, h = unit % heads, kvh = h / group;
-            const int64_t n = pos_of[t] + 1;
-            const float *q = qkv + t * ld + h * dim;
-            const float *k = keys + (slot_of[t] * kv_heads + kvh) * capacity * dim;
-            const float *v = values + (slot_of[t] * kv_heads + kvh) * capacity * dim;
-            float peak = -INFINITY;
-            for (int64_t j = 0; j < n; j++) {
-                const float *kj = k + j * dim;
-                __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-                int64_t i = 0;
-                for (; i + 16 <= dim; i += 16) {
-                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
-                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(kj + i + 8), a1);
-                }
-                if (i < dim) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
-                float sj = hsum256(_mm256_add_ps(a0, a1)) * scale;
-                scores[j] = sj;
-                if (sj > peak) peak = sj;
-            }
-            for (int64_t j = n; j < padded; j++) scores[j] = -INFINITY;
-            __m256 total = _mm256_setzero_ps();
-            const __m256 m = _mm256_set1_ps(peak);
-            for (int64_t j = 0; j < n; j += 8) {
-                __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(scores + j), m));
-                _mm256_store_ps(scores + j, e);
-                total = _mm256_add_ps(total, e);
-            }
-            const float inv = 1.0f / hsum256(total);
-            __m256 acc[32];
-            const int64_t lanes = dim / 8;
-            for (int64_t l = 0; l < lanes; l++) acc[l] = _mm256_setzero_ps();
-            for (int64_t j = 0; j < n; j++) {
-                const __m256 w = _mm256_set1_ps(scores[j]);
-                const float *vj = v + j * dim;
-                for (int64_t l = 0; l < lanes; l++) acc[l] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * l), acc[l]);
-            }
-            float *o = out + t * ld_out + h * dim;
-            const __m256 iv = _mm256_set1_ps(inv);
-            for (int64_t l = 0; l < lanes; l++) _mm256_storeu_ps(o + 8 * l, _mm256_mul_ps(acc[l], iv));
-        }
+        for (int64_t unit = 0; unit < tokens * heads; unit++)
+            attend_unit(qkv, unit, ld, heads, kv_heads, dim, slot_of, pos_of, keys, values, capacity, scale, scores,
+                        out, ld_out);
         free(scores);
     }
 }
@@ -188,9 +217,11 @@ void ts_attention(const float *qkv, int64_t tokens, int64_t ld, int64_t heads, i
  * register tiles over it. */
 #define TS_W8_LOAD(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 
-/* rows (<= 6) x 16 outputs. from_float (a constant at each call, folded away): read the
- * block's float32 copy wf [K][16] instead of converting the int8 wq as it streams. */
-static inline __attribute__((always_inline)) void w8_tile(const int rows, const int from_float, const float *x,
+/* rows (<= 6) x 16 outputs. from_float and accumulate (constants at each call, folded
+ * away): read the block's float32 copy wf [K][16] instead of converting the int8 wq as it
+ * streams; add the result to what out holds. */
+static inline __attribute__((always_inline)) void w8_tile(const int rows, const int from_float,
+                                                          const int accumulate, const float *x,
                                                           int64_t ld_x, const int8_t *wq, const float *wf,
                                                           int64_t K, const float *scale, float *out,
                                                           int64_t ld_out) {
@@ -207,14 +238,21 @@ static inline __attribute__((always_inline)) void w8_tile(const int rows, const 
     }
     const __m256 s0 = _mm256_loadu_ps(scale), s1 = _mm256_loadu_ps(scale + 8);
     for (int r = 0; r < rows; r++) {
-        _mm256_storeu_ps(out + r * ld_out, _mm256_mul_ps(acc[r][0], s0));
-        _mm256_storeu_ps(out + r * ld_out + 8, _mm256_mul_ps(acc[r][1], s1));
+        float *o = out + r * ld_out;
+        __m256 y0 = _mm256_mul_ps(acc[r][0], s0), y1 = _mm256_mul_ps(acc[r][1], s1);
+        if (accumulate) {
+            y0 = _mm256_add_ps(_mm256_loadu_ps(o), y0);
+            y1 = _mm256_add_ps(_mm256_loadu_ps(o + 8), y1);
+        }
+        _mm256_storeu_ps(o, y0);
+        _mm256_storeu_ps(o + 8, y1);
     }
 }
 
 /* All M rows against one block of 16 outputs, in tiles of `height` rows (4 streaming,
- * 6 over the float32 copy); height and from_float are constants at each call. */
-static inline __attribute__((always_inline)) void w8_block(const int height, const int from_float, const float *x,
+ * 6 over the float32 copy); height, from_float and accumulate are constants at each call. */
+static inline __attribute__((always_inline)) void w8_block(const int height, const int from_float,
+                                                           const int accumulate, const float *x,
                                                            int64_t M, int64_t ld_x, const int8_t *wq,
                                                            const float *wf, int64_t K, const float *scale,
                                                            float *out, int64_t ld_out) {
@@ -222,13 +260,34 @@ static inline __attribute__((always_inline)) void w8_block(const int height, con
         const float *xm = x + m * ld_x;
         float *om = out + m * ld_out;
         switch (M - m >= height ? height : M - m) {
-            case 1: w8_tile(1, from_float, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
-            case 2: w8_tile(2, from_float, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
-            case 3: w8_tile(3, from_float, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
-            case 4: w8_tile(4, from_float, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
-            case 5: w8_tile(5, from_float, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
-            default: w8_tile(6, from_float, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
+            case 1: w8_tile(1, from_float, accumulate, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
+            case 2: w8_tile(2, from_float, accumulate, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
+            case 3: w8_tile(3, from_float, accumulate, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
+            case 4: w8_tile(4, from_float, accumulate, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
+            case 5: w8_tile(5, from_float, accumulate, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
+            default: w8_tile(6, from_float, accumulate, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
         }
+    }
+}
+
+/* Output blocks [b_lo, b_hi) of x [M, K] (row stride ld_x) times the packed w (as above),
+ * into out [M, N] (row stride ld_out); accumulate: add to what out holds (a residual
+ * connection) instead of overwriting it. wf: scratch of K * 16 floats (32-byte aligned),
+ * used when M > 8. */
+static void w8_blocks(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_t *w, const float *scale,
+                      float *out, int64_t ld_out, int64_t b_lo, int64_t b_hi, float *wf, int accumulate) {
+    for (int64_t b = b_lo; b < b_hi; b++) {
+        const int8_t *wq = w + b * K * 16;
+        const float *sb = scale + b * 16;
+        float *ob = out + b * 16;
+        if (M <= 8) {
+            if (accumulate) w8_block(4, 0, 1, x, M, ld_x, wq, NULL, K, sb, ob, ld_out);
+            else w8_block(4, 0, 0, x, M, ld_x, wq, NULL, K, sb, ob, ld_out);
+            continue;
+        }
+        for (int64_t k = 0; k < K * 16; k += 8) _mm256_store_ps(wf + k, TS_W8_LOAD(wq + k));
+        if (accumulate) w8_block(6, 1, 1, x, M, ld_x, wq, wf, K, sb, ob, ld_out);
+        else w8_block(6, 1, 0, x, M, ld_x, wq, wf, K, sb, ob, ld_out);
     }
 }
 
@@ -237,21 +296,114 @@ static inline __attribute__((always_inline)) void w8_block(const int height, con
 void ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_t *w, const float *scale,
                   int64_t N, float *out, int64_t ld_out) {
     const int64_t blocks = N / 16;
-    if (M <= 8) {
-#pragma omp parallel for schedule(static)
-        for (int64_t b = 0; b < blocks; b++)
-            w8_block(4, 0, x, M, ld_x, w + b * K * 16, NULL, K, scale + b * 16, out + b * 16, ld_out);
-        return;
-    }
 #pragma omp parallel
     {
-        float *wf = (float *)aligned_alloc(32, (size_t)K * 16 * sizeof(float));
-#pragma omp for schedule(static)
-        for (int64_t b = 0; b < blocks; b++) {
-            const int8_t *wq = w + b * K * 16;
-            for (int64_t k = 0; k < K * 16; k += 8) _mm256_store_ps(wf + k, TS_W8_LOAD(wq + k));
-            w8_block(6, 1, x, M, ld_x, wq, wf, K, scale + b * 16, out + b * 16, ld_out);
-        }
+        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        float *wf = M > 8 ? (float *)aligned_alloc(32, (size_t)K * 16 * sizeof(float)) : NULL;
+        w8_blocks(x, M, K, ld_x, w, scale, out, ld_out, blocks * id / nt, blocks * (id + 1) / nt, wf, 0);
         free(wf);
     }
+}
+
+/* ---- a whole decoder stack in one parallel region ------------------------------------
+ * Small torch operations and separate parallel regions cost more than their arithmetic
+ * at decoding sizes: every region wakes the sleeping OpenMP threads (about 100 us each
+ * on two cores with OMP_WAIT_POLICY=PASSIVE, which the server needs), and a layer makes
+ * about ten of them. ts_llama_layers runs every layer of a pass inside one region; its
+ * threads split each phase (by tokens, by 16-output weight blocks, by token x head) and
+ * meet at a spinning barrier between phases. Each value is computed by the same code as
+ * in the kernels above, so a token's result still depends on its own inputs only. */
+
+/* Two or more threads meeting between phases: spin (they are all running), yield the
+ * core once the wait grows long (another thread of the process may need it). */
+typedef struct {
+    atomic_int arrived;
+    atomic_int generation;
+} ts_barrier;
+
+static void ts_barrier_wait(ts_barrier *b, int threads) {
+    if (threads == 1) return;
+    const int generation = atomic_load_explicit(&b->generation, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == threads - 1) {
+        atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
+        atomic_store_explicit(&b->generation, generation + 1, memory_order_release);
+        return;
+    }
+    for (int spins = 0; atomic_load_explicit(&b->generation, memory_order_acquire) == generation; spins++) {
+        if (spins < 2000) _mm_pause();
+        else sched_yield();
+    }
+}
+
+/* One decoder layer's parameters: int8-weight projections packed as above (q/k/v stacked
+ * into qkv, gate/up into gate_up), the norms' weights, and its cache buffers. */
+typedef struct {
+    const float *attn_norm, *mlp_norm;
+    const int8_t *qkv, *out, *gate_up, *down;
+    const float *qkv_scale, *out_scale, *gate_up_scale, *down_scale;
+    float *keys, *values;
+    float attn_eps, mlp_eps, scaling;
+} ts_layer;
+
+/* h [T, hidden] (the residual stream, updated in place) through layers[0..n_layers):
+ * per layer h += o(attention(rope(qkv(norm(h))))), h += down(silu_mul(gate_up(norm(h)))).
+ * cos/sin [T, dim/2], slot_of/pos_of [T] and the cache as for ts_rope_store and
+ * ts_attention; span: 1 + the largest pos_of. hidden, dim/2, heads*dim, inter: % 8 == 0;
+ * every projection's outputs % 16 == 0. */
+void ts_llama_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t dim,
+                     int64_t inter, const ts_layer *layers, int64_t n_layers, const float *cos_t,
+                     const float *sin_t, const int64_t *slot_of, const int64_t *pos_of, int64_t capacity,
+                     int64_t span) {
+    const int64_t qkv_n = (heads + 2 * kv_heads) * dim, att_n = heads * dim;
+    float *x = (float *)malloc((size_t)T * hidden * sizeof(float));
+    float *qkv = (float *)malloc((size_t)T * qkv_n * sizeof(float));
+    float *att = (float *)malloc((size_t)T * att_n * sizeof(float));
+    float *gate_up = (float *)malloc((size_t)T * 2 * inter * sizeof(float));
+    float *act = (float *)malloc((size_t)T * inter * sizeof(float));
+    const int64_t k_max = hidden > inter ? hidden : inter;
+    const int64_t padded = (span + 7) & ~(int64_t)7;
+    ts_barrier barrier = {0, 0};
+#pragma omp parallel
+    {
+        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        const int64_t t_lo = T * id / nt, t_hi = T * (id + 1) / nt, t_n = t_hi - t_lo;
+        float *wf = T > 8 ? (float *)aligned_alloc(32, (size_t)k_max * 16 * sizeof(float)) : NULL;
+        float *scores = (float *)aligned_alloc(32, (size_t)padded * sizeof(float));
+#define TS_BLOCKS(n) ((n) / 16) * id / nt, ((n) / 16) * (id + 1) / nt
+        for (int64_t i = 0; i < n_layers; i++) {
+            const ts_layer *L = &layers[i];
+            ts_rms_norm_rows(h + t_lo * hidden, t_n, hidden, hidden, L->attn_norm, L->attn_eps, x + t_lo * hidden,
+                             hidden);
+            ts_barrier_wait(&barrier, nt);
+            w8_blocks(x, T, hidden, hidden, L->qkv, L->qkv_scale, qkv, qkv_n, TS_BLOCKS(qkv_n), wf, 0);
+            ts_barrier_wait(&barrier, nt);
+            rope_store_rows(qkv, t_lo, t_hi, qkv_n, heads, kv_heads, dim, cos_t, sin_t, slot_of, pos_of, L->keys,
+                            L->values, capacity);
+            ts_barrier_wait(&barrier, nt);
+            for (int64_t unit = id; unit < T * heads; unit += nt)
+                attend_unit(qkv, unit, qkv_n, heads, kv_heads, dim, slot_of, pos_of, L->keys, L->values,
+                            capacity, L->scaling, scores, att, att_n);
+            ts_barrier_wait(&barrier, nt);
+            w8_blocks(att, T, att_n, att_n, L->out, L->out_scale, h, hidden, TS_BLOCKS(hidden), wf, 1);
+            ts_barrier_wait(&barrier, nt);
+            ts_rms_norm_rows(h + t_lo * hidden, t_n, hidden, hidden, L->mlp_norm, L->mlp_eps, x + t_lo * hidden,
+                             hidden);
+            ts_barrier_wait(&barrier, nt);
+            w8_blocks(x, T, hidden, hidden, L->gate_up, L->gate_up_scale, gate_up, 2 * inter,
+                      TS_BLOCKS(2 * inter), wf, 0);
+            ts_barrier_wait(&barrier, nt);
+            silu_mul_rows(gate_up + t_lo * 2 * inter, t_n, inter, act + t_lo * inter);
+            ts_barrier_wait(&barrier, nt);
+            w8_blocks(act, T, inter, inter, L->down, L->down_scale, h, hidden, TS_BLOCKS(hidden), wf, 1);
+            ts_barrier_wait(&barrier, nt);
+        }
+#undef TS_BLOCKS
+        free(wf);
+        free(scores);
+    }
+    free(x);
+    free(qkv);
+    free(att);
+    free(gate_up);
+    free(act);
 }

@@ -48,11 +48,33 @@ DISABLE_ENV = "THINKSTRUCT_CPU_KERNELS"
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p
 _f32 = ctypes.c_float
+
+
+class LayerPointers(ctypes.Structure):
+    """``ts_layer`` of ``cpu_kernels.c``: one decoder layer's parameters, by address (the
+    tensors must outlive every call that reads them)."""
+
+    _fields_ = [
+        *((name, _ptr) for name in ("attn_norm", "mlp_norm", "qkv", "out", "gate_up", "down")),
+        *((name, _ptr) for name in ("qkv_scale", "out_scale", "gate_up_scale", "down_scale")),
+        ("keys", _ptr),
+        ("values", _ptr),
+        ("attn_eps", _f32),
+        ("mlp_eps", _f32),
+        ("scaling", _f32),
+    ]
+
+
 _SIGNATURES: dict[str, list[type]] = {
     "ts_rms_norm": [_ptr, _i64, _i64, _i64, _ptr, _f32, _ptr, _i64],
     "ts_silu_mul": [_ptr, _i64, _i64, _ptr],
     "ts_rope_store": [_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64],
     "ts_w8_linear": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64],
+    "ts_llama_layers": [
+        *(_ptr, _i64, _i64, _i64, _i64, _i64, _i64),  # h, T, hidden, heads, kv_heads, dim, inter
+        *(ctypes.POINTER(LayerPointers), _i64),  # layers, n_layers
+        *(_ptr, _ptr, _ptr, _ptr, _i64, _i64),  # cos, sin, slot_of, pos_of, capacity, span
+    ],
     "ts_attention": [
         _ptr,
         _i64,
@@ -87,6 +109,11 @@ class CpuKernels:
             function.restype = None
         self._lib = library
 
+    def __deepcopy__(self, memo: dict[int, object]) -> CpuKernels:
+        # One loaded library per process: a copied model (copy.deepcopy of a model with
+        # int8-weight layers) shares it.
+        return self
+
     def w8_linear(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """``x [M, K] @ W.T`` for int8 ``W [N, K]`` with row scales ``scale [N]``, given as
         ``packed [N / 16, K, 16]`` (see :class:`~thinkstruct.engine.int8.Int8Linear`):
@@ -106,6 +133,33 @@ class CpuKernels:
             outputs,
         )
         return out
+
+    def llama_layers(
+        self,
+        h: torch.Tensor,
+        layers: ctypes.Array[LayerPointers],
+        *,
+        heads: int,
+        kv_heads: int,
+        dim: int,
+        inter: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slot_of: torch.Tensor,
+        pos_of: torch.Tensor,
+        capacity: int,
+        span: int,
+    ) -> None:
+        """Run ``h [T, hidden]`` (the residual stream, updated in place) through every
+        layer of ``layers`` in one call: norms, int8-weight projections, rotary positions
+        with the cache write, attention and gated SiLU, as the separate kernels compute
+        them. ``cos``/``sin [T, dim / 2]``, ``slot_of``/``pos_of [T]`` and the cache
+        (``capacity`` positions a slot) as for :meth:`rope_store` and :meth:`attention`."""
+        self._lib.ts_llama_layers(
+            h.data_ptr(), h.shape[0], h.shape[1], heads, kv_heads, dim, inter,
+            layers, len(layers), cos.data_ptr(), sin.data_ptr(), slot_of.data_ptr(),
+            pos_of.data_ptr(), capacity, span,
+        )  # fmt: skip
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """``x [rows, dim]`` normalized by its root mean square, times ``weight [dim]``."""

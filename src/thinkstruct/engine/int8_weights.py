@@ -80,6 +80,12 @@ class Int8Linear(torch.nn.Module):
         rows = torch.cat([p._rows() for p in parts])
         return cls(rows, torch.cat([p.scale for p in parts]), kernels=kernels)
 
+    @property
+    def packed(self) -> bool:
+        """Whether the weight is kept packed for the compiled kernels (``weight_int8``
+        ``[out / 16, in, 16]``)."""
+        return self._kernels is not None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.dtype != torch.float32 or rows.stride(-1) != 1:

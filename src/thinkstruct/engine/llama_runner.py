@@ -37,13 +37,14 @@ model this one does not recognise (:func:`supports` says which).
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from thinkstruct.engine.cpu_kernels import CpuKernels, cpu_kernels
+from thinkstruct.engine.cpu_kernels import CpuKernels, LayerPointers, cpu_kernels
 from thinkstruct.engine.int8_weights import Int8Linear
 from thinkstruct.engine.runner import PaddedPass, SlotRunner
 
@@ -84,7 +85,12 @@ class _Projection:
     def __init__(self, modules: Sequence[Any]) -> None:
         self.sizes = [int(m.out_features) for m in modules]
         self._run: Callable[[torch.Tensor], torch.Tensor]
-        if len(modules) == 1:
+        #: The one int8-weight layer computing this projection, where it is one.
+        self.int8: Int8Linear | None = None
+        if all(isinstance(m, Int8Linear) for m in modules):
+            self.int8 = modules[0] if len(modules) == 1 else Int8Linear.stacked(modules)
+            self._run = self.int8
+        elif len(modules) == 1:
             self._run = modules[0]
         elif all(type(m) is torch.nn.Linear for m in modules):
             weight = torch.cat([m.weight.detach() for m in modules])
@@ -93,8 +99,6 @@ class _Projection:
                 m.weight.data = weight[offset : offset + size]
                 offset += size
             self._run = lambda x: F.linear(x, weight)
-        elif all(isinstance(m, Int8Linear) for m in modules):
-            self._run = Int8Linear.stacked(modules)
         elif all(_is_dynamic_int8(m) for m in modules):
             packed = _stacked_int8(modules)
             self._run = lambda x: torch.ops.quantized.linear_dynamic(x, packed, reduce_range=True)
@@ -207,6 +211,8 @@ class LlamaRunner(SlotRunner):
         self._inv_freq = base.rotary_emb.inv_freq.detach().float()
         self._rope_scale = float(base.rotary_emb.attention_scaling)
         self._kernels = cpu_kernels() if kernels and self._fits_kernels() else None
+        self._stack = self._stack_pointers() if self._kernels is not None else None
+        self._stack_capacity = -1
 
     def _fits_kernels(self) -> bool:
         sizes = (
@@ -217,16 +223,43 @@ class LlamaRunner(SlotRunner):
         )
         return self._dtype == torch.float32 and self._head_dim <= 256 and all(n % 8 == 0 for n in sizes)
 
+    def _stack_pointers(self) -> ctypes.Array[LayerPointers] | None:
+        """Every layer's parameters for :meth:`CpuKernels.llama_layers`, where every
+        projection is an int8-weight layer on the kernels (the cache buffers are filled in
+        before each pass: they move when the cache grows)."""
+        table = (LayerPointers * len(self._layers))()
+        for entry, layer in zip(table, self._layers, strict=True):
+            projections = {
+                "qkv": layer.qkv.int8, "out": layer.out.int8,
+                "gate_up": layer.gate_up.int8, "down": layer.down.int8,
+            }  # fmt: skip
+            for name, linear in projections.items():
+                if linear is None or not linear.packed:
+                    return None
+                setattr(entry, name, linear.weight_int8.data_ptr())
+                setattr(entry, f"{name}_scale", linear.scale.data_ptr())
+            entry.attn_norm, entry.mlp_norm = layer.attn_norm.data_ptr(), layer.mlp_norm.data_ptr()
+            entry.attn_eps, entry.mlp_eps, entry.scaling = layer.attn_eps, layer.mlp_eps, layer.scaling
+        return table
+
     @property
     def compiled(self) -> bool:
         """Whether passes run on the compiled kernels."""
         return self._kernels is not None
+
+    @property
+    def stacked(self) -> bool:
+        """Whether a pass runs every layer in one call of the compiled kernels (int8
+        weights on the kernels)."""
+        return self._stack is not None
 
     def forward(
         self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]
     ) -> torch.Tensor:
         plan = self._begin(first_slot, tokens, starts)
         if self._kernels is not None:
+            if self._stack is not None:
+                return self._stacked_forward(self._kernels, self._stack, first_slot, plan)
             return self._compiled_forward(self._kernels, first_slot, plan)
         rows, width = plan.ids.shape
         heads, kv_heads, dim = self._heads, self._kv_heads, self._head_dim
@@ -274,8 +307,7 @@ class LlamaRunner(SlotRunner):
             last = plan.lengths.cumsum(0) - 1
         return self._logits(_rms_norm(h[last], self._norm, self._norm_eps))
 
-    def _compiled_forward(self, kernels: CpuKernels, first_slot: int, plan: PaddedPass) -> torch.Tensor:
-        """The same pass on the compiled kernels: every step on the real tokens, packed."""
+    def _packed_tokens(self, first_slot: int, plan: PaddedPass) -> _PackedTokens:
         rows, width = plan.ids.shape
         real = _real_tokens(plan.lengths, width)
         ids, pos_of = plan.ids.flatten(), plan.positions.flatten()
@@ -285,6 +317,30 @@ class LlamaRunner(SlotRunner):
         angles = pos_of[:, None].float() * self._inv_freq
         cos = (angles.cos() * self._rope_scale).contiguous()
         sin = (angles.sin() * self._rope_scale).contiguous()
+        return _PackedTokens(ids, slot_of, pos_of, cos, sin)
+
+    def _stacked_forward(
+        self, kernels: CpuKernels, stack: ctypes.Array[LayerPointers], first_slot: int, plan: PaddedPass
+    ) -> torch.Tensor:
+        """The pass with every layer in one kernel call (int8 weights on the kernels)."""
+        if self._stack_capacity != self.cache.capacity:
+            for entry, keys, values in zip(stack, self.cache.keys, self.cache.values, strict=True):
+                entry.keys, entry.values = keys.data_ptr(), values.data_ptr()
+            self._stack_capacity = self.cache.capacity
+        packed = self._packed_tokens(first_slot, plan)
+        h = self._embed(packed.ids).contiguous()
+        kernels.llama_layers(
+            h, stack, heads=self._heads, kv_heads=self._kv_heads, dim=self._head_dim,
+            inter=self._layers[0].gate_up.sizes[0], cos=packed.cos, sin=packed.sin,
+            slot_of=packed.slot_of, pos_of=packed.pos_of, capacity=self.cache.capacity, span=plan.span,
+        )  # fmt: skip
+        last = plan.lengths.cumsum(0) - 1
+        return self._logits(kernels.rms_norm(h[last], self._norm, self._norm_eps))
+
+    def _compiled_forward(self, kernels: CpuKernels, first_slot: int, plan: PaddedPass) -> torch.Tensor:
+        """The same pass on the compiled kernels: every step on the real tokens, packed."""
+        packed = self._packed_tokens(first_slot, plan)
+        ids, slot_of, pos_of, cos, sin = packed.ids, packed.slot_of, packed.pos_of, packed.cos, packed.sin
         heads, kv_heads = self._heads, self._kv_heads
         h = self._embed(ids)
         for i, layer in enumerate(self._layers):
@@ -303,6 +359,17 @@ class LlamaRunner(SlotRunner):
             h = h + layer.down(kernels.silu_mul(layer.gate_up(x)))
         last = plan.lengths.cumsum(0) - 1
         return self._logits(kernels.rms_norm(h[last], self._norm, self._norm_eps))
+
+
+class _PackedTokens(NamedTuple):
+    """A pass's real tokens, packed row after row: ids, cache slot and position ``[T]``,
+    rotary ``cos``/``sin [T, head_dim / 2]``."""
+
+    ids: torch.Tensor
+    slot_of: torch.Tensor
+    pos_of: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
 
 
 def _real_tokens(lengths: torch.Tensor, width: int) -> torch.Tensor | None:
