@@ -107,6 +107,40 @@ def test_rope_store_and_attention_match_torch(kernels, data) -> None:
     assert torch.equal(alone[0], got[0])
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    vocab=st.integers(1, 700),  # partial vectors and chunks at the end
+    masked=st.floats(0.0, 0.9),
+    temperature=st.sampled_from([0.0, 0.2, 1.0, 7.0]),
+    draw=st.floats(0.0, 0.999999),
+    seed=st.integers(0, 2**16),
+)
+def test_sample_inverts_the_softmax_cdf(kernels, vocab, masked, temperature, draw, seed) -> None:
+    """The picked token's slice of the cumulative softmax (torch, float64) holds the draw,
+    to float32 rounding; masked tokens are never picked; temperature 0 is the argmax."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2, vocab, generator=generator) * 4
+    logits[torch.rand(2, vocab, generator=generator) < masked] = float("-inf")
+    logits[:, int(torch.randint(vocab, (1,), generator=generator))] = 1.0  # one token always allowed
+    inverse = 0.0 if temperature == 0 else 1 / temperature
+    picks = kernels.sample(logits, [inverse, inverse], [draw, draw])
+    for row, pick in enumerate(picks):
+        assert logits[row, pick] != float("-inf")
+        if temperature == 0:
+            assert pick == int(logits[row].argmax())
+            continue
+        probs = torch.softmax(logits[row].double() / temperature, -1)
+        cdf = torch.cumsum(probs, 0)
+        before = float(cdf[pick - 1]) if pick else 0.0
+        assert before - 1e-5 <= draw <= float(cdf[pick]) + 1e-5
+
+
+def test_sample_names_a_row_with_nothing_allowed(kernels) -> None:
+    logits = torch.zeros(3, 100)
+    logits[1] = float("-inf")
+    assert kernels.sample(logits, [1.0, 1.0, 0.0], [0.5, 0.5, 0.0]) == [50, -1, 0]  # uniform: the middle
+
+
 def test_a_killed_build_leaves_nothing_half_written(tmp_path, monkeypatch) -> None:
     """The library is compiled under a temporary name and renamed: a build that fails
     leaves no library (and no partial file) behind, and the next call builds again."""

@@ -7,10 +7,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from thinkstruct.engine import sampler
 from thinkstruct.engine.request import SamplingParams
 from thinkstruct.engine.sampler import TOP_P_CANDIDATES, new_generator, sample
 
 VOCAB = 2048
+
+
+@pytest.fixture(autouse=True, params=["kernels", "torch"])
+def sampling_path(request, monkeypatch) -> None:
+    """Every test on both paths: the compiled kernels (greedy and whole-softmax rows in one
+    call), and the torch operations that run where they do not build."""
+    if request.param == "torch":
+        monkeypatch.setattr(sampler, "cpu_kernels", lambda: None)
+    else:
+        assert sampler.cpu_kernels() is not None  # this project's machines build them
 
 
 def _logits(seed: int, rows: int = 1, scale: float = 3.0) -> torch.Tensor:

@@ -407,3 +407,88 @@ void ts_llama_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_t
     free(gate_up);
     free(act);
 }
+
+/* ---- sampling ------------------------------------------------------------------------
+ * One token per row of logits [rows, vocab] (row stride ld), in one call instead of a
+ * chain of vocabulary-wide torch operations (each ~0.1-0.5 ms on 49k logits x 8 rows, most
+ * of it waking threads). Single-threaded: a row is ~50 us. A row's token depends on its
+ * own logits, temperature and draw only. */
+
+#define TS_CHUNK 64
+
+/* e[j] = exp((x[j] - peak) * inv_t) for the n <= TS_CHUNK entries of one chunk (padded
+ * with zeros to TS_CHUNK); returns their sum. */
+static float chunk_exp(const float *x, int64_t n, float peak, float inv_t, float *e) {
+    float padded[TS_CHUNK];
+    const float *src = x;
+    if (n < TS_CHUNK) {
+        for (int64_t j = 0; j < TS_CHUNK; j++) padded[j] = j < n ? x[j] : -INFINITY;
+        src = padded;
+    }
+    const __m256 m = _mm256_set1_ps(peak), it = _mm256_set1_ps(inv_t);
+    __m256 total = _mm256_setzero_ps();
+    for (int j = 0; j < TS_CHUNK; j += 8) {
+        __m256 v = exp256(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(src + j), m), it));
+        _mm256_storeu_ps(e + j, v);
+        total = _mm256_add_ps(total, v);
+    }
+    return hsum256(total);
+}
+
+/* out[r]: inv_temperature[r] == 0: the first largest logit (greedy); otherwise the token
+ * the draw u[r] in [0, 1) picks from softmax(logits * inv_temperature) by inverting its
+ * cumulative sum (a token of probability zero, a masked -inf, is never picked); -1 when
+ * every logit of the row is -inf. */
+void ts_sample(const float *logits, int64_t rows, int64_t vocab, int64_t ld, const float *inv_temperature,
+               const float *u, int64_t *out) {
+    const int64_t chunks = (vocab + TS_CHUNK - 1) / TS_CHUNK;
+    float *sums = (float *)malloc((size_t)chunks * sizeof(float));
+    float e[TS_CHUNK];
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = logits + r * ld;
+        __m256 vmax = _mm256_set1_ps(-INFINITY);
+        int64_t j = 0;
+        for (; j + 8 <= vocab; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + j));
+        float lanes[8], peak = -INFINITY;
+        _mm256_storeu_ps(lanes, vmax);
+        for (int l = 0; l < 8; l++) peak = lanes[l] > peak ? lanes[l] : peak;
+        for (; j < vocab; j++) peak = x[j] > peak ? x[j] : peak;
+        if (peak == -INFINITY) {
+            out[r] = -1;
+            continue;
+        }
+        if (inv_temperature[r] == 0.0f) {
+            int64_t best = 0;
+            while (x[best] != peak) best++;
+            out[r] = best;
+            continue;
+        }
+        double total = 0.0;
+        for (int64_t c = 0; c < chunks; c++) {
+            const int64_t n = vocab - c * TS_CHUNK < TS_CHUNK ? vocab - c * TS_CHUNK : TS_CHUNK;
+            sums[c] = chunk_exp(x + c * TS_CHUNK, n, peak, inv_temperature[r], e);
+            total += sums[c];
+        }
+        const double target = (double)u[r] * total;
+        double below = 0.0;
+        int64_t c = 0;
+        while (c < chunks && below + sums[c] <= target) below += sums[c++];
+        if (c == chunks) /* the draw rounded up to the total: the last chunk with any mass */
+            for (c = chunks - 1; sums[c] == 0.0f; c--) {
+            }
+        const int64_t base = c * TS_CHUNK;
+        const int64_t n = vocab - base < TS_CHUNK ? vocab - base : TS_CHUNK;
+        chunk_exp(x + base, n, peak, inv_temperature[r], e);
+        /* The first token whose cumulative mass passes the draw; if rounding inside the
+         * chunk leaves none, the chunk's last token with any mass (there is one). */
+        int64_t pick = -1, last = -1;
+        for (int64_t k = 0; k < n && pick < 0; k++) {
+            if (e[k] == 0.0f) continue;
+            last = k;
+            below += e[k];
+            if (below > target) pick = k;
+        }
+        out[r] = base + (pick >= 0 ? pick : last);
+    }
+    free(sums);
+}

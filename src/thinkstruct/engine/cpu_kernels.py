@@ -75,6 +75,7 @@ _SIGNATURES: dict[str, list[type]] = {
         *(ctypes.POINTER(LayerPointers), _i64),  # layers, n_layers
         *(_ptr, _ptr, _ptr, _ptr, _i64, _i64),  # cos, sin, slot_of, pos_of, capacity, span
     ],
+    "ts_sample": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr],
     "ts_attention": [
         _ptr,
         _i64,
@@ -160,6 +161,28 @@ class CpuKernels:
             layers, len(layers), cos.data_ptr(), sin.data_ptr(), slot_of.data_ptr(),
             pos_of.data_ptr(), capacity, span,
         )  # fmt: skip
+
+    def sample(self, logits: torch.Tensor, inv_temperature: list[float], draws: list[float]) -> list[int]:
+        """One token per row of float32 ``logits [rows, vocab]``: row ``r`` greedy (its
+        first largest logit) where ``inv_temperature[r]`` is 0, otherwise drawn from
+        ``softmax(logits[r] * inv_temperature[r])`` by the uniform ``draws[r]`` in [0, 1)
+        (the first token whose cumulative mass passes it; a ``-inf`` logit is never
+        picked). ``-1`` for a row whose logits are all ``-inf``."""
+        rows, vocab = logits.shape
+        scales = torch.tensor(inv_temperature, dtype=torch.float32)
+        uniforms = torch.tensor(draws, dtype=torch.float32)
+        out = torch.empty(rows, dtype=torch.int64)
+        self._lib.ts_sample(
+            logits.data_ptr(),
+            rows,
+            vocab,
+            logits.stride(0),
+            scales.data_ptr(),
+            uniforms.data_ptr(),
+            out.data_ptr(),
+        )
+        picks: list[int] = out.tolist()
+        return picks
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """``x [rows, dim]`` normalized by its root mean square, times ``weight [dim]``."""

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from thinkstruct.engine.cpu_kernels import cpu_kernels
 from thinkstruct.engine.request import SamplingParams
 
 #: Candidates top-p looks at before widening to the full vocabulary.
@@ -33,41 +34,75 @@ def sample(
 ) -> list[int]:
     """One token id per row of float32 ``logits [rows, vocab]`` (masked entries ``-inf``).
 
-    The vocabulary-wide work (max, temperature, top-k candidates, softmax) is batched over
-    the rows that need it; only the draw itself is per row (it needs the row's generator).
+    Greedy rows and rows drawn from the whole softmax take one call of the compiled
+    kernels (:meth:`~thinkstruct.engine.cpu_kernels.CpuKernels.sample`) where they build,
+    otherwise batched torch operations; top-k / top-p rows work on ``torch.topk``
+    candidates. Only the draw itself is per row (it needs the row's generator).
 
     Raises:
         ValueError: a row has no allowed token (every logit ``-inf``); its index is in the
             message as ``row N``.
     """
+    kernels = cpu_kernels() if logits.dtype == torch.float32 and logits.stride(-1) == 1 else None
+    if kernels is None:
+        return _sample_with_torch(logits, params, generators)
+    filtered = [i for i, p in enumerate(params) if not p.greedy and _filters(p)]
+    drawn = {i for i, p in enumerate(params) if not p.greedy and not _filters(p)}
+    inverse = [1.0 / p.temperature if i in drawn else 0.0 for i, p in enumerate(params)]
+    draws = [_uniform(generators[i]) if i in drawn else 0.0 for i in range(len(params))]
+    out = kernels.sample(logits, inverse, draws)
+    if -1 in out:
+        raise ValueError(f"row {out.index(-1)}: no token is allowed")
+    _sample_filtered(logits, params, generators, filtered, out)
+    return out
+
+
+def _filters(p: SamplingParams) -> bool:
+    return bool(p.top_k) or p.top_p < 1.0
+
+
+def _uniform(generator: torch.Generator) -> float:
+    return float(torch.rand(1, generator=generator, dtype=torch.float32))
+
+
+def _sample_with_torch(
+    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+) -> list[int]:
+    """:func:`sample` in torch operations (where the compiled kernels do not run)."""
     best = logits.max(dim=-1)
     if bool(torch.isneginf(best.values).any()):
         dead = int(torch.nonzero(torch.isneginf(best.values))[0, 0])
         raise ValueError(f"row {dead}: no token is allowed")
     out: list[int] = best.indices.tolist()
-    drawn = [i for i, p in enumerate(params) if not p.greedy]
-    if not drawn:
-        return out
-    temperatures = torch.tensor([params[i].temperature for i in drawn], dtype=logits.dtype)
-    scaled = logits[drawn] / temperatures[:, None]
-    vocab = scaled.shape[1]
-    filtered = [j for j, i in enumerate(drawn) if params[i].top_k or params[i].top_p < 1.0]
-    plain = [j for j, i in enumerate(drawn) if not (params[i].top_k or params[i].top_p < 1.0)]
+    plain = [i for i, p in enumerate(params) if not p.greedy and not _filters(p)]
     if plain:
-        chosen = _inverse_cdf(torch.softmax(scaled[plain], dim=-1), [generators[drawn[j]] for j in plain])
-        for j, token in zip(plain, chosen, strict=True):
-            out[drawn[j]] = token
-    if filtered:
-        k = min(max(params[drawn[j]].top_k or TOP_P_CANDIDATES for j in filtered), vocab)
-        rows = scaled[filtered]
-        values, indices = torch.topk(rows, k, dim=-1)
-        totals = torch.logsumexp(rows, dim=-1)
-        for row, j in enumerate(filtered):
-            i = drawn[j]
-            out[i] = _draw_filtered(
-                scaled[j], values[row], indices[row], totals[row], params[i], generators[i]
-            )
+        temperatures = torch.tensor([params[i].temperature for i in plain], dtype=logits.dtype)
+        probs = torch.softmax(logits[plain] / temperatures[:, None], dim=-1)
+        for i, token in zip(plain, _inverse_cdf(probs, [generators[i] for i in plain]), strict=True):
+            out[i] = token
+    _sample_filtered(
+        logits, params, generators, [i for i, p in enumerate(params) if not p.greedy and _filters(p)], out
+    )
     return out
+
+
+def _sample_filtered(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator],
+    filtered: list[int],
+    out: list[int],
+) -> None:
+    """Draw the top-k / top-p rows ``filtered`` into ``out``."""
+    if not filtered:
+        return
+    temperatures = torch.tensor([params[i].temperature for i in filtered], dtype=logits.dtype)
+    rows = logits[filtered] / temperatures[:, None]
+    k = min(max(params[i].top_k or TOP_P_CANDIDATES for i in filtered), rows.shape[1])
+    values, indices = torch.topk(rows, k, dim=-1)
+    totals = torch.logsumexp(rows, dim=-1)
+    for row, i in enumerate(filtered):
+        out[i] = _draw_filtered(rows[row], values[row], indices[row], totals[row], params[i], generators[i])
 
 
 def _draw_filtered(
