@@ -61,6 +61,29 @@ def test_a_rows_result_is_the_same_bits_whatever_rows_are_beside_it(compiled) ->
         assert torch.equal(layer(x[start:stop])[5 - start], alone[0])
 
 
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 40), inner=st.integers(1, 300), seed=st.integers(0, 2**16))
+def test_the_avx512_and_avx2_tiles_give_the_same_bits(rows, inner, seed) -> None:
+    """Where the CPU has AVX-512 the multiply runs 8-row tiles on it (the flags in
+    /proc/cpuinfo say whether it must); the AVX2 tiles compute the same bits."""
+    from thinkstruct.engine.cpu_kernels import _cpu_flags
+
+    kernels = _kernels(True)
+    generator = torch.Generator().manual_seed(seed)
+    linear = torch.nn.Linear(inner, 3 * BLOCK, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(linear.weight.shape, generator=generator))
+    layer = Int8Linear.from_linear(linear, kernels=kernels)
+    x = torch.randn(rows, inner, generator=generator)
+    try:
+        assert kernels.use_avx512(True) == ({"avx512f", "avx512bw", "avx512vl"} <= _cpu_flags())
+        wide = layer(x)
+        kernels.use_avx512(False)
+        assert torch.equal(layer(x), wide)
+    finally:
+        kernels.use_avx512(True)
+
+
 def test_stacked_layers_compute_their_parts_side_by_side() -> None:
     parts = [
         Int8Linear.from_linear(torch.nn.Linear(48, n, bias=False), kernels=cpu_kernels())

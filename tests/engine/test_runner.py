@@ -14,6 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from thinkstruct.engine.cpu_kernels import cpu_kernels
 from thinkstruct.engine.llama_runner import LlamaRunner, supports
 from thinkstruct.engine.runner import ModelRunner, TransformersRunner
 
@@ -251,6 +252,16 @@ def test_with_int8_weights_a_rows_logits_do_not_depend_on_its_batch(tiny_model) 
         after = alone.forward(0, [[11]], [5])
         beside = crowded.forward(0, [[11], [12], [13, 14, 15]], [5, 17, 1])
         assert torch.equal(after[0], beside[0])
+        # The AVX2 tiles (where a CPU lacks AVX-512) compute the same bits.
+        kernels = cpu_kernels()
+        assert kernels is not None
+        try:
+            kernels.use_avx512(False)
+            narrow = LlamaRunner(model, slots=SLOTS, context_length=tiny_model.context_length)
+            narrow.forward(0, [ids, list(range(20, 37)), [3]], [0, 0, 0])
+            assert torch.equal(narrow.forward(0, [[11], [12], [13, 14, 15]], [5, 17, 1]), beside)
+        finally:
+            kernels.use_avx512(True)
 
 
 def _small_llama(**config: object):

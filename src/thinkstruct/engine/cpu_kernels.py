@@ -41,7 +41,9 @@ from thinkstruct.tokenizer import cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+#: ``-ffp-contract=off``: a multiply and an add stay two roundings (never fused into one
+#: FMA by the compiler), so the AVX2 and AVX-512 tiles give the same bits.
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 #: Set to ``0`` to run the Llama runner on torch operations only.
 DISABLE_ENV = "THINKSTRUCT_CPU_KERNELS"
 
@@ -108,7 +110,15 @@ class CpuKernels:
             function = getattr(library, name)
             function.argtypes = argtypes
             function.restype = None
+        library.ts_use_avx512.argtypes = [ctypes.c_int]
+        library.ts_use_avx512.restype = ctypes.c_int
         self._lib = library
+
+    def use_avx512(self, on: bool) -> bool:
+        """Run the int8-weight multiply's AVX-512 tiles (up to 8 rows in one pass over the
+        weights) where the CPU has them — the default — or the AVX2 tiles only; the same
+        bits either way. Returns whether the AVX-512 tiles now run."""
+        return bool(self._lib.ts_use_avx512(int(on)))
 
     def __deepcopy__(self, memo: dict[int, object]) -> CpuKernels:
         # One loaded library per process: a copied model (copy.deepcopy of a model with
