@@ -9,6 +9,8 @@ dynamic int8 and int8 weights with ``--quantize``),
 - the bare batched forward loop at the same batch size and dtype (prefill, then greedy
   decode with transformers' DynamicCache, argmax only: what the model costs with no
   scheduler, sampling, grammar or streaming);
+- the engine's own model runner in a bare loop (prefill, then greedy decode, argmax only):
+  the forward passes the engine makes, without its scheduler, sampling and grammars;
 - plain transformers ``generate()`` on the same prompts, batch 1 and 8;
 - time to first token of a 50-token prompt with the engine idle;
 - decoding steps saved by jump-forward (tokens the grammar forced);
@@ -47,6 +49,7 @@ from forward_baselines import (
     chat_prompt_ids,
     generate_tokens_per_s,
     greedy_agreement,
+    runner_loop_tokens_per_s,
 )
 from thinkstruct import Constraint
 from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
@@ -229,6 +232,7 @@ def bench_dtype(label: str, args) -> dict[str, float]:
     }
     bare = {1: Side("bare forward, batch 1"), 8: Side("bare forward, batch 8")}
     gen = {1: Side("transformers generate(), batch 1"), 8: Side("transformers generate(), batch 8")}
+    loop = {1: Side("engine's runner, bare loop, batch 1"), 8: Side("engine's runner, bare loop, batch 8")}
     fifty = (json_prompts[0] * 4)[:50]
     ttft = idle_ttft(engine, fifty)
     for _ in range(args.rounds):
@@ -253,11 +257,12 @@ def bench_dtype(label: str, args) -> dict[str, float]:
             )
             bare[c].samples.append(bare_forward_tokens_per_s(baseline, plain_prompts[:c], new_tokens=64))
             gen[c].samples.append(generate_tokens_per_s(baseline, plain_prompts[:c], new_tokens=64))
+            loop[c].samples.append(runner_loop_tokens_per_s(baseline, plain_prompts[:c], new_tokens=64))
     valid_json, stopped_json, valid_free = valid_rate(engine, json_prompts, grammar)
     engine.close()
     print(f"\n## {label}  (SmolLM2-135M-Instruct, {torch.get_num_threads()} threads)")
     print(f"{'side':42} {'tok/s':>8} {'ttft p50 s':>11}")
-    for side in [*sides.values(), *bare.values(), *gen.values()]:
+    for side in [*sides.values(), *bare.values(), *loop.values(), *gen.values()]:
         t = f"{statistics.median(side.ttft):.3f}" if side.ttft else "-"
         print(f"{side.name:42} {side.value:8.1f} {t:>11}")
     json8 = sides[8, "json"]
@@ -270,6 +275,8 @@ def bench_dtype(label: str, args) -> dict[str, float]:
         "mean answer tokens, 8 clients, json / free": json8.mean_answer / sides[8, "free"].mean_answer,
         "engine/bare forward, batch 8 (free)": sides[8, "free"].value / bare[8].value,
         "engine/bare forward, batch 1 (free)": sides[1, "free"].value / bare[1].value,
+        "engine/its runner's bare loop, batch 8 (free)": sides[8, "free"].value / loop[8].value,
+        "engine/its runner's bare loop, batch 1 (free)": sides[1, "free"].value / loop[1].value,
         "engine 8 clients vs generate() batch 8": sides[8, "free"].value / gen[8].value,
         "per step outside the forward pass, ms, 8 clients free": sides[8, "free"].ms_off_forward_per_step,
         "per step outside the forward pass, ms, 8 clients json": json8.ms_off_forward_per_step,

@@ -202,6 +202,42 @@ def transformers_generate(
     return ForwardTiming(len(prompts), new_tokens, finished - started, None, tokens)
 
 
+def runner_loop(loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int) -> ForwardTiming:
+    """The engine's own model runner (:func:`~thinkstruct.engine.engine.default_runner`,
+    the Llama runner for SmolLM2) in a bare loop: the prompts prefilled in one pass, then
+    greedy decoding, argmax only: no scheduler, sampling, grammar or streaming. What the
+    engine's forward passes cost; the engine's distance from it is its own overhead.
+    (``loaded``'s q/k/v and gate/up weights become views of fused ones: the same values.)"""
+    from thinkstruct.engine.engine import default_runner
+
+    context = max(len(p) for p in prompts) + new_tokens
+    runner = default_runner(
+        loaded.model, slots=len(prompts), context_length=context, vocab_size=loaded.tokenizer.vocab_size
+    )
+    out: list[list[int]] = [[] for _ in prompts]
+    with torch.inference_mode():
+        started = time.perf_counter()
+        tokens = runner.forward(0, prompts, [0] * len(prompts)).argmax(-1).tolist()
+        prefilled = time.perf_counter()
+        lengths = [len(p) for p in prompts]
+        for step in range(new_tokens):
+            for row, token in enumerate(tokens):
+                out[row].append(token)
+            if step == new_tokens - 1:
+                break
+            tokens = runner.forward(0, [[t] for t in tokens], lengths).argmax(-1).tolist()
+            lengths = [n + 1 for n in lengths]
+        finished = time.perf_counter()
+    return ForwardTiming(len(prompts), new_tokens, finished - started, prefilled - started, out)
+
+
+def runner_loop_tokens_per_s(
+    loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int = 64
+) -> float:
+    """:func:`runner_loop`'s generated tokens per second, prefill included."""
+    return runner_loop(loaded, prompts, new_tokens=new_tokens).tokens_per_s
+
+
 def bare_forward_tokens_per_s(
     loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int = 64
 ) -> float:

@@ -92,3 +92,25 @@ def test_engine_sizes_must_be_positive(capsys: pytest.CaptureFixture[str]) -> No
             main(["serve", flag, "0"])
         assert exit_info.value.code == 2
         assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags, quantize", [((), "int8-weights"), (("--quantize", "none"), None), (("--quantize", "int8"), "int8")]
+)
+def test_models_load_with_int8_weights_unless_told_otherwise(monkeypatch, tmp_path, flags, quantize) -> None:
+    """serve and generate load int8 weights by default (as close to float32 as bfloat16,
+    several times faster); ``--quantize none`` keeps ``--dtype``'s weights."""
+    import thinkstruct.engine
+
+    seen: dict[str, object] = {}
+
+    def load_model(path, **kwargs):
+        seen.update(kwargs)
+        raise ValueError("stop here: the model is not needed")
+
+    monkeypatch.setattr(thinkstruct.engine, "load_model", load_model)
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "boolean"}')
+    with pytest.raises(ValueError, match="stop here"):
+        main(["generate", "--schema", str(schema), *flags, "hello"])
+    assert seen["quantize"] == quantize and seen["dtype"] == "bfloat16"

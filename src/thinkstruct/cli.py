@@ -59,6 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # ---- serve / generate -------------------------------------------------------------------
 
+#: ``--quantize``'s default: int8 weights with float32 activations keep answers as close to
+#: float32 as bfloat16 does (SmolLM2, teacher-forced: top-1 agreement 97.2 % against 97.6 %;
+#: schema answers 100 % valid either way) and decode several times faster on a CPU (README,
+#: "Serving performance").
+DEFAULT_QUANTIZE = "int8-weights"
+
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and engine")
@@ -74,12 +80,18 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="reasoning family of the model (default: detected from the model)",
     )
-    g.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32", "float16"))
+    g.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=("bfloat16", "float32", "float16"),
+        help="weights and activations with --quantize none (default bfloat16); quantized models compute in float32",
+    )
     g.add_argument(
         "--quantize",
-        default=None,
-        choices=("int8", "int8-weights"),
-        help="int8 Linear layers: int8 (activations too, fastest) or int8-weights (float activations, closest to float32)",
+        default=DEFAULT_QUANTIZE,
+        choices=("none", "int8-weights", "int8"),
+        help="int8 Linear layers: int8-weights (default: float activations, as close to float32 as "
+        "bfloat16, fastest on the compiled CPU kernels), int8 (activations too) or none",
     )
     g.add_argument(
         "--max-batch",
@@ -223,7 +235,7 @@ def _build_engine(args: argparse.Namespace, *, progress: bool = True, warm_up: b
     model = load_model(
         args.model,
         dtype=args.dtype,
-        quantize=args.quantize,
+        quantize=None if args.quantize == "none" else args.quantize,
         reasoning_parser=args.reasoning_parser,
         progress=progress,
     )

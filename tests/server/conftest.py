@@ -86,7 +86,8 @@ def short_timeout_server(tiny_model_dir: Path) -> Iterator[RunningServer]:
 def smol_engine() -> Iterator[Any]:
     from thinkstruct.engine import load_model
 
-    engine = start_engine(load_model(None, progress=False), max_batch=8, max_queue=64)
+    # What `thinkstruct serve` loads by default: int8 weights.
+    engine = start_engine(load_model(None, quantize="int8-weights", progress=False), max_batch=8, max_queue=64)
     yield engine
     stop_engine(engine)
 

@@ -104,8 +104,9 @@ def test_serve_answers_then_sigterm_drains_ends_in_flight_requests_and_exits_0(t
     # A grace of 5 s: room for a 4-token request in flight to finish, not a 4000-token one
     # (seed 1 writes no end-of-sequence token in its first 3000).
     server = _Serve(
-        "--model", str(tiny_model_dir), "--dtype", "float32", "--grace", "5", "--backend", "llguidance"
-    )
+        "--model", str(tiny_model_dir), "--dtype", "float32", "--quantize", "none",
+        "--grace", "5", "--backend", "llguidance",
+    )  # fmt: skip
     statuses = server.wait_healthy()
     assert set(statuses) <= {503, 200} and statuses[-1] == 200
     chat = f"{server.url}/v1/chat/completions"
@@ -159,9 +160,7 @@ def test_serve_answers_then_sigterm_drains_ends_in_flight_requests_and_exits_0(t
 
 
 def test_serve_exits_0_on_ctrl_c(tiny_model_dir: Path) -> None:
-    server = _Serve(
-        "--model", str(tiny_model_dir), "--dtype", "float32", "--api-key", "secret", "--backend", "llguidance"
-    )
+    server = _Serve("--model", str(tiny_model_dir), "--api-key", "secret", "--backend", "llguidance")
     server.wait_healthy()
     assert httpx.get(f"{server.url}/v1/models", timeout=10).status_code == 401
     assert server.stop(signal.SIGINT) == 0
