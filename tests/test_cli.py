@@ -95,7 +95,8 @@ def test_engine_sizes_must_be_positive(capsys: pytest.CaptureFixture[str]) -> No
 
 
 @pytest.mark.parametrize(
-    "flags, quantize", [((), "int8-weights"), (("--quantize", "none"), None), (("--quantize", "int8"), "int8")]
+    "flags, quantize",
+    [((), "int8-weights"), (("--quantize", "none"), None), (("--quantize", "int8"), "int8")],
 )
 def test_models_load_with_int8_weights_unless_told_otherwise(monkeypatch, tmp_path, flags, quantize) -> None:
     """serve and generate load int8 weights by default (as close to float32 as bfloat16,

@@ -28,6 +28,7 @@ from thinkstruct.engine import (
     FinishReason,
     GenerationRequest,
     SamplingParams,
+    load_model,
 )
 from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 from thinkstruct.parsers import render_chat
@@ -164,10 +165,14 @@ def test_reasoning_is_split_and_the_budget_forces_the_answer(engine, compiler, t
     assert out.usage.reasoning_tokens == 7  # the budget, plus the end tag the grammar forced
 
 
-def test_same_seed_same_output_whatever_else_is_in_the_batch(tiny_model, compiler) -> None:
+def test_same_seed_same_output_whatever_else_is_in_the_batch(tiny_model_dir, tiny_model, compiler) -> None:
+    """With int8 weights on the compiled kernels (the runner says it is batch-invariant),
+    whatever joins the batch; float weights through torch are not (shapes pick kernels)."""
+    model = load_model(tiny_model_dir, quantize="int8-weights", progress=False)
     ids = prompt_ids(tiny_model, "determinism")[0]
     params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=1234)
-    with Engine(tiny_model, config=EngineConfig(max_batch=4), compiler=compiler) as e:
+    with Engine(model, config=EngineConfig(max_batch=4), compiler=compiler) as e:
+        assert e._runner is not None and e._runner.batch_invariant
         alone = run(e, prompt_ids=ids, sampling=params)
         others = [
             e.submit(
@@ -183,6 +188,52 @@ def test_same_seed_same_output_whatever_else_is_in_the_batch(tiny_model, compile
         for h in others:
             h.wait()
     assert together.token_ids == alone.token_ids
+
+
+def test_a_shared_prompt_prefix_is_copied_and_changes_nothing(tiny_model_dir, tiny_model) -> None:
+    """On a batch-invariant runner a prompt sharing a prefix with a request in the batch
+    (here a system prompt) copies that prefix's keys and values instead of computing
+    them: the usage says how many tokens, and the seeded answer is the one computed from
+    scratch. The same prompt twice shares all of it but its last token."""
+    model = load_model(tiny_model_dir, quantize="int8-weights", progress=False)
+    system = prompt_ids(tiny_model, "You are a careful assistant. " * 4)[0][:-1]  # a shared system prompt
+    ids = system + prompt_ids(tiny_model, "first question")[0]
+    other = system + prompt_ids(tiny_model, "a different one")[0]
+    shared = next(i for i, (a, b) in enumerate(zip(ids, other, strict=False)) if a != b)
+    assert shared >= len(system) >= 20
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=5)
+    with Engine(model, config=EngineConfig(max_batch=4)) as e:
+        alone = run(e, prompt_ids=ids, sampling=params)
+        assert alone.usage.cached_tokens == 0  # nothing else held a prefix
+        endless = e.compiler.compile(Constraint.regex("[a-z ]{3000}"))  # no end-of-sequence before max_tokens
+        donor = e.submit(
+            GenerationRequest(
+                prompt_ids=other, sampling=SamplingParams(max_tokens=1000, seed=1), grammar=endless
+            )
+        )
+        while e.stats.generated_tokens <= len(alone.token_ids):  # the donor runs, its prompt in its slot
+            time.sleep(0.01)
+        beside = run(e, prompt_ids=ids, sampling=params)
+        twin = e.submit(GenerationRequest(prompt_ids=other, sampling=SamplingParams(max_tokens=2, seed=2)))
+        twin_out = twin.wait()
+        donor.cancel()
+        reused = e.stats.prefix_reused_tokens
+    assert beside.usage.cached_tokens == shared
+    assert beside.token_ids == alone.token_ids
+    assert twin_out.usage.cached_tokens == len(other) - 1
+    assert reused == shared + len(other) - 1
+
+
+def test_float_weights_through_torch_compute_every_prompt(tiny_model, compiler) -> None:
+    """Where the runner is not batch-invariant (float32 matrix multiplies pick kernels by
+    shape) a copied prefix would not be the same bits as computing it: no reuse."""
+    ids = prompt_ids(tiny_model, "the same prompt")[0]
+    with Engine(tiny_model, config=EngineConfig(max_batch=4), compiler=compiler) as e:
+        assert e._runner is not None and not e._runner.batch_invariant
+        first = e.submit(GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=40, seed=1)))
+        second = run(e, prompt_ids=ids, sampling=SamplingParams(max_tokens=3, seed=2))
+        first.wait()
+    assert second.usage.cached_tokens == 0 and e.stats.prefix_reused_tokens == 0
 
 
 def test_more_requests_than_slots_all_finish(tiny_model, compiler) -> None:

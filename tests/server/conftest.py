@@ -87,7 +87,9 @@ def smol_engine() -> Iterator[Any]:
     from thinkstruct.engine import load_model
 
     # What `thinkstruct serve` loads by default: int8 weights.
-    engine = start_engine(load_model(None, quantize="int8-weights", progress=False), max_batch=8, max_queue=64)
+    engine = start_engine(
+        load_model(None, quantize="int8-weights", progress=False), max_batch=8, max_queue=64
+    )
     yield engine
     stop_engine(engine)
 

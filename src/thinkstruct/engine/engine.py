@@ -64,6 +64,10 @@ log = logging.getLogger("thinkstruct.engine")
 #: passes of older, twice-as-long schema prompts.
 PREFILL_PATIENCE_S = 5.0
 
+#: Shortest shared prompt prefix worth a slot copy (a copy of a few positions costs about
+#: what computing them does).
+MIN_REUSED_PREFIX = 4
+
 
 def default_runner(model: object, *, slots: int, context_length: int, vocab_size: int) -> ModelRunner:
     """:class:`~thinkstruct.engine.llama_runner.LlamaRunner` for the models it computes
@@ -132,6 +136,8 @@ class EngineStats:
     waiting: int = 0
     steps: int = 0
     prefill_tokens: int = 0
+    #: Prompt tokens copied from another slot holding the same prefix instead of computed.
+    prefix_reused_tokens: int = 0
     generated_tokens: int = 0
     jump_forward_tokens: int = 0
     finished: dict[str, int] = field(default_factory=lambda: {r.value: 0 for r in FinishReason})
@@ -406,6 +412,11 @@ class Engine:
         chunks: list[list[int]] = []
         width = fed = 0
         for seq in self._prefilling:
+            if seq.cached == 0 and runner.batch_invariant:
+                # Now, not at admission: the order above renumbers only prompts holding
+                # no KV, and a prompt that reuses a prefix here is in this pass or the
+                # next to start.
+                self._reuse_prefix(seq)
             chunk = seq.pending[:size]
             # What the pass computes: its tokens, or (a runner that pads) rows x its longest.
             cost = fed + len(chunk) if runner.packs_tokens else (len(rows) + 1) * max(width, len(chunk))
@@ -440,6 +451,30 @@ class Engine:
         self._running.extend(joining)
         self._sample_and_advance(joining, logits)
         self._compact()
+
+    def _reuse_prefix(self, seq: Sequence) -> None:
+        """Copy the longest prefix of ``seq``'s prompt that another slot holds (a shared
+        system prompt, chat template, tool list, or the same prompt for ``n`` > 1) into
+        its slot, where it is at least :data:`MIN_REUSED_PREFIX` tokens; at least the
+        prompt's last token is still computed (its logits give the first token)."""
+        prompt = seq.request.prompt_ids
+        best: Sequence | None = None
+        length = MIN_REUSED_PREFIX - 1
+        for donor in (*self._running, *self._prefilling):
+            if donor is seq or donor.cached <= length:
+                continue
+            limit = min(donor.cached, donor.prompt_tokens, len(prompt) - 1)
+            shared = _common_prefix(prompt, donor.request.prompt_ids, limit)
+            if shared > length:
+                best, length = donor, shared
+        if best is None:
+            return
+        assert self._runner is not None
+        self._runner.copy_slot(best.slot, seq.slot, length)
+        seq.cached = length
+        del seq.pending[:length]
+        seq.cached_prompt_tokens = length
+        self.stats.prefix_reused_tokens += length
 
     def _order_prefills(self) -> None:
         """Shortest remaining prompt first among the prompts not started, except that a
@@ -660,6 +695,16 @@ class Engine:
         self._waiting.clear()
         self._prefilling = []
         self.stats.running = self.stats.slots_used = self.stats.kv_tokens = 0
+
+
+def _common_prefix(a: collections.abc.Sequence[int], b: collections.abc.Sequence[int], limit: int) -> int:
+    """How many leading tokens ``a`` and ``b`` share, up to ``limit``."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if n >= limit or x != y:
+            break
+        n += 1
+    return n
 
 
 def _apply_rows(logits: torch.Tensor, masks: torch.Tensor, rows: list[int]) -> None:

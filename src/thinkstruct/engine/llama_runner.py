@@ -213,6 +213,9 @@ class LlamaRunner(SlotRunner):
         self._kernels = cpu_kernels() if kernels and self._fits_kernels() else None
         self._stack = self._stack_pointers() if self._kernels is not None else None
         self._stack_capacity = -1
+        # One kernel call computes each token from its own inputs and slot, in a fixed
+        # order (tested bit for bit); torch's matrix multiplies pick kernels by shape.
+        self.batch_invariant = self._stack is not None
 
     def _fits_kernels(self) -> bool:
         sizes = (

@@ -125,6 +125,9 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int = 0
+    #: Prompt tokens whose keys and values were copied from another request holding the
+    #: same prefix, not computed (only on a batch-invariant runner).
+    cached_tokens: int = 0
     #: Tokens the grammar forced (appended without a sampling step).
     jump_forward_tokens: int = 0
     #: Seconds from submission to the first generated token.

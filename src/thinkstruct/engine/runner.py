@@ -34,12 +34,17 @@ class ModelRunner(abc.ABC):
         context_length: most tokens one row may hold.
         packs_tokens: a pass costs about the tokens its rows feed (its per-token work skips
             padding); ``False``: it costs rows x the longest row's tokens.
+        batch_invariant: a row's keys, values and logits are the same bits whatever else
+            its passes hold and however its tokens are cut into passes; the engine then
+            copies a prompt's prefix from another slot holding it instead of computing it
+            again (the same bits as computing it).
     """
 
     vocab_size: int
     slots: int
     context_length: int
     packs_tokens: bool = False
+    batch_invariant: bool = False
 
     @abc.abstractmethod
     def forward(

@@ -58,6 +58,7 @@ class Sequence:
         self.cached = 0
         self.pending: list[int] = list(request.prompt_ids)
         self.prompt_tokens = len(request.prompt_ids)
+        self.cached_prompt_tokens = 0
         self.output_ids: list[int] = []
         self.reasoning_tokens = 0
         self.jump_forward_tokens = 0
@@ -121,6 +122,7 @@ class Sequence:
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.generated,
             reasoning_tokens=self.reasoning_tokens,
+            cached_tokens=self.cached_prompt_tokens,
             jump_forward_tokens=self.jump_forward_tokens,
             time_to_first_token_s=None
             if self.first_token_at is None

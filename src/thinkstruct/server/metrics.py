@@ -123,6 +123,12 @@ _ENGINE_FIELDS = (
     ("steps", "thinkstruct_engine_steps", "Decoding steps run", True),
     ("step_seconds", "thinkstruct_engine_step_seconds", "Seconds spent in decoding steps", True),
     ("prefill_tokens", "thinkstruct_engine_prefill_tokens", "Prompt tokens prefilled", True),
+    (
+        "prefix_reused_tokens",
+        "thinkstruct_engine_prefix_reused_tokens",
+        "Prompt tokens copied from a slot holding the same prefix instead of computed",
+        True,
+    ),
     ("generated_tokens", "thinkstruct_engine_generated_tokens", "Tokens generated (all requests)", True),
     (
         "jump_forward_tokens",
