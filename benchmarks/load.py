@@ -18,7 +18,7 @@ tokens/s, peak RSS, and a verdict per target:
 - p99 time to first token of simple requests (plain chat) <= 2 s, over the requests sent
   after the ramp (printed with the ramp too).
 
-    python benchmarks/load.py [--clients 64] [--ramp 10] [--duration 60] [--max-batch 64] [--quantize int8]
+    python benchmarks/load.py [--clients 64] [--ramp 10] [--duration 60] [--max-batch 64] [--quantize int8-weights]
         [--prefill-chunk N]
 """
 
@@ -444,7 +444,7 @@ def report(
     mib = 1 << 20
     print(
         f"\n## load: {args.clients} streaming clients for {elapsed:.0f} s (max batch {args.max_batch}, "
-        f"{args.quantize or 'bf16'})"
+        f"{args.quantize})"
     )
     print(f"requests sent               {len(results)}")
     print(f"answers by status           {dict(sorted(by_status.items()))}")
@@ -497,7 +497,7 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--max-queue", type=int, default=256)
     parser.add_argument("--prefill-chunk", type=int, default=None, help="default: the server's")
-    parser.add_argument("--quantize", default="int8")
+    parser.add_argument("--quantize", default="int8-weights", help="serve's --quantize (its default too)")
     parser.add_argument("--model", default=None)
     args = parser.parse_args()
     sys.exit(asyncio.run(run(args)))

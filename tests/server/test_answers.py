@@ -331,3 +331,22 @@ def test_a_prompt_longer_than_the_context_is_a_400(
         and body["code"] == "context_length_exceeded"
         and str(context) in body["message"]
     )
+
+
+def test_a_prompt_prefix_in_the_batch_is_reported_as_cached(smol: openai.OpenAI, model: str) -> None:
+    """SmolLM2's chat template opens with a system prompt: a request that arrives while
+    another one runs copies that prefix's keys and values (int8 weights: the same bits)
+    and says so in OpenAI's ``usage.prompt_tokens_details.cached_tokens``."""
+    running = smol.chat.completions.create(
+        model=model, messages=_user("Tell me a long story."), max_tokens=200, stream=True, extra_body=OFF
+    )
+    next(iter(running))  # it runs: its prompt is in its slot
+    try:
+        answer = smol.chat.completions.create(
+            model=model, messages=_user("What is 2 + 2?"), max_tokens=4, extra_body=OFF
+        )
+    finally:
+        running.close()
+    usage = answer.usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert 10 <= usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens

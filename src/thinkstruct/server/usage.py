@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from thinkstruct.server.prompts import Prompt
-from thinkstruct.server.protocol import CompletionTokensDetails, GenerationInfo, Usage
+from thinkstruct.server.protocol import CompletionTokensDetails, GenerationInfo, PromptTokensDetails, Usage
 
 if TYPE_CHECKING:
     from thinkstruct.engine import Usage as EngineUsage
@@ -17,14 +17,17 @@ if TYPE_CHECKING:
 
 def total_usage(prompts: Sequence[Prompt], usages: Sequence[EngineUsage | None]) -> Usage:
     """Each distinct prompt counted once (``n`` choices share it), every choice's
-    completion and reasoning tokens summed."""
+    completion and reasoning tokens summed; cached prompt tokens: the most any choice
+    copied from another request holding the same prefix (never more than the prompt)."""
     prompt_tokens = sum(len(p.ids) for p in prompts)
     completion = sum(u.completion_tokens for u in usages if u is not None)
     reasoning = sum(u.reasoning_tokens for u in usages if u is not None)
+    cached = max((u.cached_tokens for u in usages if u is not None), default=0)
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion,
         total_tokens=prompt_tokens + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=min(cached, prompt_tokens)),
         completion_tokens_details=CompletionTokensDetails(reasoning_tokens=reasoning),
     )
 
