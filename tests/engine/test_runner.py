@@ -279,6 +279,29 @@ def _small_llama(**config: object):
     return LlamaForCausalLM(LlamaConfig(**config)).eval()
 
 
+@pytest.mark.parametrize("avx512", [True, False], ids=["avx512", "avx2"])
+def test_a_stacked_pass_whose_attention_is_wider_than_the_model(avx512) -> None:
+    """4 heads of 32 (attention 128 wide) over hidden and MLP sizes of 32: the o
+    projection reads the widest input of the layer. A 12-token pass (the prefill tiles)
+    on both instruction sets gives the quantized model's own logits."""
+    from thinkstruct.engine.int8_weights import quantize_int8_weights
+
+    model = _small_llama(hidden_size=32, head_dim=32, intermediate_size=32)
+    quantize_int8_weights(model)
+    kernels = cpu_kernels()
+    assert kernels is not None
+    ids = [(7 * i) % 300 for i in range(12)]
+    try:
+        kernels.use_avx512(avx512)
+        runner = LlamaRunner(model, slots=1, context_length=64)
+        assert runner.stacked
+        with torch.inference_mode():
+            got = runner.forward(0, [ids], [0])[0]
+    finally:
+        kernels.use_avx512(True)
+    torch.testing.assert_close(got, reference_logits(model, ids), rtol=1e-4, atol=1e-4)
+
+
 def test_a_model_the_llama_runner_does_not_compute_gets_the_transformers_runner() -> None:
     from thinkstruct.engine.engine import default_runner
 

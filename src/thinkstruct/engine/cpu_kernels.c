@@ -421,7 +421,8 @@ void ts_llama_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_t
     float *att = (float *)malloc((size_t)T * att_n * sizeof(float));
     float *gate_up = (float *)malloc((size_t)T * 2 * inter * sizeof(float));
     float *act = (float *)malloc((size_t)T * inter * sizeof(float));
-    const int64_t k_max = hidden > inter ? hidden : inter;
+    /* The widest input a projection reads: hidden (qkv, gate_up), att_n (o), inter (down). */
+    const int64_t k_max = hidden > inter ? (hidden > att_n ? hidden : att_n) : (inter > att_n ? inter : att_n);
     const int64_t padded = (span + 7) & ~(int64_t)7;
     ts_barrier barrier = {0, 0};
 #pragma omp parallel
