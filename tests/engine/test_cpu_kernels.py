@@ -141,6 +141,29 @@ def test_sample_names_a_row_with_nothing_allowed(kernels) -> None:
     assert kernels.sample(logits, [1.0, 1.0, 0.0], [0.5, 0.5, 0.0]) == [50, -1, 0]  # uniform: the middle
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    vocab=st.integers(1, 300),
+    words=st.integers(1, 10),  # fewer words than the vocabulary needs: the rest disallowed
+    rows=st.sets(st.integers(0, 3)),
+    seed=st.integers(0, 2**16),
+)
+def test_apply_bitmask_matches_the_grammar_layers(kernels, vocab, words, rows, seed) -> None:
+    from thinkstruct.grammar.bitmask import apply_bitmask_inplace
+
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(4, vocab, generator=generator)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (4, words), generator=generator, dtype=torch.int32)
+    bitmask[0] = 0  # nothing allowed
+    bitmask[1, ::2] = -1  # every token of a word allowed
+    listed = sorted(rows)
+    want = logits.clone()
+    if listed:
+        apply_bitmask_inplace(want, bitmask[listed], indices=listed)
+    kernels.apply_bitmask(logits, bitmask, listed)
+    assert torch.equal(logits, want)
+
+
 def test_a_killed_build_leaves_nothing_half_written(tmp_path, monkeypatch) -> None:
     """The library is compiled under a temporary name and renamed: a build that fails
     leaves no library (and no partial file) behind, and the next call builds again."""

@@ -554,3 +554,29 @@ void ts_sample(const float *logits, int64_t rows, int64_t vocab, int64_t ld, con
     }
     free(sums);
 }
+
+/* ---- grammar masks -------------------------------------------------------------------
+ * logits[r, j] = -inf where bit j % 32 of mask[r, j / 32] is 0 (1: allowed), for the n rows
+ * listed in rows_of (a logits row and its mask row share the index); columns past
+ * 32 * words are disallowed too. The torch version (shifts, a bool tensor, masked_fill)
+ * took 1.6 ms for 8 rows of 49k logits, most of it waking threads; this is ~20 us a row. */
+void ts_apply_bitmask(float *logits, int64_t vocab, int64_t ld, const int32_t *mask, int64_t words,
+                      int64_t ld_mask, const int64_t *rows_of, int64_t n) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const int64_t covered = words * 32 < vocab ? words * 32 : vocab;
+    for (int64_t i = 0; i < n; i++) {
+        float *x = logits + rows_of[i] * ld;
+        const int32_t *m = mask + rows_of[i] * ld_mask;
+        for (int64_t base = 0; base < covered; base += 32) {
+            const uint32_t bits = (uint32_t)m[base / 32];
+            if (bits == 0xFFFFFFFFu) continue;
+            if (bits == 0 && base + 32 <= covered) {
+                for (int k = 0; k < 32; k += 8) _mm256_storeu_ps(x + base + k, ninf);
+                continue;
+            }
+            for (int64_t b = 0; b < 32 && base + b < covered; b++)
+                if (!((bits >> b) & 1u)) x[base + b] = -INFINITY;
+        }
+        for (int64_t j = covered; j < vocab; j++) x[j] = -INFINITY;
+    }
+}

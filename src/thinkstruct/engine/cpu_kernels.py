@@ -78,6 +78,7 @@ _SIGNATURES: dict[str, list[type]] = {
         *(_ptr, _ptr, _ptr, _ptr, _i64, _i64),  # cos, sin, slot_of, pos_of, capacity, span
     ],
     "ts_sample": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr],
+    "ts_apply_bitmask": [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64],
     "ts_attention": [
         _ptr,
         _i64,
@@ -193,6 +194,23 @@ class CpuKernels:
         )
         picks: list[int] = out.tolist()
         return picks
+
+    def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+        """Set ``logits [batch, vocab]`` (float32) to ``-inf`` in place where ``bitmask
+        [batch, words]`` (int32, bit ``j % 32`` of word ``j / 32``, 1 = allowed) disallows,
+        in the listed ``rows`` (the same row of both); columns past ``32 * words`` are
+        disallowed. What :func:`thinkstruct.grammar.bitmask.apply_bitmask_inplace` does."""
+        if logits.dtype != torch.float32 or logits.stride(-1) != 1:
+            raise ValueError("apply_bitmask takes float32 logits with contiguous rows")
+        if bitmask.dtype != torch.int32 or bitmask.stride(-1) != 1:
+            raise ValueError("apply_bitmask takes an int32 bitmask with contiguous rows")
+        if rows and not (min(rows) >= 0 and max(rows) < min(logits.shape[0], bitmask.shape[0])):
+            raise ValueError(f"rows {rows} outside the batch")
+        index = torch.tensor(rows, dtype=torch.int64)
+        self._lib.ts_apply_bitmask(
+            logits.data_ptr(), logits.shape[1], logits.stride(0), bitmask.data_ptr(),
+            bitmask.shape[1], bitmask.stride(0), index.data_ptr(), len(rows),
+        )  # fmt: skip
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """``x [rows, dim]`` normalized by its root mean square, times ``weight [dim]``."""

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from thinkstruct.engine.cpu_kernels import cpu_kernels
 from thinkstruct.engine.detokenizer import TokenTexts
 from thinkstruct.engine.free_text import thinking_budget_matcher
 from thinkstruct.engine.handle import RequestHandle
@@ -708,7 +709,17 @@ def _common_prefix(a: collections.abc.Sequence[int], b: collections.abc.Sequence
 
 
 def _apply_rows(logits: torch.Tensor, masks: torch.Tensor, rows: list[int]) -> None:
-    """Apply bitmask rows ``rows`` to the same rows of ``logits`` in place."""
+    """Apply bitmask rows ``rows`` to the same rows of ``logits`` in place (one call of
+    the compiled kernels where they build and the logits are float32 rows)."""
+    kernels = cpu_kernels()
+    if (
+        kernels is not None
+        and logits.dtype == torch.float32
+        and logits.stride(-1) == 1
+        and masks.stride(-1) == 1
+    ):
+        kernels.apply_bitmask(logits, masks, rows)
+        return
     if len(rows) == logits.shape[0]:
         apply_bitmask_inplace(logits, masks[: len(rows)])
     else:
