@@ -204,11 +204,21 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     think.add_argument("--no-think", dest="think", action="store_false", help="turn thinking off")
     p.add_argument("--max-tokens", type=_positive_int, default=512, metavar="N")
     p.add_argument(
-        "--max-reasoning-tokens", type=_positive_int, default=None, metavar="N", help="thinking budget"
+        "--max-reasoning-tokens",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="thinking budget, then the answer is forced (default: half of --max-tokens, so a "
+        "thought that does not end by itself still leaves room for the answer)",
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     p.add_argument("--seed", type=int, default=None)
     _add_model_options(p)
+
+
+def _thinking_budget(args: argparse.Namespace) -> int:
+    budget: int = args.max_reasoning_tokens or max(1, args.max_tokens // 2)
+    return budget
 
 
 def _positive_int(text: str) -> int:
@@ -380,7 +390,7 @@ def _generate(args: argparse.Namespace) -> int:
             grammar=grammar,
             reasoning=prompt.reasoning_enabled,
             reasoning_parser=prompt.reasoning_parser(stream_reasoning=True),
-            max_reasoning_tokens=args.max_reasoning_tokens if prompt.reasoning_enabled else None,
+            max_reasoning_tokens=_thinking_budget(args) if prompt.reasoning_enabled else None,
         )
         content: list[str] = []
         finish = None

@@ -206,6 +206,22 @@ def test_generate_prints_the_reasoning_and_the_validated_answer(
     assert "valid" in err
 
 
+def test_generate_thinks_for_half_the_tokens_unless_told(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tiny model never ends its thought by itself: without a budget of its own,
+    generate forces the answer after half of --max-tokens, and it still validates."""
+    schema = tmp_path / "answer.schema.json"
+    schema.write_text(json.dumps(BOOLEAN_ANSWER))
+    args = ["generate", "--model", str(tiny_model_dir), "--schema", str(schema), "--think", "--seed", "3"]
+    code = main([*args, "--max-tokens", "40", "Is it on?"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    jsonschema.validate(json.loads(out), BOOLEAN_ANSWER)
+    reasoning = err.split("--- reasoning", 1)[1].split("--- answer", 1)[0]
+    assert reasoning.strip()
+
+
 def test_generate_refuses_a_bad_schema(
     tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
