@@ -211,10 +211,10 @@ void ts_attention(const float *qkv, int64_t tokens, int64_t ld, int64_t heads, i
  * out[m, n] = scale[n] * sum_k x[m, k] * w[n, k], w int8 with one scale per output row.
  * Packed weights: [N / 16][K][16] (16 output rows interleaved per k). Each output is one
  * chain of fused multiply-adds over k in order, whatever the tile, so a row's result does
- * not depend on how many rows are computed with it. Up to 8 rows (decoding) convert the
- * weights as they stream (memory bound); more rows (prefill, compute bound) first convert
- * a block of 16 output rows to float32 once (exactly the same values) and run 6 x 16
- * register tiles over it. */
+ * not depend on how many rows are computed with it. On AVX2, up to 8 rows (decoding)
+ * convert the weights as they stream (memory bound); more rows (prefill, compute bound)
+ * first convert a block of 16 output rows to float32 once (exactly the same values) and
+ * run 6 x 16 register tiles over it. On AVX-512 (below) every 8 rows stream the weights. */
 #define TS_W8_LOAD(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 
 /* rows (<= 6) x 16 outputs. from_float and accumulate (constants at each call, folded
@@ -329,7 +329,7 @@ int ts_use_avx512(int on) {
 /* Output blocks [b_lo, b_hi) of x [M, K] (row stride ld_x) times the packed w (as above),
  * into out [M, N] (row stride ld_out); accumulate: add to what out holds (a residual
  * connection) instead of overwriting it. wf: scratch of K * 16 floats (32-byte aligned),
- * used when M > 8. */
+ * used by the AVX2 tiles when M > 8 (w8_scratch says whether it is needed). */
 static void w8_blocks(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_t *w, const float *scale,
                       float *out, int64_t ld_out, int64_t b_lo, int64_t b_hi, float *wf, int accumulate) {
     for (int64_t b = b_lo; b < b_hi; b++) {
@@ -352,6 +352,11 @@ static void w8_blocks(const float *x, int64_t M, int64_t K, int64_t ld_x, const 
     }
 }
 
+/* The scratch w8_blocks needs for M rows of inputs of up to K, or NULL (free() takes it). */
+static float *w8_scratch(int64_t M, int64_t K) {
+    return M > 8 && !avx512_on() ? (float *)aligned_alloc(32, (size_t)K * 16 * sizeof(float)) : NULL;
+}
+
 /* x [M, K] (row stride ld_x), packed w as above, scale [N], out [M, N] (row stride ld_out);
  * N % 16 == 0. */
 void ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_t *w, const float *scale,
@@ -360,7 +365,7 @@ void ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8
 #pragma omp parallel
     {
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        float *wf = M > 8 ? (float *)aligned_alloc(32, (size_t)K * 16 * sizeof(float)) : NULL;
+        float *wf = w8_scratch(M, K);
         w8_blocks(x, M, K, ld_x, w, scale, out, ld_out, blocks * id / nt, blocks * (id + 1) / nt, wf, 0);
         free(wf);
     }
@@ -429,7 +434,7 @@ void ts_llama_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_t
     {
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
         const int64_t t_lo = T * id / nt, t_hi = T * (id + 1) / nt, t_n = t_hi - t_lo;
-        float *wf = T > 8 ? (float *)aligned_alloc(32, (size_t)k_max * 16 * sizeof(float)) : NULL;
+        float *wf = w8_scratch(T, k_max);
         float *scores = (float *)aligned_alloc(32, (size_t)padded * sizeof(float));
 #define TS_BLOCKS(n) ((n) / 16) * id / nt, ((n) / 16) * (id + 1) / nt
         for (int64_t i = 0; i < n_layers; i++) {

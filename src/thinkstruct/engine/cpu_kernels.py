@@ -4,12 +4,13 @@ A decoding step of a small model makes hundreds of small torch operations, and o
 cores each costs more in dispatch and OpenMP wake-ups than in arithmetic (measured on
 SmolLM2-135M at batch 8: SDPA 406 µs a layer for one query token a row, an RMS norm
 79 µs). ``cpu_kernels.c`` does a layer's glue in four calls: RMS norm, rotary positions
-plus the KV cache write, attention over each token's own slot, and the gated SiLU; and
-the matrix multiply of :class:`~thinkstruct.engine.int8.Int8Linear` (int8 weights,
-float32 activations).
+plus the KV cache write, attention over each token's own slot, and the gated SiLU; the
+matrix multiply of :class:`~thinkstruct.engine.int8_weights.Int8Linear` (int8 weights,
+float32 activations; 8-row AVX-512 tiles where the CPU has them, the same bits);
+:meth:`CpuKernels.llama_layers`, a whole decoder stack of int8-weight layers in one
+parallel region; and the engine's sampling and grammar-mask application.
 
-The C file is compiled once per machine (``gcc -O3 -mavx2 -mfma -fopenmp``, about a
-second) into ``cache_dir()/kernels``, under a name that hashes the source, the flags and
+The C file is compiled once per machine (:data:`FLAGS`, about a second) into ``cache_dir()/kernels``, under a name that hashes the source, the flags and
 the compiler, written to a temporary name and renamed, so a killed build leaves no
 half-written library. It is loaded after torch, so its OpenMP is torch's runtime and
 threads. Without an x86-64 CPU with AVX2 and FMA, without a C compiler, or with

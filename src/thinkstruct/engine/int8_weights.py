@@ -16,8 +16,9 @@ prefill: float32 multiply-adds do half the work per instruction of ``int8``'s in
 (30 layers of SmolLM2's projection shapes, cold caches: 128 against 79 ms for 64 rows), while
 decoding is as fast or faster (12 against 17 ms for one row, even at 8).
 
-The matrix multiply is :mod:`~thinkstruct.engine.cpu_kernels`' ``w8_linear`` (AVX2: the
-weights widen to float32 in registers as they stream). Where those kernels cannot build,
+The matrix multiply is :mod:`~thinkstruct.engine.cpu_kernels`' ``w8_linear`` (AVX2, or
+AVX-512 where the CPU has it: the weights widen to float32 in registers as they stream;
+the same bits either way). Where those kernels cannot build,
 torch's ``_weight_int8pack_mm`` computes the same function (far slower on AVX2).
 """
 

@@ -212,7 +212,6 @@ class LlamaRunner(SlotRunner):
         self._rope_scale = float(base.rotary_emb.attention_scaling)
         self._kernels = cpu_kernels() if kernels and self._fits_kernels() else None
         self._stack = self._stack_pointers() if self._kernels is not None else None
-        self._stack_capacity = -1
         # One kernel call computes each token from its own inputs and slot, in a fixed
         # order (tested bit for bit); torch's matrix multiplies pick kernels by shape.
         self.batch_invariant = self._stack is not None
@@ -326,10 +325,9 @@ class LlamaRunner(SlotRunner):
         self, kernels: CpuKernels, stack: ctypes.Array[LayerPointers], first_slot: int, plan: PaddedPass
     ) -> torch.Tensor:
         """The pass with every layer in one kernel call (int8 weights on the kernels)."""
-        if self._stack_capacity != self.cache.capacity:
+        if stack[0].keys != self.cache.keys[0].data_ptr():  # the cache grew: new buffers
             for entry, keys, values in zip(stack, self.cache.keys, self.cache.values, strict=True):
                 entry.keys, entry.values = keys.data_ptr(), values.data_ptr()
-            self._stack_capacity = self.cache.capacity
         packed = self._packed_tokens(first_slot, plan)
         h = self._embed(packed.ids).contiguous()
         kernels.llama_layers(

@@ -43,13 +43,17 @@ def sample(
         ValueError: a row has no allowed token (every logit ``-inf``); its index is in the
             message as ``row N``.
     """
+    # Rows drawn from the whole softmax, and rows drawn from top-k / top-p candidates;
+    # the rest are greedy.
+    plain = [i for i, p in enumerate(params) if not p.greedy and not _filters(p)]
+    filtered = [i for i, p in enumerate(params) if not p.greedy and _filters(p)]
     kernels = cpu_kernels() if logits.dtype == torch.float32 and logits.stride(-1) == 1 else None
     if kernels is None:
-        return _sample_with_torch(logits, params, generators)
-    filtered = [i for i, p in enumerate(params) if not p.greedy and _filters(p)]
-    drawn = {i for i, p in enumerate(params) if not p.greedy and not _filters(p)}
-    inverse = [1.0 / p.temperature if i in drawn else 0.0 for i, p in enumerate(params)]
-    draws = [_uniform(generators[i]) if i in drawn else 0.0 for i in range(len(params))]
+        return _sample_with_torch(logits, params, generators, plain, filtered)
+    inverse = [0.0] * len(params)
+    draws = [0.0] * len(params)
+    for i in plain:
+        inverse[i], draws[i] = 1.0 / params[i].temperature, _uniform(generators[i])
     out = kernels.sample(logits, inverse, draws)
     if -1 in out:
         raise ValueError(f"row {out.index(-1)}: no token is allowed")
@@ -66,7 +70,11 @@ def _uniform(generator: torch.Generator) -> float:
 
 
 def _sample_with_torch(
-    logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator],
+    plain: list[int],
+    filtered: list[int],
 ) -> list[int]:
     """:func:`sample` in torch operations (where the compiled kernels do not run)."""
     best = logits.max(dim=-1)
@@ -74,15 +82,12 @@ def _sample_with_torch(
         dead = int(torch.nonzero(torch.isneginf(best.values))[0, 0])
         raise ValueError(f"row {dead}: no token is allowed")
     out: list[int] = best.indices.tolist()
-    plain = [i for i, p in enumerate(params) if not p.greedy and not _filters(p)]
     if plain:
         temperatures = torch.tensor([params[i].temperature for i in plain], dtype=logits.dtype)
         probs = torch.softmax(logits[plain] / temperatures[:, None], dim=-1)
         for i, token in zip(plain, _inverse_cdf(probs, [generators[i] for i in plain]), strict=True):
             out[i] = token
-    _sample_filtered(
-        logits, params, generators, [i for i, p in enumerate(params) if not p.greedy and _filters(p)], out
-    )
+    _sample_filtered(logits, params, generators, filtered, out)
     return out
 
 
