@@ -40,8 +40,10 @@ from thinkstruct.engine.cpu_kernels import cpu_kernels
 from thinkstruct.engine.detokenizer import TokenTexts
 from thinkstruct.engine.free_text import thinking_budget_matcher
 from thinkstruct.engine.handle import RequestHandle
-from thinkstruct.engine.llama_runner import LlamaRunner, supports
-from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest
+from thinkstruct.engine.decoder_runner import DecoderRunner, supports
+from thinkstruct.engine.logit_adjustments import adjust_logits
+from thinkstruct.engine.logprobs import LogprobTable
+from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest, InvalidSamplingParam
 from thinkstruct.engine.runner import ModelRunner, TransformersRunner
 from thinkstruct.engine.sampler import sample
 from thinkstruct.engine.sequence import Sequence
@@ -71,12 +73,13 @@ MIN_REUSED_PREFIX = 4
 
 
 def default_runner(model: object, *, slots: int, context_length: int, vocab_size: int) -> ModelRunner:
-    """:class:`~thinkstruct.engine.llama_runner.LlamaRunner` for the models it computes
-    exactly (fewer operations per step), the transformers runner for any other."""
-    reason = supports(model)
+    """:class:`~thinkstruct.engine.decoder_runner.DecoderRunner` for the models its
+    architecture registry computes exactly (fewer operations per step), the transformers
+    runner for any other."""
+    reason = supports(model, context_length=context_length)
     if reason is None:
-        return LlamaRunner(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
-    log.info("transformers runner (not the Llama runner: %s)", reason)
+        return DecoderRunner(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
+    log.info("transformers runner (not the decoder runner: %s)", reason)
     return TransformersRunner(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
 
 
@@ -279,6 +282,11 @@ class Engine:
         vocab = self.tokenizer.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        for token, _ in request.sampling.logit_bias:
+            if token >= vocab:
+                raise InvalidSamplingParam(
+                    f"logit_bias.{token}", f"logit_bias.{token}: token ids must be in [0, {vocab})"
+                )
         if request.max_reasoning_tokens is not None and request.max_reasoning_tokens < 0:
             raise ValueError("max_reasoning_tokens must be >= 0")
         handle = RequestHandle(request.request_id, loop)
@@ -564,35 +572,42 @@ class Engine:
             return
         params = [rows[i].params for i in live]
         gens = [rows[i].generator for i in live]
+        view = logits if len(live) == logits.shape[0] else logits[live]
+        # Only rows that ask pay for bias, penalties and log-probabilities.
+        if any(p.adjusts_logits for p in params):
+            adjust_logits(view, params, [rows[i].adjustments for i in live])
+        table = LogprobTable(view, params) if any(p.logprobs is not None for p in params) else None
         # A failed batch may have drawn for some rows already; each row draws again from
         # where it was, so its tokens do not depend on another row's fault (~1 us a row).
         states = [g.get_state() for g in gens]
         tokens: list[int | None]
         try:
-            tokens = list(sample(logits[live], params, gens))
+            tokens = list(sample(view, params, gens))
         except Exception:  # noqa: BLE001 - find the row(s) at fault, sample the rest one by one
             tokens = []
-            for i, generator, state in zip(live, gens, states, strict=True):
+            for j, (i, generator, state) in enumerate(zip(live, gens, states, strict=True)):
                 generator.set_state(state)
                 try:
-                    tokens.append(sample(logits[i : i + 1], [rows[i].params], [generator])[0])
+                    tokens.append(sample(view[j : j + 1], [rows[i].params], [generator])[0])
                 except ValueError:  # every token masked
                     tokens.append(-1)
                 except Exception as e:  # this request's sampling failed; the batch goes on
                     log.exception("sampling request %s failed", rows[i].request.request_id)
                     self._finish(rows[i], FinishReason.ERROR, f"internal error sampling this request: {e}")
                     tokens.append(None)
-        for i, token in zip(live, tokens, strict=True):
+        for j, (i, token) in enumerate(zip(live, tokens, strict=True)):
             seq = rows[i]
             if token is None:
                 continue
             try:
-                self._advance(seq, token)
+                self._advance(seq, token, None if table is None or token < 0 else table.entry(j, token))
             except Exception as e:  # this request's own path failed
                 log.exception("request %s failed", seq.request.request_id)
                 self._finish(seq, FinishReason.ERROR, f"internal error in this request: {e}")
 
-    def _advance(self, seq: Sequence, token: int) -> None:
+    def _advance(
+        self, seq: Sequence, token: int, logprob: tuple[float, tuple[tuple[int, float], ...]] | None = None
+    ) -> None:
         if token < 0:
             self._finish(seq, FinishReason.ERROR, "the grammar allows no next token")
             return
@@ -619,7 +634,7 @@ class Engine:
         if matcher is None:
             seq.allowed_now = self.tokenizer.vocab_size
         new = [token, *forced]
-        delta = seq.add_tokens(new, forced=len(forced))
+        delta = seq.add_tokens(new, forced=len(forced), logprob=logprob)
         self.stats.generated_tokens += len(new)
         self.stats.jump_forward_tokens += len(forced)
         if delta is not None:

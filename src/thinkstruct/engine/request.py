@@ -22,6 +22,18 @@ if TYPE_CHECKING:
 #: Most stop strings one request may carry, and the longest one (characters).
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
+#: Most alternatives :attr:`SamplingParams.logprobs` may ask for per token (OpenAI's limit).
+MAX_TOP_LOGPROBS = 20
+#: Largest magnitude of a :attr:`SamplingParams.logit_bias` value (OpenAI's range).
+MAX_LOGIT_BIAS = 100.0
+
+
+class InvalidSamplingParam(ValueError):
+    """A sampling parameter out of range; ``field`` names it (``logit_bias.50000``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,6 +48,22 @@ class SamplingParams:
         seed: seeds this request's own random generator, so its output does not depend on
             other requests in the batch; ``None`` draws a fresh seed.
         stop: strings that end the answer where they first appear (not included in it).
+        logprobs: return, per generated token, its log-probability and the ``logprobs``
+            most likely alternatives (0 to :data:`MAX_TOP_LOGPROBS`); ``None``: none. The
+            distribution is the one the grammar allowed: log-softmax of the logits after
+            ``logit_bias``, the penalties and the grammar mask, at temperature 1, before
+            ``min_p`` / top-k / top-p truncation (a forbidden token is never listed). A
+            token the grammar forced (jump-forward) has log-probability 0.
+        logit_bias: ``(token id, bias)`` pairs added to the logits, bias in [-100, 100];
+            the grammar mask still wins (a forbidden token stays forbidden).
+        presence_penalty: subtracted once from the logit of every token already in the
+            output, in [-2, 2] (vLLM's semantics).
+        frequency_penalty: subtracted from a token's logit once per time it is already in
+            the output, in [-2, 2].
+        repetition_penalty: > 0; the logit of a token in the prompt or the output is
+            divided by it where positive and multiplied by it where negative (1: off).
+        min_p: in [0, 1]; tokens whose probability (after temperature) is below ``min_p``
+            times the most likely one's are not drawn (0: off; greedy rows ignore it).
     """
 
     max_tokens: int = 256
@@ -44,6 +72,12 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -62,10 +96,58 @@ class SamplingParams:
             raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         if any(len(s) > MAX_STOP_LENGTH for s in self.stop):
             raise ValueError(f"each stop string may have at most {MAX_STOP_LENGTH} characters")
+        self._check_options()
+
+    def _check_options(self) -> None:
+        if self.logprobs is not None and not (
+            _integer(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise InvalidSamplingParam(
+                "logprobs", f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}"
+            )
+        if not isinstance(self.logit_bias, tuple):
+            raise InvalidSamplingParam("logit_bias", "logit_bias must be a tuple of (token id, bias) pairs")
+        seen: set[int] = set()
+        for pair in self.logit_bias:
+            token = pair[0] if isinstance(pair, tuple) and len(pair) == 2 else None
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0 or token in seen:
+                raise InvalidSamplingParam(
+                    "logit_bias", f"logit_bias: {pair!r} is not a new (token id, bias) pair"
+                )
+            seen.add(token)
+            if not _finite(pair[1]) or abs(pair[1]) > MAX_LOGIT_BIAS:
+                raise InvalidSamplingParam(
+                    f"logit_bias.{token}", f"logit_bias.{token} must be in [-100, 100], got {pair[1]!r}"
+                )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _finite(value) or not -2 <= value <= 2:
+                raise InvalidSamplingParam(name, f"{name} must be in [-2, 2], got {value!r}")
+        if not _finite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise InvalidSamplingParam(
+                "repetition_penalty",
+                f"repetition_penalty must be a number > 0, got {self.repetition_penalty!r}",
+            )
+        if not _finite(self.min_p) or not 0 <= self.min_p <= 1:
+            raise InvalidSamplingParam("min_p", f"min_p must be in [0, 1], got {self.min_p!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether ``logit_bias`` or a penalty changes this request's logits."""
+        return bool(self.logit_bias) or self.penalizes
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether a presence, frequency or repetition penalty is on."""
+        return bool(self.presence_penalty or self.frequency_penalty) or self.repetition_penalty != 1.0
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _finite(value: object) -> bool:
@@ -143,12 +225,34 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability (natural log) under the distribution the
+    grammar allowed (see :attr:`SamplingParams.logprobs`).
+
+    Attributes:
+        token_id: the token.
+        logprob: its log-probability.
+        top: the most likely tokens and their log-probabilities, most likely first (as many
+            as asked for, fewer where the grammar allowed fewer).
+        reasoning: the token belongs to the thought (the reasoning parser was inside it).
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+    reasoning: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Delta:
-    """One event on a request's stream: new text, then finally why it ended."""
+    """One event on a request's stream: new text, then finally why it ended.
+
+    ``logprobs`` (only when the request asked) has one entry per id of ``token_ids``."""
 
     reasoning: str = ""
     content: str = ""
     token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None
     error: str | None = None
     usage: Usage | None = None
@@ -164,6 +268,7 @@ class Completion:
     finish_reason: FinishReason
     error: str | None
     usage: Usage | None
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 def join_deltas(deltas: list[Delta]) -> Completion:
@@ -176,4 +281,5 @@ def join_deltas(deltas: list[Delta]) -> Completion:
         finish_reason=last.finish_reason or FinishReason.ABORT,
         error=last.error,
         usage=last.usage,
+        logprobs=tuple(lp for d in deltas for lp in d.logprobs),
     )

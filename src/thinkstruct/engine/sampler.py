@@ -7,10 +7,17 @@ Nothing sorts the whole vocabulary: top-k and top-p work on ``torch.topk`` candi
 here; ``topk`` takes about 0.4 ms). Top-p takes the first :data:`TOP_P_CANDIDATES`
 candidates and widens to the whole vocabulary only for a row whose candidates hold less
 than ``top_p`` of the mass, so it stays exact.
+
+``min_p`` rows have their logits below the threshold set to ``-inf`` first (in place,
+only those rows), then take the same paths. ``logit_bias``, the penalties and
+log-probabilities come before sampling (:mod:`~thinkstruct.engine.logit_adjustments`,
+:mod:`~thinkstruct.engine.logprobs`); rows that use none of these options cost nothing
+more than before.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -39,10 +46,16 @@ def sample(
     otherwise batched torch operations; top-k / top-p rows work on ``torch.topk``
     candidates. Only the draw itself is per row (it needs the row's generator).
 
+    Rows with ``min_p`` are pruned in place first (:func:`apply_min_p`; applying it
+    again changes nothing).
+
     Raises:
         ValueError: a row has no allowed token (every logit ``-inf``); its index is in the
             message as ``row N``.
     """
+    pruned = [i for i, p in enumerate(params) if p.min_p > 0 and not p.greedy]
+    if pruned:
+        apply_min_p(logits, pruned, params)
     # Rows drawn from the whole softmax, and rows drawn from top-k / top-p candidates;
     # the rest are greedy.
     plain = [i for i, p in enumerate(params) if not p.greedy and not _filters(p)]
@@ -59,6 +72,19 @@ def sample(
         raise ValueError(f"row {out.index(-1)}: no token is allowed")
     _sample_filtered(logits, params, generators, filtered, out)
     return out
+
+
+def apply_min_p(logits: torch.Tensor, rows: list[int], params: Sequence[SamplingParams]) -> None:
+    """Set to ``-inf``, in place, the logits of ``rows`` whose probability at the row's
+    temperature is below ``min_p`` times the most likely token's: ``p_i < min_p * p_max``
+    is ``(l_i - l_max) / T < ln(min_p)``, so no softmax is needed."""
+    selected = logits[rows]
+    best = selected.max(dim=-1, keepdim=True).values
+    scale = torch.tensor(
+        [params[i].temperature * math.log(params[i].min_p) for i in rows], dtype=logits.dtype
+    )
+    selected.masked_fill_(selected < best + scale[:, None], -math.inf)
+    logits[rows] = selected
 
 
 def _filters(p: SamplingParams) -> bool:

@@ -13,7 +13,8 @@ import time
 from typing import TYPE_CHECKING
 
 from thinkstruct.engine.detokenizer import IncrementalDetokenizer, TokenTexts
-from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest, Usage
+from thinkstruct.engine.logit_adjustments import LogitAdjustments
+from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest, TokenLogprob, Usage
 from thinkstruct.engine.sampler import new_generator
 from thinkstruct.engine.stop_strings import StopStringMatcher
 
@@ -52,6 +53,10 @@ class Sequence:
         self.matcher = matcher
         self.parser = request.reasoning_parser
         self.stops = StopStringMatcher(self.params.stop) if self.params.stop else None
+        # Bias and the tokens penalties count, only for a request that uses them.
+        self.adjustments = (
+            LogitAdjustments(self.params, request.prompt_ids) if self.params.adjusts_logits else None
+        )
         self._detok = IncrementalDetokenizer(texts)
         self._stop_ids = stop_ids
         self.slot = -1
@@ -82,26 +87,51 @@ class Sequence:
 
     # ---- tokens in -------------------------------------------------------------------
 
-    def add_tokens(self, token_ids: list[int], *, forced: int = 0) -> Delta | None:
+    def add_tokens(
+        self,
+        token_ids: list[int],
+        *,
+        forced: int = 0,
+        logprob: tuple[float, tuple[tuple[int, float], ...]] | None = None,
+    ) -> Delta | None:
         """Record generated tokens (the last ``forced`` of them forced by the grammar), and
-        the delta of text they complete (``None`` if none yet)."""
+        the delta of text they complete (``None`` if none yet).
+
+        ``logprob`` is the sampled (first) token's log-probability and most likely
+        alternatives, for a request that asked for them; a forced token gets 0 (the
+        grammar left it no alternative)."""
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
         self.jump_forward_tokens += forced
+        if self.adjustments is not None:
+            self.adjustments.add(token_ids)
         reasoning: list[str] = []
         content: list[str] = []
         visible: list[int] = []
+        logprobs: list[TokenLogprob] = []
         for k, token_id in enumerate(token_ids):
             if token_id in self._stop_ids:
                 continue
             visible.append(token_id)
-            if self.allowed_counts is not None:  # the first was sampled, the rest forced
-                self.allowed_counts.append(self.allowed_now if k < len(token_ids) - forced else 1)
-            if self.parser is not None and self.parser.in_reasoning:
+            sampled = k < len(token_ids) - forced  # the first was sampled, the rest forced
+            if self.allowed_counts is not None:
+                self.allowed_counts.append(self.allowed_now if sampled else 1)
+            thinking = self.parser is not None and self.parser.in_reasoning
+            if thinking:
                 self.reasoning_tokens += 1
+            if self.params.logprobs is not None:
+                logprobs.append(self._logprob(token_id, logprob if sampled else None, thinking))
             self._route(self._detok.add((token_id,)), reasoning, content)
         self.output_ids.extend(visible)
-        return self._delta(reasoning, content, visible)
+        return self._delta(reasoning, content, visible, logprobs)
+
+    def _logprob(
+        self, token_id: int, sampled: tuple[float, tuple[tuple[int, float], ...]] | None, thinking: bool
+    ) -> TokenLogprob:
+        if sampled is None:  # forced: the only token the grammar allowed
+            top = ((token_id, 0.0),) if self.params.logprobs else ()
+            return TokenLogprob(token_id=token_id, logprob=0.0, top=top, reasoning=thinking)
+        return TokenLogprob(token_id=token_id, logprob=sampled[0], top=sampled[1], reasoning=thinking)
 
     def finish(self, reason: FinishReason, error: str | None = None) -> Delta:
         """The last delta: held-back text, the finish reason, the usage."""
@@ -163,8 +193,10 @@ class Sequence:
         content.append(self.stops.feed(text) if self.stops is not None else text)
 
     @staticmethod
-    def _delta(reasoning: list[str], content: list[str], ids: list[int]) -> Delta | None:
+    def _delta(
+        reasoning: list[str], content: list[str], ids: list[int], logprobs: list[TokenLogprob]
+    ) -> Delta | None:
         r, c = "".join(reasoning), "".join(content)
         if not r and not c and not ids:
             return None
-        return Delta(reasoning=r, content=c, token_ids=tuple(ids))
+        return Delta(reasoning=r, content=c, token_ids=tuple(ids), logprobs=tuple(logprobs))
