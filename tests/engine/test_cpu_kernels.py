@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thinkstruct.engine import cpu_kernels as module
-from thinkstruct.engine.cpu_kernels import CpuKernels, cpu_kernels, unavailable_reason
+from thinkstruct.engine.cpu_kernels import CpuKernels, RopeLayout, cpu_kernels, unavailable_reason
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +27,15 @@ def kernels() -> CpuKernels:
 
 
 def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' rotary positions over the first ``2 * cos.shape[-1]`` values of
+    ``x``'s heads (the rest pass through)."""
     cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    width = cos.shape[-1]
+    head, tail = x[..., :width], x[..., width:]
+    half = width // 2
+    return torch.cat(
+        (head * cos + torch.cat((-head[..., half:], head[..., :half]), dim=-1) * sin, tail), dim=-1
+    )
 
 
 @settings(max_examples=30, deadline=None)
@@ -50,9 +56,15 @@ def test_rms_norm_and_silu_match_torch(kernels, rows: int, eighths: int, seed: i
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_rope_store_and_attention_match_torch(kernels, data) -> None:
+    """With or without per-head q/k norms (Qwen3), full, partial (Phi-3) or no rotary
+    (SmolLM3's layers without it), and with a sliding window or none."""
     kv_heads = data.draw(st.integers(1, 3), label="kv_heads")
     heads = kv_heads * data.draw(st.integers(1, 4), label="group")
     dim = 8 * data.draw(st.sampled_from([2, 4, 8]), label="dim / 8")
+    rot_half = 8 * data.draw(st.integers(1, dim // 16), label="rotary pairs / 8")
+    rotate = data.draw(st.booleans(), label="rotate")
+    qk_norm = data.draw(st.booleans(), label="q/k norm")
+    window = data.draw(st.sampled_from([0, 1, 3, 9]), label="window")
     slots, capacity = 3, 24
     # Each token: a slot and a position; a slot's positions are filled without holes.
     lengths = data.draw(st.lists(st.integers(0, 8), min_size=slots, max_size=slots), label="new tokens")
@@ -66,13 +78,23 @@ def test_rope_store_and_attention_match_torch(kernels, data) -> None:
     keys = torch.randn(slots, kv_heads, capacity, dim, generator=generator)
     values = torch.randn(slots, kv_heads, capacity, dim, generator=generator)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=generator) * 3
-    angles = pos_of[:, None].float() * (1e4 ** (-torch.arange(0, dim, 2).float() / dim))
+    angles = pos_of[:, None].float() * (1e4 ** (-torch.arange(0, 2 * rot_half, 2).float() / (2 * rot_half)))
     cos, sin = angles.cos().contiguous(), angles.sin().contiguous()
-
-    queries = _rotate_half(qkv[:, : heads * dim].view(tokens, heads, dim), cos[:, None], sin[:, None])
-    new_keys = _rotate_half(
-        qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim), cos[:, None], sin[:, None]
-    )
+    layout = RopeLayout(rotate=rotate)
+    queries = qkv[:, : heads * dim].view(tokens, heads, dim)
+    new_keys = qkv[:, heads * dim : (heads + kv_heads) * dim].view(tokens, kv_heads, dim)
+    if qk_norm:
+        layout = RopeLayout(
+            q_norm=torch.randn(dim, generator=generator),
+            k_norm=torch.randn(dim, generator=generator),
+            eps=1e-6,
+            rotate=rotate,
+        )
+        queries = F.rms_norm(queries, (dim,), layout.q_norm, 1e-6)
+        new_keys = F.rms_norm(new_keys, (dim,), layout.k_norm, 1e-6)
+    if rotate:
+        queries = _rotate_half(queries, cos[:, None], sin[:, None])
+        new_keys = _rotate_half(new_keys, cos[:, None], sin[:, None])
     new_values = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim).clone()
     want_keys, want_values = keys.clone(), values.clone()
     want_keys[slot_of, :, pos_of] = new_keys
@@ -80,29 +102,30 @@ def test_rope_store_and_attention_match_torch(kernels, data) -> None:
 
     kernels.rope_store(
         qkv, heads=heads, kv_heads=kv_heads, cos=cos, sin=sin,
-        slot_of=slot_of, pos_of=pos_of, keys=keys, values=values,
+        slot_of=slot_of, pos_of=pos_of, keys=keys, values=values, layout=layout,
     )  # fmt: skip
-    torch.testing.assert_close(qkv[:, : heads * dim].view(tokens, heads, dim), queries)
-    torch.testing.assert_close(keys, want_keys)
+    torch.testing.assert_close(qkv[:, : heads * dim].view(tokens, heads, dim), queries, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(keys, want_keys, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(values, want_values)
 
     span = int(pos_of.max()) + 1
     got = kernels.attention(
         qkv, heads=heads, kv_heads=kv_heads, slot_of=slot_of, pos_of=pos_of,
-        span=span, keys=keys, values=values, scale=dim**-0.5,
+        span=span, keys=keys, values=values, scale=dim**-0.5, window=window,
     )  # fmt: skip
     group = heads // kv_heads
     for t in range(tokens):
         s, p = int(slot_of[t]), int(pos_of[t])
-        k = want_keys[s, :, : p + 1].repeat_interleave(group, dim=0)  # [heads, p + 1, dim]
-        v = want_values[s, :, : p + 1].repeat_interleave(group, dim=0)
+        lo = max(0, p + 1 - window) if window else 0  # transformers: key positions > p - window
+        k = want_keys[s, :, lo : p + 1].repeat_interleave(group, dim=0)  # [heads, p + 1 - lo, dim]
+        v = want_values[s, :, lo : p + 1].repeat_interleave(group, dim=0)
         want = F.scaled_dot_product_attention(queries[t][:, None], k, v, scale=dim**-0.5)[:, 0]
         torch.testing.assert_close(got[t].view(heads, dim), want, rtol=1e-4, atol=1e-4)
 
     # The first token alone, with the span of its own position: the same bits.
     alone = kernels.attention(
         qkv[:1], heads=heads, kv_heads=kv_heads, slot_of=slot_of[:1], pos_of=pos_of[:1],
-        span=int(pos_of[0]) + 1, keys=keys, values=values, scale=dim**-0.5,
+        span=int(pos_of[0]) + 1, keys=keys, values=values, scale=dim**-0.5, window=window,
     )  # fmt: skip
     assert torch.equal(alone[0], got[0])
 
@@ -184,3 +207,24 @@ def test_a_killed_build_leaves_nothing_half_written(tmp_path, monkeypatch) -> No
 def test_the_switch_turns_them_off(monkeypatch) -> None:
     monkeypatch.setenv(module.DISABLE_ENV, "0")
     assert unavailable_reason() == f"{module.DISABLE_ENV}=0"
+
+
+def test_the_stacked_pass_refuses_sizes_it_cannot_take(kernels) -> None:
+    """Hidden 24 (the o and down projections' outputs are not multiples of 16): an error
+    naming the sizes, nothing computed."""
+    from thinkstruct.engine.cpu_kernels import LayerPointers
+
+    h = torch.ones(2, 24)
+    cos = torch.zeros(2, 8)
+    positions = torch.arange(2)
+    with pytest.raises(ValueError, match="hidden 24"):
+        kernels.decoder_layers(
+            h, (LayerPointers * 1)(), heads=2, kv_heads=1, dim=16, inter=32, rot_half=8, cos=cos, sin=cos,
+            slot_of=torch.zeros(2, dtype=torch.long), pos_of=positions, capacity=8, span=2,
+        )  # fmt: skip
+    assert torch.equal(h, torch.ones(2, 24))
+    with pytest.raises(ValueError, match="cos/sin"):
+        kernels.decoder_layers(
+            h, (LayerPointers * 1)(), heads=2, kv_heads=1, dim=16, inter=32, rot_half=4, cos=cos, sin=cos,
+            slot_of=torch.zeros(2, dtype=torch.long), pos_of=positions, capacity=8, span=2,
+        )  # fmt: skip

@@ -32,11 +32,13 @@ def _kernels(compiled: bool):
     rows=st.integers(1, 30),  # both of the kernel's tilings: up to 8 rows, and more
     inner=st.integers(1, 200),
     blocks=st.integers(1, 6),
+    bias=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_a_layer_multiplies_by_its_dequantized_weight(compiled, rows, inner, blocks, seed) -> None:
+def test_a_layer_multiplies_by_its_dequantized_weight(compiled, rows, inner, blocks, bias, seed) -> None:
+    """(Plus its float bias, where it has one: Qwen2's q/k/v projections do.)"""
     generator = torch.Generator().manual_seed(seed)
-    linear = torch.nn.Linear(inner, blocks * BLOCK, bias=False)
+    linear = torch.nn.Linear(inner, blocks * BLOCK, bias=bias)
     with torch.no_grad():
         linear.weight.copy_(torch.randn(linear.weight.shape, generator=generator))
         linear.weight[0] *= 1000  # a row's scale is its own
@@ -47,7 +49,8 @@ def test_a_layer_multiplies_by_its_dequantized_weight(compiled, rows, inner, blo
         ((weight - linear.weight).abs() <= step * (0.5 + 1e-4)).all()
     )  # nearest step, to float32 rounding
     x = torch.randn(2, rows, inner, generator=generator)
-    torch.testing.assert_close(layer(x), x @ weight.T, rtol=1e-5, atol=1e-4 * float(weight.abs().max()))
+    want = x @ weight.T + (linear.bias.detach() if bias else 0.0)
+    torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-4 * float(weight.abs().max()))
 
 
 @PATHS
@@ -114,6 +117,6 @@ def test_a_quantized_model_stays_close_to_its_float_self(tiny_model, compiled) -
 def test_layers_int8_cannot_pack_stay_float() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=True), torch.nn.Linear(16, 24, bias=False))
     result = quantize_int8_weights(model)
-    assert result.quantized == () and result.kept_float == ("0", "1")
+    assert result.quantized == ("0",) and result.kept_float == ("1",)  # a bias is kept, 24 rows are not 16s
     with pytest.raises(ValueError, match="multiple of 16"):
         Int8Linear(torch.zeros(24, 16, dtype=torch.int8), torch.ones(24), kernels=None)

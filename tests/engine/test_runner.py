@@ -4,7 +4,7 @@ Whatever the schedule — rows joining into free slots, feeding one token or sev
 pass, next to rows of other lengths, moved to another slot when a row before them
 leaves — each row's logits must be those of running its whole token sequence alone
 through the plain model. Both runners (transformers' modules on the slot cache, and the
-Llama runner's own fused computation) are held to it.
+decoder runner's own fused computation) are held to it.
 """
 
 from __future__ import annotations
@@ -15,21 +15,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from thinkstruct.engine.cpu_kernels import cpu_kernels
-from thinkstruct.engine.llama_runner import LlamaRunner, supports
+from thinkstruct.engine.decoder_runner import DecoderRunner, supports
 from thinkstruct.engine.runner import ModelRunner, TransformersRunner
 
 SLOTS = 4
 
 
-class TorchOpsLlamaRunner(LlamaRunner):
-    """The Llama runner without its compiled kernels (what runs where they cannot)."""
+class TorchOpsRunner(DecoderRunner):
+    """The decoder runner without its compiled kernels (what runs where they cannot)."""
 
     def __init__(self, model, **kwargs) -> None:
         super().__init__(model, kernels=False, **kwargs)
 
 
-class StackedInt8LlamaRunner(LlamaRunner):
-    """The Llama runner on a copy of the model with int8 weights: every layer of a pass in
+class StackedInt8Runner(DecoderRunner):
+    """The decoder runner on a copy of the model with int8 weights: every layer of a pass in
     one kernel call. Its reference is that quantized model run by transformers."""
 
     def __init__(self, model, **kwargs) -> None:
@@ -37,7 +37,7 @@ class StackedInt8LlamaRunner(LlamaRunner):
         assert self.stacked
 
 
-RUNNERS = [TransformersRunner, LlamaRunner, TorchOpsLlamaRunner, StackedInt8LlamaRunner]
+RUNNERS = [TransformersRunner, DecoderRunner, TorchOpsRunner, StackedInt8Runner]
 runners = pytest.mark.parametrize("runner_class", RUNNERS, ids=lambda c: c.__name__)
 
 _quantized: dict[int, torch.nn.Module] = {}
@@ -59,7 +59,7 @@ def _int8_weights_copy(model):
 def plain_model(tiny_model, runner_class: type[ModelRunner]):
     """What the runner's logits are held to: the model it computes, run by transformers."""
     model = tiny_model.model
-    return _int8_weights_copy(model) if runner_class is StackedInt8LlamaRunner else model
+    return _int8_weights_copy(model) if runner_class is StackedInt8Runner else model
 
 
 def reference_logits(model, ids: list[int]) -> torch.Tensor:
@@ -72,8 +72,8 @@ def reference_logits(model, ids: list[int]) -> torch.Tensor:
 def _runner(tiny_model, runner_class: type[ModelRunner] = TransformersRunner) -> ModelRunner:
     runner = runner_class(tiny_model.model, slots=SLOTS, context_length=tiny_model.context_length)  # type: ignore[call-arg]
     if runner_class in (
-        LlamaRunner,
-        StackedInt8LlamaRunner,
+        DecoderRunner,
+        StackedInt8Runner,
     ):  # the tiny model's float32 sizes fit the kernels
         assert runner.compiled
     return runner
@@ -177,7 +177,7 @@ def test_the_model_stays_correct_outside_the_runner(tiny_model, runner_class) ->
 
 @pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
 def test_fused_int8_projections_compute_what_the_separate_layers_do(tiny_model, per_channel) -> None:
-    """The Llama runner stacks a layer's q/k/v (and gate/up) int8 weights into one, each
+    """The decoder runner stacks a layer's q/k/v (and gate/up) int8 weights into one, each
     row keeping its part's scale: the logits equal those of the quantized model's own
     layers run one by one. (Rows of equal length: in a padded pass the runner quantizes
     only the real tokens, where transformers' layers also see the padding, and torch's
@@ -194,7 +194,7 @@ def test_fused_int8_projections_compute_what_the_separate_layers_do(tiny_model, 
         quantize_dynamic(model, {torch.nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
     context = tiny_model.context_length
     separate = TransformersRunner(model, slots=2, context_length=context)
-    fused = LlamaRunner(model, slots=2, context_length=context)
+    fused = DecoderRunner(model, slots=2, context_length=context)
     rows = [[5, 6, 7, 8, 9], [300, 400, 500, 600, 700]]
     with torch.inference_mode():
         expected = separate.forward(0, rows, [0, 0])
@@ -218,7 +218,7 @@ def test_fused_int8_weight_projections_compute_what_the_separate_layers_do(tiny_
     quantize_int8_weights(model, compiled=compiled)
     context = tiny_model.context_length
     separate = TransformersRunner(model, slots=2, context_length=context)
-    fused = LlamaRunner(model, slots=2, context_length=context)
+    fused = DecoderRunner(model, slots=2, context_length=context)
     assert fused.compiled
     rows = [[5, 6, 7, 8, 9], [300, 400, 500]]
     with torch.inference_mode():
@@ -242,8 +242,8 @@ def test_with_int8_weights_a_rows_logits_do_not_depend_on_its_batch(tiny_model) 
 
     model = copy.deepcopy(tiny_model.model)
     quantize_int8_weights(model)
-    alone = LlamaRunner(model, slots=SLOTS, context_length=tiny_model.context_length)
-    crowded = LlamaRunner(model, slots=SLOTS, context_length=tiny_model.context_length)
+    alone = DecoderRunner(model, slots=SLOTS, context_length=tiny_model.context_length)
+    crowded = DecoderRunner(model, slots=SLOTS, context_length=tiny_model.context_length)
     ids = [5, 6, 7, 8, 9]
     with torch.inference_mode():
         first = alone.forward(0, [ids], [0])
@@ -257,7 +257,7 @@ def test_with_int8_weights_a_rows_logits_do_not_depend_on_its_batch(tiny_model) 
         assert kernels is not None
         try:
             kernels.use_avx512(False)
-            narrow = LlamaRunner(model, slots=SLOTS, context_length=tiny_model.context_length)
+            narrow = DecoderRunner(model, slots=SLOTS, context_length=tiny_model.context_length)
             narrow.forward(0, [ids, list(range(20, 37)), [3]], [0, 0, 0])
             assert torch.equal(narrow.forward(0, [[11], [12], [13, 14, 15]], [5, 17, 1]), beside)
         finally:
@@ -293,7 +293,7 @@ def test_a_stacked_pass_whose_attention_is_wider_than_the_model(avx512) -> None:
     ids = [(7 * i) % 300 for i in range(12)]
     try:
         kernels.use_avx512(avx512)
-        runner = LlamaRunner(model, slots=1, context_length=64)
+        runner = DecoderRunner(model, slots=1, context_length=64)
         assert runner.stacked
         with torch.inference_mode():
             got = runner.forward(0, [ids], [0])[0]
@@ -302,13 +302,13 @@ def test_a_stacked_pass_whose_attention_is_wider_than_the_model(avx512) -> None:
     torch.testing.assert_close(got, reference_logits(model, ids), rtol=1e-4, atol=1e-4)
 
 
-def test_a_model_the_llama_runner_does_not_compute_gets_the_transformers_runner() -> None:
+def test_a_model_the_decoder_runner_does_not_compute_gets_the_transformers_runner() -> None:
     from thinkstruct.engine.engine import default_runner
 
-    model = _small_llama(hidden_size=32, attention_bias=True)
-    assert supports(model) == "biased projections"
-    with pytest.raises(ValueError, match="biased projections"):
-        LlamaRunner(model, slots=1, context_length=64)
+    model = _small_llama(hidden_size=32, hidden_act="gelu")
+    assert supports(model) == "activation 'gelu' (the runner computes gated SiLU)"
+    with pytest.raises(ValueError, match="activation 'gelu'"):
+        DecoderRunner(model, slots=1, context_length=64)
     runner = default_runner(model, slots=1, context_length=64, vocab_size=300)
     assert isinstance(runner, TransformersRunner)
     with torch.inference_mode():
@@ -318,9 +318,9 @@ def test_a_model_the_llama_runner_does_not_compute_gets_the_transformers_runner(
 
 def test_sizes_the_kernels_cannot_take_run_on_torch_operations() -> None:
     """A hidden size that is not a multiple of 8 (here 60, with 4 heads of 16: attention's
-    width 64 fits) keeps the Llama runner on torch operations, and its logits right."""
+    width 64 fits) keeps the decoder runner on torch operations, and its logits right."""
     model = _small_llama(hidden_size=60, head_dim=16)
-    runner = LlamaRunner(model, slots=1, context_length=64)
+    runner = DecoderRunner(model, slots=1, context_length=64)
     assert not runner.compiled
     with torch.inference_mode():
         got = runner.forward(0, [[1, 2, 3]], [0])[0]

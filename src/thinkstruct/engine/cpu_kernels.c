@@ -98,19 +98,33 @@ void ts_silu_mul(const float *gate_up, int64_t tokens, int64_t inter, float *out
     for (int64_t t = 0; t < tokens; t++) silu_mul_rows(gate_up + t * 2 * inter, 1, inter, out + t * inter);
 }
 
-/* Rotate each token's queries (in place) and keys by its position (cos/sin [T, dim/2],
- * rotate-half layout), and write the rotated keys and the values into the cache at
- * (slot_of[t], pos_of[t]); tokens t_lo <= t < t_hi. */
+/* One layer's treatment of each token's queries and keys before attention (NULL / 0: off). */
+typedef struct {
+    const float *q_norm, *k_norm; /* [dim]: RMS norm of every query / key head (Qwen3) */
+    float qk_eps;
+    int64_t rot_half; /* rotary pairs a head: its first 2 * rot_half values rotate (partial rotary);
+                         cos/sin rows are this wide */
+    int64_t rotate;   /* 0: a layer without rotary positions (SmolLM3's every fourth) */
+} ts_qk;
+
+/* Each token's query and key heads normalized (where q_norm / k_norm), then rotated by
+ * its position (cos/sin [T, rot_half], rotate-half layout over the head's first
+ * 2 * rot_half values) in place, and the keys and values written into the cache at
+ * (slot_of[t], pos_of[t]); tokens t_lo <= t < t_hi. dim % 8 == 0, rot_half % 8 == 0. */
 static void rope_store_rows(float *qkv, int64_t t_lo, int64_t t_hi, int64_t ld, int64_t heads, int64_t kv_heads,
-                            int64_t dim, const float *cos_t, const float *sin_t, const int64_t *slot_of,
-                            const int64_t *pos_of, float *keys, float *values, int64_t capacity) {
-    const int64_t half = dim / 2;
+                            int64_t dim, const ts_qk *qk, const float *cos_t, const float *sin_t,
+                            const int64_t *slot_of, const int64_t *pos_of, float *keys, float *values,
+                            int64_t capacity) {
+    const int64_t half = qk->rot_half;
     for (int64_t t = t_lo; t < t_hi; t++) {
         float *row = qkv + t * ld;
         const float *c = cos_t + t * half;
         const float *s = sin_t + t * half;
         for (int64_t h = 0; h < heads + kv_heads; h++) {
             float *x = row + h * dim;
+            const float *norm = h < heads ? qk->q_norm : qk->k_norm;
+            if (norm != NULL) ts_rms_norm_rows(x, 1, dim, dim, norm, qk->qk_eps, x, dim);
+            if (!qk->rotate) continue;
             for (int64_t i = 0; i < half; i += 8) {
                 __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + half + i);
                 __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
@@ -133,27 +147,33 @@ static void rope_store_rows(float *qkv, int64_t t_lo, int64_t t_hi, int64_t ld, 
 }
 
 void ts_rope_store(float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
+                   const float *q_norm, const float *k_norm, float qk_eps, int64_t rot_half, int64_t rotate,
                    const float *cos_t, const float *sin_t, const int64_t *slot_of, const int64_t *pos_of,
                    float *keys, float *values, int64_t capacity) {
+    const ts_qk qk = {q_norm, k_norm, qk_eps, rot_half, rotate};
 #pragma omp parallel for schedule(static) if (tokens >= 16)
     for (int64_t t = 0; t < tokens; t++)
-        rope_store_rows(qkv, t, t + 1, ld, heads, kv_heads, dim, cos_t, sin_t, slot_of, pos_of, keys, values,
+        rope_store_rows(qkv, t, t + 1, ld, heads, kv_heads, dim, &qk, cos_t, sin_t, slot_of, pos_of, keys, values,
                         capacity);
 }
 
 /* One unit of attention: token t = unit / heads, query head h = unit % heads (its
- * key/value head h / (heads / kv_heads)): out[t, h*dim:(h+1)*dim] = softmax(q . K[0..pos]
- * * scale) V[0..pos] over its own slot's cache. scores: scratch of pos + 1 floats rounded
- * up to 8 (32-byte aligned). dim % 8 == 0, dim <= 256. */
+ * key/value head h / (heads / kv_heads)): out[t, h*dim:(h+1)*dim] = softmax(q . K[lo..pos]
+ * * scale) V[lo..pos] over its own slot's cache, lo = 0, or pos + 1 - window for a sliding
+ * window (window > 0: the positions p > pos - window, as transformers masks them).
+ * scores: scratch of pos + 1 floats rounded up to 8 (32-byte aligned). dim % 8 == 0,
+ * dim <= 256. */
 static void attend_unit(const float *qkv, int64_t unit, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
                         const int64_t *slot_of, const int64_t *pos_of, const float *keys, const float *values,
-                        int64_t capacity, float scale, float *scores, float *out, int64_t ld_out) {
+                        int64_t capacity, int64_t window, float scale, float *scores, float *out,
+                        int64_t ld_out) {
     const int64_t group = heads / kv_heads;
     const int64_t t = unit / heads, h = unit % heads, kvh = h / group;
-    const int64_t n = pos_of[t] + 1;
+    const int64_t lo = window > 0 && pos_of[t] + 1 > window ? pos_of[t] + 1 - window : 0;
+    const int64_t n = pos_of[t] + 1 - lo;
     const float *q = qkv + t * ld + h * dim;
-    const float *k = keys + (slot_of[t] * kv_heads + kvh) * capacity * dim;
-    const float *v = values + (slot_of[t] * kv_heads + kvh) * capacity * dim;
+    const float *k = keys + ((slot_of[t] * kv_heads + kvh) * capacity + lo) * dim;
+    const float *v = values + ((slot_of[t] * kv_heads + kvh) * capacity + lo) * dim;
     float peak = -INFINITY;
     for (int64_t j = 0; j < n; j++) {
         const float *kj = k + j * dim;
@@ -190,25 +210,26 @@ static void attend_unit(const float *qkv, int64_t unit, int64_t ld, int64_t head
     for (int64_t l = 0; l < lanes; l++) _mm256_storeu_ps(o + 8 * l, _mm256_mul_ps(acc[l], iv));
 }
 
-/* Every token t's queries (in qkv) attend to its slot's positions 0..pos_of[t] (see
- * attend_unit). span: 1 + the largest pos_of (scratch size). */
+/* Every token t's queries (in qkv) attend to its slot's positions up to pos_of[t] (see
+ * attend_unit; window 0: all of them). span: 1 + the largest pos_of (scratch size). */
 void ts_attention(const float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
                   const int64_t *slot_of, const int64_t *pos_of, const float *keys, const float *values,
-                  int64_t capacity, int64_t span, float scale, float *out, int64_t ld_out) {
+                  int64_t capacity, int64_t span, int64_t window, float scale, float *out, int64_t ld_out) {
     const int64_t padded = (span + 7) & ~(int64_t)7;
 #pragma omp parallel if (tokens * heads >= 4)
     {
         float *scores = (float *)aligned_alloc(32, (size_t)padded * sizeof(float));
 #pragma omp for schedule(static, 1)
         for (int64_t unit = 0; unit < tokens * heads; unit++)
-            attend_unit(qkv, unit, ld, heads, kv_heads, dim, slot_of, pos_of, keys, values, capacity, scale, scores,
-                        out, ld_out);
+            attend_unit(qkv, unit, ld, heads, kv_heads, dim, slot_of, pos_of, keys, values, capacity, window, scale,
+                        scores, out, ld_out);
         free(scores);
     }
 }
 
 /* ---- int8 weights, float32 activations ----------------------------------------------
- * out[m, n] = scale[n] * sum_k x[m, k] * w[n, k], w int8 with one scale per output row.
+ * out[m, n] = scale[n] * sum_k x[m, k] * w[n, k] (+ bias[n]), w int8 with one scale per
+ * output row, bias float32 or NULL.
  * Packed weights: [N / 16][K][16] (16 output rows interleaved per k). Each output is one
  * chain of fused multiply-adds over k in order, whatever the tile, so a row's result does
  * not depend on how many rows are computed with it. On AVX2, up to 8 rows (decoding)
@@ -223,8 +244,8 @@ void ts_attention(const float *qkv, int64_t tokens, int64_t ld, int64_t heads, i
 static inline __attribute__((always_inline)) void w8_tile(const int rows, const int from_float,
                                                           const int accumulate, const float *x,
                                                           int64_t ld_x, const int8_t *wq, const float *wf,
-                                                          int64_t K, const float *scale, float *out,
-                                                          int64_t ld_out) {
+                                                          int64_t K, const float *scale, const float *bias,
+                                                          float *out, int64_t ld_out) {
     __m256 acc[6][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
@@ -240,6 +261,10 @@ static inline __attribute__((always_inline)) void w8_tile(const int rows, const 
     for (int r = 0; r < rows; r++) {
         float *o = out + r * ld_out;
         __m256 y0 = _mm256_mul_ps(acc[r][0], s0), y1 = _mm256_mul_ps(acc[r][1], s1);
+        if (bias != NULL) {
+            y0 = _mm256_add_ps(y0, _mm256_loadu_ps(bias));
+            y1 = _mm256_add_ps(y1, _mm256_loadu_ps(bias + 8));
+        }
         if (accumulate) {
             y0 = _mm256_add_ps(_mm256_loadu_ps(o), y0);
             y1 = _mm256_add_ps(_mm256_loadu_ps(o + 8), y1);
@@ -255,17 +280,17 @@ static inline __attribute__((always_inline)) void w8_block(const int height, con
                                                            const int accumulate, const float *x,
                                                            int64_t M, int64_t ld_x, const int8_t *wq,
                                                            const float *wf, int64_t K, const float *scale,
-                                                           float *out, int64_t ld_out) {
+                                                           const float *bias, float *out, int64_t ld_out) {
     for (int64_t m = 0; m < M; m += height) {
         const float *xm = x + m * ld_x;
         float *om = out + m * ld_out;
         switch (M - m >= height ? height : M - m) {
-            case 1: w8_tile(1, from_float, accumulate, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
-            case 2: w8_tile(2, from_float, accumulate, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
-            case 3: w8_tile(3, from_float, accumulate, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
-            case 4: w8_tile(4, from_float, accumulate, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
-            case 5: w8_tile(5, from_float, accumulate, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
-            default: w8_tile(6, from_float, accumulate, xm, ld_x, wq, wf, K, scale, om, ld_out); break;
+            case 1: w8_tile(1, from_float, accumulate, xm, ld_x, wq, wf, K, scale, bias, om, ld_out); break;
+            case 2: w8_tile(2, from_float, accumulate, xm, ld_x, wq, wf, K, scale, bias, om, ld_out); break;
+            case 3: w8_tile(3, from_float, accumulate, xm, ld_x, wq, wf, K, scale, bias, om, ld_out); break;
+            case 4: w8_tile(4, from_float, accumulate, xm, ld_x, wq, wf, K, scale, bias, om, ld_out); break;
+            case 5: w8_tile(5, from_float, accumulate, xm, ld_x, wq, wf, K, scale, bias, om, ld_out); break;
+            default: w8_tile(6, from_float, accumulate, xm, ld_x, wq, wf, K, scale, bias, om, ld_out); break;
         }
     }
 }
@@ -274,14 +299,14 @@ static inline __attribute__((always_inline)) void w8_block(const int height, con
  * up to 8 rows x 16 outputs in one pass over the weights, every row's 16 outputs in one
  * register, where the AVX2 tiles above take 4 rows and stream (and convert) the weights
  * twice for 8. Each output is the same chain of fused multiply-adds over k in the same
- * order, then the same scaling (and addition), so both give the same bits. */
+ * order, then the same scaling (and additions), so both give the same bits. */
 #define TS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 
 static inline __attribute__((always_inline)) TS_AVX512 void w8_tile512(const int rows, const int accumulate,
                                                                        const float *x, int64_t ld_x,
                                                                        const int8_t *wq, int64_t K,
-                                                                       const float *scale, float *out,
-                                                                       int64_t ld_out) {
+                                                                       const float *scale, const float *bias,
+                                                                       float *out, int64_t ld_out) {
     __m512 acc[8];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
@@ -291,17 +316,18 @@ static inline __attribute__((always_inline)) TS_AVX512 void w8_tile512(const int
     const __m512 s = _mm512_loadu_ps(scale);
     for (int r = 0; r < rows; r++) {
         __m512 y = _mm512_mul_ps(acc[r], s);
+        if (bias != NULL) y = _mm512_add_ps(y, _mm512_loadu_ps(bias));
         if (accumulate) y = _mm512_add_ps(_mm512_loadu_ps(out + r * ld_out), y);
         _mm512_storeu_ps(out + r * ld_out, y);
     }
 }
 
 static TS_AVX512 void w8_stream512(const int accumulate, const float *x, int64_t M, int64_t ld_x, const int8_t *wq,
-                                   int64_t K, const float *scale, float *out, int64_t ld_out) {
+                                   int64_t K, const float *scale, const float *bias, float *out, int64_t ld_out) {
 #define TS_TILE(n)                                                                              \
     case n:                                                                                     \
-        if (accumulate) w8_tile512(n, 1, x, ld_x, wq, K, scale, out, ld_out);                   \
-        else w8_tile512(n, 0, x, ld_x, wq, K, scale, out, ld_out);                              \
+        if (accumulate) w8_tile512(n, 1, x, ld_x, wq, K, scale, bias, out, ld_out);             \
+        else w8_tile512(n, 0, x, ld_x, wq, K, scale, bias, out, ld_out);                        \
         break;
     switch (M) {
         TS_TILE(1) TS_TILE(2) TS_TILE(3) TS_TILE(4) TS_TILE(5) TS_TILE(6) TS_TILE(7) TS_TILE(8)
@@ -327,46 +353,52 @@ int ts_use_avx512(int on) {
 }
 
 /* Output blocks [b_lo, b_hi) of x [M, K] (row stride ld_x) times the packed w (as above),
- * into out [M, N] (row stride ld_out); accumulate: add to what out holds (a residual
- * connection) instead of overwriting it. wf: scratch of K * 16 floats (32-byte aligned),
+ * plus bias [N] where not NULL, into out [M, N] (row stride ld_out); accumulate: add to
+ * what out holds (a residual connection) instead of overwriting it. wf: scratch of K * 16 floats (32-byte aligned),
  * used by the AVX2 tiles when M > 8 (w8_scratch says whether it is needed). */
 static void w8_blocks(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_t *w, const float *scale,
-                      float *out, int64_t ld_out, int64_t b_lo, int64_t b_hi, float *wf, int accumulate) {
+                      const float *bias, float *out, int64_t ld_out, int64_t b_lo, int64_t b_hi, float *wf,
+                      int accumulate) {
     for (int64_t b = b_lo; b < b_hi; b++) {
         const int8_t *wq = w + b * K * 16;
         const float *sb = scale + b * 16;
+        const float *bb = bias == NULL ? NULL : bias + b * 16;
         float *ob = out + b * 16;
         if (avx512_on()) {
             for (int64_t m = 0; m < M; m += 8)
-                w8_stream512(accumulate, x + m * ld_x, M - m < 8 ? M - m : 8, ld_x, wq, K, sb, ob + m * ld_out, ld_out);
+                w8_stream512(accumulate, x + m * ld_x, M - m < 8 ? M - m : 8, ld_x, wq, K, sb, bb, ob + m * ld_out,
+                             ld_out);
             continue;
         }
         if (M <= 8) {
-            if (accumulate) w8_block(4, 0, 1, x, M, ld_x, wq, NULL, K, sb, ob, ld_out);
-            else w8_block(4, 0, 0, x, M, ld_x, wq, NULL, K, sb, ob, ld_out);
+            if (accumulate) w8_block(4, 0, 1, x, M, ld_x, wq, NULL, K, sb, bb, ob, ld_out);
+            else w8_block(4, 0, 0, x, M, ld_x, wq, NULL, K, sb, bb, ob, ld_out);
             continue;
         }
         for (int64_t k = 0; k < K * 16; k += 8) _mm256_store_ps(wf + k, TS_W8_LOAD(wq + k));
-        if (accumulate) w8_block(6, 1, 1, x, M, ld_x, wq, wf, K, sb, ob, ld_out);
-        else w8_block(6, 1, 0, x, M, ld_x, wq, wf, K, sb, ob, ld_out);
+        if (accumulate) w8_block(6, 1, 1, x, M, ld_x, wq, wf, K, sb, bb, ob, ld_out);
+        else w8_block(6, 1, 0, x, M, ld_x, wq, wf, K, sb, bb, ob, ld_out);
     }
 }
 
+/* Whether w8_blocks needs a float block scratch for M rows (the AVX2 prefill tiles). */
+static int w8_needs_scratch(int64_t M) { return M > 8 && !avx512_on(); }
+
 /* The scratch w8_blocks needs for M rows of inputs of up to K, or NULL (free() takes it). */
 static float *w8_scratch(int64_t M, int64_t K) {
-    return M > 8 && !avx512_on() ? (float *)aligned_alloc(32, (size_t)K * 16 * sizeof(float)) : NULL;
+    return w8_needs_scratch(M) ? (float *)aligned_alloc(32, (size_t)K * 16 * sizeof(float)) : NULL;
 }
 
-/* x [M, K] (row stride ld_x), packed w as above, scale [N], out [M, N] (row stride ld_out);
- * N % 16 == 0. */
+/* x [M, K] (row stride ld_x), packed w as above, scale [N], bias [N] or NULL, out [M, N]
+ * (row stride ld_out); N % 16 == 0. */
 void ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_t *w, const float *scale,
-                  int64_t N, float *out, int64_t ld_out) {
+                  const float *bias, int64_t N, float *out, int64_t ld_out) {
     const int64_t blocks = N / 16;
 #pragma omp parallel
     {
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
         float *wf = w8_scratch(M, K);
-        w8_blocks(x, M, K, ld_x, w, scale, out, ld_out, blocks * id / nt, blocks * (id + 1) / nt, wf, 0);
+        w8_blocks(x, M, K, ld_x, w, scale, bias, out, ld_out, blocks * id / nt, blocks * (id + 1) / nt, wf, 0);
         free(wf);
     }
 }
@@ -375,7 +407,7 @@ void ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8
  * Small torch operations and separate parallel regions cost more than their arithmetic
  * at decoding sizes: every region wakes the sleeping OpenMP threads (about 100 us each
  * on two cores with OMP_WAIT_POLICY=PASSIVE, which the server needs), and a layer makes
- * about ten of them. ts_llama_layers runs every layer of a pass inside one region; its
+ * about ten of them. ts_decoder_layers runs every layer of a pass inside one region; its
  * threads split each phase (by tokens, by 16-output weight blocks, by token x head) and
  * meet at a spinning barrier between phases. Each value is computed by the same code as
  * in the kernels above, so a token's result still depends on its own inputs only. */
@@ -402,25 +434,35 @@ static void ts_barrier_wait(ts_barrier *b, int threads) {
 }
 
 /* One decoder layer's parameters: int8-weight projections packed as above (q/k/v stacked
- * into qkv, gate/up into gate_up), the norms' weights, and its cache buffers. */
+ * into qkv, gate/up into gate_up) with their biases (NULL: none), the norms' weights, the
+ * per-head q/k norms (NULL: none), whether it rotates, its sliding window (0: none) and
+ * its cache buffers. */
 typedef struct {
     const float *attn_norm, *mlp_norm;
     const int8_t *qkv, *out, *gate_up, *down;
     const float *qkv_scale, *out_scale, *gate_up_scale, *down_scale;
+    const float *qkv_bias, *out_bias, *gate_up_bias, *down_bias;
+    const float *q_norm, *k_norm;
     float *keys, *values;
-    float attn_eps, mlp_eps, scaling;
+    int64_t rotate, window;
+    float attn_eps, mlp_eps, qk_eps, scaling;
 } ts_layer;
 
 /* h [T, hidden] (the residual stream, updated in place) through layers[0..n_layers):
- * per layer h += o(attention(rope(qkv(norm(h))))), h += down(silu_mul(gate_up(norm(h)))).
- * cos/sin [T, dim/2], slot_of/pos_of [T] and the cache as for ts_rope_store and
- * ts_attention; span: 1 + the largest pos_of. hidden, dim/2, heads*dim, inter: % 8 == 0;
- * every projection's outputs % 16 == 0. */
-void ts_llama_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t dim,
-                     int64_t inter, const ts_layer *layers, int64_t n_layers, const float *cos_t,
-                     const float *sin_t, const int64_t *slot_of, const int64_t *pos_of, int64_t capacity,
-                     int64_t span) {
+ * per layer h += o(attention(rope(qk_norm(qkv(norm(h)))))), h += down(silu_mul(gate_up(norm(h)))).
+ * cos/sin [T, rot_half], slot_of/pos_of [T] and the cache as for ts_rope_store and
+ * ts_attention; span: 1 + the largest pos_of. hidden, dim, rot_half, heads*dim, inter:
+ * % 8 == 0; every projection's outputs % 16 == 0, dim <= 256. Returns 0; -2 for sizes
+ * outside these (nothing computed); -1 when a buffer could not be allocated (nothing
+ * computed). */
+int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t dim,
+                      int64_t inter, int64_t rot_half, const ts_layer *layers, int64_t n_layers,
+                      const float *cos_t, const float *sin_t, const int64_t *slot_of, const int64_t *pos_of,
+                      int64_t capacity, int64_t span) {
     const int64_t qkv_n = (heads + 2 * kv_heads) * dim, att_n = heads * dim;
+    if (T < 1 || kv_heads < 1 || heads % kv_heads || hidden % 16 || dim % 8 || dim > 256 || rot_half % 8 ||
+        2 * rot_half > dim || qkv_n % 16 || inter % 8 || span < 1 || capacity < span)
+        return -2;
     float *x = (float *)malloc((size_t)T * hidden * sizeof(float));
     float *qkv = (float *)malloc((size_t)T * qkv_n * sizeof(float));
     float *att = (float *)malloc((size_t)T * att_n * sizeof(float));
@@ -429,39 +471,50 @@ void ts_llama_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_t
     /* The widest input a projection reads: hidden (qkv, gate_up), att_n (o), inter (down). */
     const int64_t k_max = hidden > inter ? (hidden > att_n ? hidden : att_n) : (inter > att_n ? inter : att_n);
     const int64_t padded = (span + 7) & ~(int64_t)7;
+    int failed = x == NULL || qkv == NULL || att == NULL || gate_up == NULL || act == NULL;
     ts_barrier barrier = {0, 0};
-#pragma omp parallel
+#pragma omp parallel if (!failed)
     {
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
         const int64_t t_lo = T * id / nt, t_hi = T * (id + 1) / nt, t_n = t_hi - t_lo;
         float *wf = w8_scratch(T, k_max);
         float *scores = (float *)aligned_alloc(32, (size_t)padded * sizeof(float));
+        /* Every thread learns whether any lacks its scratch before the first phase. */
+        if (scores == NULL || (wf == NULL && w8_needs_scratch(T))) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        int stop;
+#pragma omp atomic read
+        stop = failed;
 #define TS_BLOCKS(n) ((n) / 16) * id / nt, ((n) / 16) * (id + 1) / nt
-        for (int64_t i = 0; i < n_layers; i++) {
+        for (int64_t i = 0; i < n_layers && !stop; i++) {
             const ts_layer *L = &layers[i];
+            const ts_qk qk = {L->q_norm, L->k_norm, L->qk_eps, rot_half, L->rotate};
             ts_rms_norm_rows(h + t_lo * hidden, t_n, hidden, hidden, L->attn_norm, L->attn_eps, x + t_lo * hidden,
                              hidden);
             ts_barrier_wait(&barrier, nt);
-            w8_blocks(x, T, hidden, hidden, L->qkv, L->qkv_scale, qkv, qkv_n, TS_BLOCKS(qkv_n), wf, 0);
+            w8_blocks(x, T, hidden, hidden, L->qkv, L->qkv_scale, L->qkv_bias, qkv, qkv_n, TS_BLOCKS(qkv_n), wf, 0);
             ts_barrier_wait(&barrier, nt);
-            rope_store_rows(qkv, t_lo, t_hi, qkv_n, heads, kv_heads, dim, cos_t, sin_t, slot_of, pos_of, L->keys,
-                            L->values, capacity);
+            rope_store_rows(qkv, t_lo, t_hi, qkv_n, heads, kv_heads, dim, &qk, cos_t, sin_t, slot_of, pos_of,
+                            L->keys, L->values, capacity);
             ts_barrier_wait(&barrier, nt);
             for (int64_t unit = id; unit < T * heads; unit += nt)
                 attend_unit(qkv, unit, qkv_n, heads, kv_heads, dim, slot_of, pos_of, L->keys, L->values,
-                            capacity, L->scaling, scores, att, att_n);
+                            capacity, L->window, L->scaling, scores, att, att_n);
             ts_barrier_wait(&barrier, nt);
-            w8_blocks(att, T, att_n, att_n, L->out, L->out_scale, h, hidden, TS_BLOCKS(hidden), wf, 1);
+            w8_blocks(att, T, att_n, att_n, L->out, L->out_scale, L->out_bias, h, hidden, TS_BLOCKS(hidden), wf, 1);
             ts_barrier_wait(&barrier, nt);
             ts_rms_norm_rows(h + t_lo * hidden, t_n, hidden, hidden, L->mlp_norm, L->mlp_eps, x + t_lo * hidden,
                              hidden);
             ts_barrier_wait(&barrier, nt);
-            w8_blocks(x, T, hidden, hidden, L->gate_up, L->gate_up_scale, gate_up, 2 * inter,
+            w8_blocks(x, T, hidden, hidden, L->gate_up, L->gate_up_scale, L->gate_up_bias, gate_up, 2 * inter,
                       TS_BLOCKS(2 * inter), wf, 0);
             ts_barrier_wait(&barrier, nt);
             silu_mul_rows(gate_up + t_lo * 2 * inter, t_n, inter, act + t_lo * inter);
             ts_barrier_wait(&barrier, nt);
-            w8_blocks(act, T, inter, inter, L->down, L->down_scale, h, hidden, TS_BLOCKS(hidden), wf, 1);
+            w8_blocks(act, T, inter, inter, L->down, L->down_scale, L->down_bias, h, hidden, TS_BLOCKS(hidden), wf, 1);
             ts_barrier_wait(&barrier, nt);
         }
 #undef TS_BLOCKS
@@ -473,6 +526,7 @@ void ts_llama_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_t
     free(att);
     free(gate_up);
     free(act);
+    return failed ? -1 : 0;
 }
 
 /* ---- sampling ------------------------------------------------------------------------

@@ -1,14 +1,15 @@
-"""Compiled CPU kernels for the Llama runner's float32 passes: :func:`cpu_kernels`.
+"""Compiled CPU kernels for the decoder runner's float32 passes: :func:`cpu_kernels`.
 
 A decoding step of a small model makes hundreds of small torch operations, and on two
 cores each costs more in dispatch and OpenMP wake-ups than in arithmetic (measured on
 SmolLM2-135M at batch 8: SDPA 406 µs a layer for one query token a row, an RMS norm
-79 µs). ``cpu_kernels.c`` does a layer's glue in four calls: RMS norm, rotary positions
-plus the KV cache write, attention over each token's own slot, and the gated SiLU; the
+79 µs). ``cpu_kernels.c`` does a layer's glue in four calls: RMS norm, per-head q/k norm
+and rotary positions (any rotary table, partial or none) plus the KV cache write,
+attention over each token's own slot (or its sliding window), and the gated SiLU; the
 matrix multiply of :class:`~thinkstruct.engine.int8_weights.Int8Linear` (int8 weights,
-float32 activations; 8-row AVX-512 tiles where the CPU has them, the same bits);
-:meth:`CpuKernels.llama_layers`, a whole decoder stack of int8-weight layers in one
-parallel region; and the engine's sampling and grammar-mask application.
+float32 activations, an optional bias; 8-row AVX-512 tiles where the CPU has them, the
+same bits); :meth:`CpuKernels.decoder_layers`, a whole decoder stack of int8-weight layers
+in one parallel region; and the engine's sampling and grammar-mask application.
 
 The C file is compiled once per machine (:data:`FLAGS`, about a second) into ``cache_dir()/kernels``, under a name that hashes the source, the flags and
 the compiler, written to a temporary name and renamed, so a killed build leaves no
@@ -34,6 +35,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -45,7 +47,7 @@ SOURCE = Path(__file__).with_name("cpu_kernels.c")
 #: ``-ffp-contract=off``: a multiply and an add stay two roundings (never fused into one
 #: FMA by the compiler), so the AVX2 and AVX-512 tiles give the same bits.
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
-#: Set to ``0`` to run the Llama runner on torch operations only.
+#: Set to ``0`` to run the decoder runner on torch operations only.
 DISABLE_ENV = "THINKSTRUCT_CPU_KERNELS"
 
 _i64 = ctypes.c_int64
@@ -55,29 +57,46 @@ _f32 = ctypes.c_float
 
 class LayerPointers(ctypes.Structure):
     """``ts_layer`` of ``cpu_kernels.c``: one decoder layer's parameters, by address (the
-    tensors must outlive every call that reads them)."""
+    tensors must outlive every call that reads them; 0 for an absent bias or q/k norm),
+    ``rotate`` (0: no rotary positions) and ``window`` (a sliding window; 0: none)."""
 
     _fields_ = [
         *((name, _ptr) for name in ("attn_norm", "mlp_norm", "qkv", "out", "gate_up", "down")),
         *((name, _ptr) for name in ("qkv_scale", "out_scale", "gate_up_scale", "down_scale")),
+        *((name, _ptr) for name in ("qkv_bias", "out_bias", "gate_up_bias", "down_bias")),
+        ("q_norm", _ptr),
+        ("k_norm", _ptr),
         ("keys", _ptr),
         ("values", _ptr),
+        ("rotate", _i64),
+        ("window", _i64),
         ("attn_eps", _f32),
         ("mlp_eps", _f32),
+        ("qk_eps", _f32),
         ("scaling", _f32),
     ]
+
+
+class RopeLayout(NamedTuple):
+    """What a layer does to its query and key heads before attention: ``q_norm`` /
+    ``k_norm`` (``[dim]``, an RMS norm of every head; ``None``: none) with ``eps``, and
+    ``rotate`` (``False``: no rotary positions)."""
+
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    eps: float = 1e-6
+    rotate: bool = True
 
 
 _SIGNATURES: dict[str, list[type]] = {
     "ts_rms_norm": [_ptr, _i64, _i64, _i64, _ptr, _f32, _ptr, _i64],
     "ts_silu_mul": [_ptr, _i64, _i64, _ptr],
-    "ts_rope_store": [_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64],
-    "ts_w8_linear": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64],
-    "ts_llama_layers": [
-        *(_ptr, _i64, _i64, _i64, _i64, _i64, _i64),  # h, T, hidden, heads, kv_heads, dim, inter
-        *(ctypes.POINTER(LayerPointers), _i64),  # layers, n_layers
-        *(_ptr, _ptr, _ptr, _ptr, _i64, _i64),  # cos, sin, slot_of, pos_of, capacity, span
+    "ts_rope_store": [
+        *(_ptr, _i64, _i64, _i64, _i64, _i64),  # qkv, tokens, ld, heads, kv_heads, dim
+        *(_ptr, _ptr, _f32, _i64, _i64),  # q_norm, k_norm, qk_eps, rot_half, rotate
+        *(_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64),  # cos, sin, slot_of, pos_of, keys, values, capacity
     ],
+    "ts_w8_linear": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _i64],
     "ts_sample": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr],
     "ts_apply_bitmask": [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64],
     "ts_attention": [
@@ -91,6 +110,7 @@ _SIGNATURES: dict[str, list[type]] = {
         _ptr,
         _ptr,
         _ptr,
+        _i64,
         _i64,
         _i64,
         _f32,
@@ -114,6 +134,21 @@ class CpuKernels:
             function.restype = None
         library.ts_use_avx512.argtypes = [ctypes.c_int]
         library.ts_use_avx512.restype = ctypes.c_int
+        library.ts_decoder_layers.argtypes = [
+            *(
+                _ptr,
+                _i64,
+                _i64,
+                _i64,
+                _i64,
+                _i64,
+                _i64,
+                _i64,
+            ),  # h, T, hidden, heads, kv_heads, dim, inter, rot_half
+            *(ctypes.POINTER(LayerPointers), _i64),  # layers, n_layers
+            *(_ptr, _ptr, _ptr, _ptr, _i64, _i64),  # cos, sin, slot_of, pos_of, capacity, span
+        ]
+        library.ts_decoder_layers.restype = ctypes.c_int
         self._lib = library
 
     def use_avx512(self, on: bool) -> bool:
@@ -127,10 +162,12 @@ class CpuKernels:
         # int8-weight layers) shares it.
         return self
 
-    def w8_linear(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        """``x [M, K] @ W.T`` for int8 ``W [N, K]`` with row scales ``scale [N]``, given as
-        ``packed [N / 16, K, 16]`` (see :class:`~thinkstruct.engine.int8.Int8Linear`):
-        ``[M, N]``."""
+    def w8_linear(
+        self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x [M, K] @ W.T (+ bias [N])`` for int8 ``W [N, K]`` with row scales ``scale
+        [N]``, given as ``packed [N / 16, K, 16]`` (see
+        :class:`~thinkstruct.engine.int8_weights.Int8Linear`): ``[M, N]``."""
         rows, inner = x.shape
         outputs = scale.shape[0]
         out = torch.empty((rows, outputs), dtype=torch.float32)
@@ -141,13 +178,14 @@ class CpuKernels:
             x.stride(0),
             packed.data_ptr(),
             scale.data_ptr(),
+            None if bias is None else bias.data_ptr(),
             outputs,
             out.data_ptr(),
             outputs,
         )
         return out
 
-    def llama_layers(
+    def decoder_layers(
         self,
         h: torch.Tensor,
         layers: ctypes.Array[LayerPointers],
@@ -156,6 +194,7 @@ class CpuKernels:
         kv_heads: int,
         dim: int,
         inter: int,
+        rot_half: int,
         cos: torch.Tensor,
         sin: torch.Tensor,
         slot_of: torch.Tensor,
@@ -164,15 +203,36 @@ class CpuKernels:
         span: int,
     ) -> None:
         """Run ``h [T, hidden]`` (the residual stream, updated in place) through every
-        layer of ``layers`` in one call: norms, int8-weight projections, rotary positions
-        with the cache write, attention and gated SiLU, as the separate kernels compute
-        them. ``cos``/``sin [T, dim / 2]``, ``slot_of``/``pos_of [T]`` and the cache
-        (``capacity`` positions a slot) as for :meth:`rope_store` and :meth:`attention`."""
-        self._lib.ts_llama_layers(
-            h.data_ptr(), h.shape[0], h.shape[1], heads, kv_heads, dim, inter,
+        layer of ``layers`` in one call: norms, int8-weight projections with their biases,
+        q/k norms and rotary positions with the cache write, attention and gated SiLU, as
+        the separate kernels compute them. ``cos``/``sin [T, rot_half]``, ``slot_of``/
+        ``pos_of [T]`` and the cache (``capacity`` positions a slot) as for
+        :meth:`rope_store` and :meth:`attention`.
+
+        Raises:
+            ValueError: sizes the kernel does not take (``cpu_kernels.c`` lists them).
+            MemoryError: its buffers could not be allocated (``h`` is unchanged).
+        """
+        for name, tensor in {"h": h, "cos": cos, "sin": sin}.items():
+            if tensor.dtype != torch.float32 or not tensor.is_contiguous():
+                raise ValueError(f"decoder_layers takes a contiguous float32 {name}")
+        tokens = h.shape[0]
+        if cos.shape != (tokens, rot_half) or sin.shape != (tokens, rot_half):
+            raise ValueError(f"cos/sin must be [{tokens}, {rot_half}], got {tuple(cos.shape)}")
+        if slot_of.shape != (tokens,) or pos_of.shape != (tokens,) or slot_of.dtype != torch.int64:
+            raise ValueError(f"slot_of/pos_of must be int64 [{tokens}]")
+        status = self._lib.ts_decoder_layers(
+            h.data_ptr(), tokens, h.shape[1], heads, kv_heads, dim, inter, rot_half,
             layers, len(layers), cos.data_ptr(), sin.data_ptr(), slot_of.data_ptr(),
             pos_of.data_ptr(), capacity, span,
         )  # fmt: skip
+        if status == -2:
+            raise ValueError(
+                f"decoder_layers cannot take hidden {h.shape[1]}, {heads} heads over {kv_heads} of "
+                f"{dim} (rotary {2 * rot_half}), MLP {inter}, span {span} of capacity {capacity}"
+            )
+        if status != 0:
+            raise MemoryError(f"decoder_layers could not allocate its buffers for {tokens} tokens")
 
     def sample(self, logits: torch.Tensor, inv_temperature: list[float], draws: list[float]) -> list[int]:
         """One token per row of float32 ``logits [rows, vocab]``: row ``r`` greedy (its
@@ -241,13 +301,19 @@ class CpuKernels:
         pos_of: torch.Tensor,
         keys: torch.Tensor,
         values: torch.Tensor,
+        layout: RopeLayout | None = None,
     ) -> None:
-        """Rotate ``qkv [T, (heads + 2 kv_heads) * dim]``'s queries (in place) and keys by
-        ``cos``/``sin [T, dim / 2]``, and store the keys and values in the cache buffers
-        ``[slots, kv_heads, capacity, dim]`` at each token's slot and position."""
+        """Normalize (``layout.q_norm``/``k_norm``) and rotate ``qkv [T, (heads + 2
+        kv_heads) * dim]``'s query and key heads in place, the first ``2 * rot_half`` values
+        of each by ``cos``/``sin [T, rot_half]`` (unless ``layout.rotate`` is off), and
+        store the keys and values in the cache buffers ``[slots, kv_heads, capacity, dim]``
+        at each token's slot and position. ``layout=None``: rotary only (Llama)."""
         dim = keys.shape[-1]
+        layout = layout or RopeLayout()
+        q_norm, k_norm = (None if n is None else n.data_ptr() for n in (layout.q_norm, layout.k_norm))
         self._lib.ts_rope_store(
             qkv.data_ptr(), qkv.shape[0], qkv.stride(0), heads, kv_heads, dim,
+            q_norm, k_norm, layout.eps, cos.shape[-1], int(layout.rotate),
             cos.data_ptr(), sin.data_ptr(), slot_of.data_ptr(), pos_of.data_ptr(),
             keys.data_ptr(), values.data_ptr(), keys.shape[2],
         )  # fmt: skip
@@ -264,8 +330,10 @@ class CpuKernels:
         keys: torch.Tensor,
         values: torch.Tensor,
         scale: float,
+        window: int = 0,
     ) -> torch.Tensor:
-        """Each token's queries (in ``qkv``) attend to its slot's positions ``0..pos``:
+        """Each token's queries (in ``qkv``) attend to its slot's positions ``0..pos``, or
+        with a sliding ``window`` (> 0) the positions after ``pos - window``:
         ``[T, heads * dim]``. ``span``: more than every ``pos_of``."""
         dim = keys.shape[-1]
         tokens = qkv.shape[0]
@@ -273,7 +341,7 @@ class CpuKernels:
         self._lib.ts_attention(
             qkv.data_ptr(), tokens, qkv.stride(0), heads, kv_heads, dim,
             slot_of.data_ptr(), pos_of.data_ptr(), keys.data_ptr(), values.data_ptr(),
-            keys.shape[2], span, scale, out.data_ptr(), heads * dim,
+            keys.shape[2], span, window, scale, out.data_ptr(), heads * dim,
         )  # fmt: skip
         return out
 
@@ -305,7 +373,7 @@ def cpu_kernels() -> CpuKernels | None:
             reason = f"build failed: {exc}: {(exc.stderr or '').strip()[-2000:]}"
         except OSError as exc:
             reason = f"build or load failed: {exc}"
-    log.info("CPU kernels off (%s): the Llama runner uses torch operations", reason)
+    log.info("CPU kernels off (%s): the decoder runner uses torch operations", reason)
     return None
 
 

@@ -1,4 +1,9 @@
-"""A lean runner for Llama-shaped models: :class:`LlamaRunner`.
+"""A lean runner for the decoder architectures of the registry: :class:`DecoderRunner`.
+
+Llama, Mistral, Qwen2, Qwen3, SmolLM3, Phi-3 (:mod:`~thinkstruct.engine.architectures`
+says how each lays out its layers: fused or separate projections, biases, per-head q/k
+norms, rotary tables, partial and absent rotary, sliding windows); one code path reads
+the entry, on the compiled kernels and on torch operations alike.
 
 Decoding a small model on a CPU is bound by reading the weights once per step, and, after
 that, by the number of separate operations a step makes: transformers' modules make about
@@ -32,7 +37,7 @@ step 36.0 against 47.8 ms at batch 1, 47.6 against 67.5 ms at batch 8.
 It shares :class:`~thinkstruct.engine.kv_slots.SlotCache`'s buffers and the
 :class:`~thinkstruct.engine.runner.ModelRunner` contract with
 :class:`~thinkstruct.engine.runner.TransformersRunner`, which stays the runner for every
-model this one does not recognise (:func:`supports` says which).
+model this one does not recognise (:func:`supports` says which, and why).
 """
 
 from __future__ import annotations
@@ -44,32 +49,18 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from thinkstruct.engine.cpu_kernels import CpuKernels, LayerPointers, cpu_kernels
+from thinkstruct.engine.architectures import Architecture, architecture_of, text_config
+from thinkstruct.engine.cpu_kernels import CpuKernels, LayerPointers, RopeLayout, cpu_kernels
 from thinkstruct.engine.int8_weights import Int8Linear
 from thinkstruct.engine.runner import PaddedPass, SlotRunner
 
-#: Architectures whose layers are exactly: RMSNorm, q/k/v/o attention with rotary
-#: positions and grouped key/value heads, RMSNorm, gated SiLU MLP.
-_ARCHITECTURES = frozenset({"llama"})
 
-
-def supports(model: Any) -> str | None:
-    """``None`` when :class:`LlamaRunner` computes ``model`` exactly; otherwise the reason
-    it does not (the engine then uses the transformers runner)."""
-    config = model.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if getattr(text, "model_type", None) not in _ARCHITECTURES:
-        return f"model type {getattr(text, 'model_type', None)!r}"
-    rope = getattr(text, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        return f"rope type {rope.get('rope_type')!r}"
-    if getattr(text, "attention_bias", False) or getattr(text, "mlp_bias", False):
-        return "biased projections"
-    if getattr(text, "hidden_act", "silu") != "silu":
-        return f"activation {text.hidden_act!r}"
-    if getattr(text, "pretraining_tp", 1) != 1:
-        return "tensor-parallel pretraining layout"
-    return None
+def supports(model: Any, *, context_length: int | None = None) -> str | None:
+    """``None`` when :class:`DecoderRunner` computes ``model`` exactly (rows of up to
+    ``context_length`` tokens); otherwise the reason it does not (the engine then uses
+    the transformers runner)."""
+    entry = architecture_of(model, context_length=context_length)
+    return entry if isinstance(entry, str) else None
 
 
 class _Projection:
@@ -98,7 +89,8 @@ class _Projection:
             for m, size in zip(modules, self.sizes, strict=True):  # the model's layers become views of it
                 m.weight.data = weight[offset : offset + size]
                 offset += size
-            self._run = lambda x: F.linear(x, weight)
+            bias = _stacked_bias(modules, weight.dtype)
+            self._run = lambda x: F.linear(x, weight, bias)
         elif all(_is_dynamic_int8(m) for m in modules):
             packed = _stacked_int8(modules)
             self._run = lambda x: torch.ops.quantized.linear_dynamic(x, packed, reduce_range=True)
@@ -115,13 +107,25 @@ def _is_dynamic_int8(module: Any) -> bool:
     return type(module).__name__ == "Linear" and getattr(packed, "dtype", None) == torch.qint8
 
 
+def _stacked_bias(modules: Sequence[Any], dtype: torch.dtype) -> torch.Tensor | None:
+    """The modules' biases end to end (zeros for one without), or ``None`` when none has one."""
+    biases = [m.bias for m in modules]
+    if all(b is None for b in biases):
+        return None
+    return torch.cat(
+        [
+            torch.zeros(m.out_features, dtype=dtype) if b is None else b.detach().to(dtype)
+            for m, b in zip(modules, biases, strict=True)
+        ]
+    )
+
+
 def _stacked_int8(modules: Sequence[Any]) -> Any:
-    """One packed per-channel qint8 weight holding each module's rows and scales."""
-    ints, scales = [], []
+    """One packed per-channel qint8 weight holding each module's rows, scales and biases."""
+    ints, scales, biases = [], [], []
     for module in modules:
         weight, bias = module._packed_params._weight_bias()
-        if bias is not None:
-            raise ValueError("biased int8 projections are not supported")
+        biases.append(bias)
         if weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
             if weight.q_zero_point() != 0:
                 raise ValueError("asymmetric int8 weights are not supported")
@@ -136,21 +140,43 @@ def _stacked_int8(modules: Sequence[Any]) -> Any:
     stacked = torch._make_per_channel_quantized_tensor(
         torch.cat(ints), scale, torch.zeros_like(scale, dtype=torch.long), 0
     )
-    return torch.ops.quantized.linear_prepack(stacked, None)
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat(
+            [torch.zeros(i.shape[0]) if b is None else b.float() for i, b in zip(ints, biases, strict=True)]
+        )
+    return torch.ops.quantized.linear_prepack(stacked, bias)
 
 
 class _Layer:
-    def __init__(self, layer: Any) -> None:
+    """One decoder layer as its architecture entry lays it out."""
+
+    def __init__(self, layer: Any, entry: Architecture, config: Any) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.attn_norm = layer.input_layernorm.weight.detach()
         self.attn_eps = float(layer.input_layernorm.variance_epsilon)
         self.mlp_norm = layer.post_attention_layernorm.weight.detach()
         self.mlp_eps = float(layer.post_attention_layernorm.variance_epsilon)
-        self.qkv = _Projection([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.qkv = _Projection([getattr(attn, name) for name in entry.qkv])
         self.out = _Projection([attn.o_proj])
-        self.gate_up = _Projection([mlp.gate_proj, mlp.up_proj])
+        self.gate_up = _Projection([getattr(mlp, name) for name in entry.gate_up])
         self.down = _Projection([mlp.down_proj])
         self.scaling = float(attn.scaling)
+        q_norm, k_norm = (attn.q_norm, attn.k_norm) if entry.qk_norm else (None, None)
+        eps = 1e-6
+        if q_norm is not None and k_norm is not None:
+            eps = float(q_norm.variance_epsilon)
+            if float(k_norm.variance_epsilon) != eps:
+                raise ValueError("the runner takes one epsilon for the q and k norms of a layer")
+        #: Per-head q/k norms and whether this layer rotates (what rope_store reads).
+        self.rope = RopeLayout(
+            q_norm=None if q_norm is None else q_norm.weight.detach(),
+            k_norm=None if k_norm is None else k_norm.weight.detach(),
+            eps=eps,
+            rotate=entry.rotates(attn),
+        )
+        #: Positions a query sees (itself included), or 0: all before it.
+        self.window = entry.sliding_window(config, attn) or 0
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -165,19 +191,33 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    """transformers' rotary positions of ``x [..., dim]`` over its first ``cos.shape[-1]``
+    values (rotate-half layout; the rest pass through: partial rotary)."""
+    width = cos.shape[-1]
+    rotated, passed = x[..., :width], x[..., width:]
+    half = width // 2
+    rotated = rotated * cos + torch.cat((-rotated[..., half:], rotated[..., :half]), dim=-1) * sin
+    return rotated if passed.shape[-1] == 0 else torch.cat((rotated, passed), dim=-1)
 
 
-class LlamaRunner(SlotRunner):
-    """A Llama-shaped transformers causal LM (see :func:`supports`) on a :class:`SlotCache`,
-    computed by this module from the model's own weights (float, :class:`Int8Linear` or
-    torch dynamic int8).
+def _normed_heads(qk: torch.Tensor, heads: int, rope: RopeLayout) -> torch.Tensor:
+    """Per-head RMS norm of ``qk [..., heads + kv_heads, dim]``'s query and key heads."""
+    if rope.q_norm is None or rope.k_norm is None:
+        return qk
+    q = _rms_norm(qk[..., :heads, :], rope.q_norm, rope.eps)
+    k = _rms_norm(qk[..., heads:, :], rope.k_norm, rope.eps)
+    return torch.cat((q, k), dim=-2)
+
+
+class DecoderRunner(SlotRunner):
+    """A transformers causal LM of a registered architecture (see :func:`supports`) on a
+    :class:`SlotCache`, computed by this module from the model's own weights (float,
+    :class:`Int8Linear` or torch dynamic int8).
 
     Args:
-        model: the ``LlamaForCausalLM`` (eval mode); its float weights are shared (its
-            q/k/v and gate/up layers become views of the fused weights), its int8 q/k/v
-            and gate/up weights are stacked into new ones.
+        model: the ``*ForCausalLM`` (eval mode); its float weights are shared (its
+            separate q/k/v and gate/up layers become views of the fused weights), its int8
+            q/k/v and gate/up weights are stacked into new ones.
         slots, context_length, vocab_size: as for
             :class:`~thinkstruct.engine.runner.SlotRunner`.
         kernels: run passes on the compiled kernels (:func:`cpu_kernels`) where they
@@ -199,17 +239,24 @@ class LlamaRunner(SlotRunner):
         vocab_size: int | None = None,
         kernels: bool = True,
     ) -> None:
-        reason = supports(model)
-        if reason is not None:
-            raise ValueError(f"LlamaRunner cannot run this model: {reason}")
+        entry = architecture_of(model, context_length=context_length)
+        if isinstance(entry, str):
+            raise ValueError(f"DecoderRunner cannot run this model: {entry}")
         super().__init__(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
+        #: The registry entry this runner computes.
+        self.architecture = entry
         base = model.base_model
+        config = text_config(model)
         self._embed = base.embed_tokens
-        self._layers = [_Layer(layer) for layer in base.layers[: len(self.cache.keys)]]
+        self._layers = [_Layer(layer, entry, config) for layer in base.layers[: len(self.cache.keys)]]
+        self._inter = sum(self._layers[0].gate_up.sizes) // 2  # the MLP's width
         self._norm = base.norm.weight.detach()
         self._norm_eps = float(base.norm.variance_epsilon)
-        self._inv_freq = base.rotary_emb.inv_freq.detach().float()
-        self._rope_scale = float(base.rotary_emb.attention_scaling)
+        rotary = base.rotary_emb
+        # Its frequencies at construction: a longrope model's short factors (the only ones
+        # used within its original context, which architecture_of checked).
+        self._inv_freq = getattr(rotary, "original_inv_freq", rotary.inv_freq).detach().float()
+        self._rope_scale = float(rotary.attention_scaling)
         self._kernels = cpu_kernels() if kernels and self._fits_kernels() else None
         self._stack = self._stack_pointers() if self._kernels is not None else None
         # One kernel call computes each token from its own inputs and slot, in a fixed
@@ -219,14 +266,15 @@ class LlamaRunner(SlotRunner):
     def _fits_kernels(self) -> bool:
         sizes = (
             self._norm.numel(),  # hidden size: the norms' rows
-            self._head_dim // 2,
+            self._head_dim,
+            self._inv_freq.numel(),  # rotary pairs a head
             self._heads * self._head_dim,
-            self._layers[0].gate_up.sizes[0],  # intermediate size
+            self._inter,
         )
         return self._dtype == torch.float32 and self._head_dim <= 256 and all(n % 8 == 0 for n in sizes)
 
     def _stack_pointers(self) -> ctypes.Array[LayerPointers] | None:
-        """Every layer's parameters for :meth:`CpuKernels.llama_layers`, where every
+        """Every layer's parameters for :meth:`CpuKernels.decoder_layers`, where every
         projection is an int8-weight layer on the kernels (the cache buffers are filled in
         before each pass: they move when the cache grows)."""
         table = (LayerPointers * len(self._layers))()
@@ -240,8 +288,14 @@ class LlamaRunner(SlotRunner):
                     return None
                 setattr(entry, name, linear.weight_int8.data_ptr())
                 setattr(entry, f"{name}_scale", linear.scale.data_ptr())
+                setattr(entry, f"{name}_bias", None if linear.bias is None else linear.bias.data_ptr())
             entry.attn_norm, entry.mlp_norm = layer.attn_norm.data_ptr(), layer.mlp_norm.data_ptr()
-            entry.attn_eps, entry.mlp_eps, entry.scaling = layer.attn_eps, layer.mlp_eps, layer.scaling
+            rope = layer.rope
+            entry.q_norm = None if rope.q_norm is None else rope.q_norm.data_ptr()
+            entry.k_norm = None if rope.k_norm is None else rope.k_norm.data_ptr()
+            entry.rotate, entry.window = int(rope.rotate), layer.window
+            entry.attn_eps, entry.mlp_eps, entry.qk_eps = layer.attn_eps, layer.mlp_eps, rope.eps
+            entry.scaling = layer.scaling
         return table
 
     @property
@@ -270,15 +324,10 @@ class LlamaRunner(SlotRunner):
 
         angles = plan.positions[..., None].float() * self._inv_freq
         angles = torch.cat((angles, angles), dim=-1)
-        # [rows, 1 (heads), width, dim], broadcast over heads.
+        # [rows, 1 (heads), width, rotary width], broadcast over heads.
         cos = (angles.cos() * self._rope_scale).to(dtype)[:, None]
         sin = (angles.sin() * self._rope_scale).to(dtype)[:, None]
-        visible = plan.visible()
-        # The query heads sharing a key/value head are folded into the query length
-        # (index g * width + j), so the mask repeats once per head of the group.
-        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))[:, None]
-        if group > 1 and width > 1:
-            mask = mask.repeat(1, 1, group, 1)
+        masks: dict[int, torch.Tensor] = {}
 
         # Per-token work runs on h [tokens, hidden]: the real tokens only, row after row.
         real = _real_tokens(plan.lengths, width)
@@ -286,15 +335,20 @@ class LlamaRunner(SlotRunner):
         h = self._embed(ids if real is None else ids[real])
         k_end = (heads + kv_heads) * dim
         for i, layer in enumerate(self._layers):
+            if layer.window not in masks:
+                masks[layer.window] = _attention_mask(plan, layer.window, group, dtype)
             x = _rms_norm(h, layer.attn_norm, layer.attn_eps)
             qkv = _padded(layer.qkv(x), real, rows, width)
-            # Queries and keys rotate together: [rows, heads + kv_heads, width, dim].
-            qk = _rotate(qkv[..., :k_end].view(rows, width, heads + kv_heads, dim).transpose(1, 2), cos, sin)
+            # Queries and keys together: [rows, heads + kv_heads, width, dim].
+            qk = _normed_heads(qkv[..., :k_end].view(rows, width, heads + kv_heads, dim), heads, layer.rope)
+            qk = qk.transpose(1, 2)
+            if layer.rope.rotate:
+                qk = _rotate(qk, cos, sin)
             v = qkv[..., k_end:].view(rows, width, kv_heads, dim).transpose(1, 2)
             keys, values = self.cache.write(i, qk[:, heads:], v)  # where _begin planned
             folded = qk[:, :heads].reshape(rows, kv_heads, group * width, dim)
             attended = F.scaled_dot_product_attention(
-                folded, keys, values, attn_mask=mask, scale=layer.scaling
+                folded, keys, values, attn_mask=masks[layer.window], scale=layer.scaling
             )
             attended = (
                 attended.reshape(rows, heads, width, dim).transpose(1, 2).reshape(rows * width, heads * dim)
@@ -330,10 +384,11 @@ class LlamaRunner(SlotRunner):
                 entry.keys, entry.values = keys.data_ptr(), values.data_ptr()
         packed = self._packed_tokens(first_slot, plan)
         h = self._embed(packed.ids).contiguous()
-        kernels.llama_layers(
+        kernels.decoder_layers(
             h, stack, heads=self._heads, kv_heads=self._kv_heads, dim=self._head_dim,
-            inter=self._layers[0].gate_up.sizes[0], cos=packed.cos, sin=packed.sin,
-            slot_of=packed.slot_of, pos_of=packed.pos_of, capacity=self.cache.capacity, span=plan.span,
+            inter=self._inter, rot_half=self._inv_freq.numel(),
+            cos=packed.cos, sin=packed.sin, slot_of=packed.slot_of, pos_of=packed.pos_of,
+            capacity=self.cache.capacity, span=plan.span,
         )  # fmt: skip
         last = plan.lengths.cumsum(0) - 1
         return self._logits(kernels.rms_norm(h[last], self._norm, self._norm_eps))
@@ -349,11 +404,11 @@ class LlamaRunner(SlotRunner):
             qkv = layer.qkv(kernels.rms_norm(h, layer.attn_norm, layer.attn_eps))
             kernels.rope_store(
                 qkv, heads=heads, kv_heads=kv_heads, cos=cos, sin=sin,
-                slot_of=slot_of, pos_of=pos_of, keys=keys, values=values,
+                slot_of=slot_of, pos_of=pos_of, keys=keys, values=values, layout=layer.rope,
             )  # fmt: skip
             attended = kernels.attention(
-                qkv, heads=heads, kv_heads=kv_heads, slot_of=slot_of, pos_of=pos_of,
-                span=plan.span, keys=keys, values=values, scale=layer.scaling,
+                qkv, heads=heads, kv_heads=kv_heads, slot_of=slot_of, pos_of=pos_of, span=plan.span,
+                keys=keys, values=values, scale=layer.scaling, window=layer.window,
             )  # fmt: skip
             h = h + layer.out(attended)
             x = kernels.rms_norm(h, layer.mlp_norm, layer.mlp_eps)
@@ -362,9 +417,23 @@ class LlamaRunner(SlotRunner):
         return self._logits(kernels.rms_norm(h[last], self._norm, self._norm_eps))
 
 
+def _attention_mask(plan: PaddedPass, window: int, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive SDPA mask of a pass ``[rows, 1, group * width, span]``: each query sees
+    its slot's positions up to its own, the last ``window`` of them where ``window > 0``.
+    The query heads sharing a key/value head are folded into the query length (index
+    ``g * width + j``), so the mask repeats once per head of the group."""
+    visible = plan.visible()
+    if window > 0:
+        visible = visible & (torch.arange(plan.span)[None, None, :] > plan.positions[:, :, None] - window)
+    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))[:, None]
+    if group > 1 and plan.ids.shape[1] > 1:
+        mask = mask.repeat(1, 1, group, 1)
+    return mask
+
+
 class _PackedTokens(NamedTuple):
     """A pass's real tokens, packed row after row: ids, cache slot and position ``[T]``,
-    rotary ``cos``/``sin [T, head_dim / 2]``."""
+    rotary ``cos``/``sin [T, rotary pairs]``."""
 
     ids: torch.Tensor
     slot_of: torch.Tensor

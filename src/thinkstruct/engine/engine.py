@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from thinkstruct.engine.cpu_kernels import cpu_kernels
+from thinkstruct.engine.decoder_runner import DecoderRunner, supports
 from thinkstruct.engine.detokenizer import TokenTexts
 from thinkstruct.engine.free_text import thinking_budget_matcher
 from thinkstruct.engine.handle import RequestHandle
-from thinkstruct.engine.decoder_runner import DecoderRunner, supports
 from thinkstruct.engine.logit_adjustments import adjust_logits
 from thinkstruct.engine.logprobs import LogprobTable
 from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest, InvalidSamplingParam

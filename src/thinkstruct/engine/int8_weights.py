@@ -38,20 +38,30 @@ BLOCK = 16
 
 
 class Int8Linear(torch.nn.Module):
-    """``y = x @ (weight * scale[:, None]).T``: int8 ``weight [out, in]``, float32
-    ``scale [out]``, float32 ``x [..., in]`` -> float32 ``[..., out]``.
+    """``y = x @ (weight * scale[:, None]).T + bias``: int8 ``weight [out, in]``, float32
+    ``scale [out]`` and ``bias [out]`` (or none), float32 ``x [..., in]`` -> float32
+    ``[..., out]``.
 
     Args:
         weight: the int8 weight rows.
         scale: each row's float32 scale.
         kernels: the compiled kernels (the weight is then kept packed for them), or
             ``None`` (kept as it is, for torch's ``_weight_int8pack_mm``).
+        bias: the float bias added to each output (kept float32), or ``None``.
     """
 
     weight_int8: torch.Tensor
     scale: torch.Tensor
+    bias: torch.Tensor | None
 
-    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, *, kernels: CpuKernels | None) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        scale: torch.Tensor,
+        *,
+        kernels: CpuKernels | None,
+        bias: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         out_features, in_features = weight.shape
         if weight.dtype != torch.int8 or out_features % BLOCK:
@@ -62,24 +72,31 @@ class Int8Linear(torch.nn.Module):
         stored = weight if kernels is None else _packed(weight)
         self.register_buffer("weight_int8", stored.contiguous(), persistent=False)
         self.register_buffer("scale", scale.float().contiguous(), persistent=False)
+        stored_bias = None if bias is None else bias.detach().float().contiguous()
+        self.register_buffer("bias", stored_bias, persistent=False)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, *, kernels: CpuKernels | None) -> Int8Linear:
-        """The int8 version of a bias-free float ``linear`` (per-row absmax scales)."""
+        """The int8 version of a float ``linear`` (per-row absmax scales; its bias kept
+        float32)."""
         weight = linear.weight.detach().float()
         scale = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
         quantized = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        return cls(quantized, scale, kernels=kernels)
+        return cls(quantized, scale, kernels=kernels, bias=linear.bias)
 
     @classmethod
     def stacked(cls, parts: Sequence[Int8Linear]) -> Int8Linear:
         """One layer computing ``parts`` over the same input, outputs concatenated in order
-        (exact: each output row keeps its weights and scale)."""
+        (exact: each output row keeps its weights, scale and bias; a part without a bias
+        beside one with adds zeros)."""
         kernels = parts[0]._kernels
         if any(p._kernels is not kernels or p.in_features != parts[0].in_features for p in parts):
             raise ValueError("stacked int8 layers must share their input size and kernels")
         rows = torch.cat([p._rows() for p in parts])
-        return cls(rows, torch.cat([p.scale for p in parts]), kernels=kernels)
+        bias = None
+        if any(p.bias is not None for p in parts):
+            bias = torch.cat([p.scale.new_zeros(p.out_features) if p.bias is None else p.bias for p in parts])
+        return cls(rows, torch.cat([p.scale for p in parts]), kernels=kernels, bias=bias)
 
     @property
     def packed(self) -> bool:
@@ -92,9 +109,11 @@ class Int8Linear(torch.nn.Module):
         if rows.dtype != torch.float32 or rows.stride(-1) != 1:
             rows = rows.float().contiguous()
         if self._kernels is not None:
-            out = self._kernels.w8_linear(rows, self.weight_int8, self.scale)
+            out = self._kernels.w8_linear(rows, self.weight_int8, self.scale, self.bias)
         else:
             out = torch._weight_int8pack_mm(rows, self.weight_int8, self.scale)
+            if self.bias is not None:
+                out = out + self.bias
         return out.view(*x.shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:
@@ -109,7 +128,8 @@ class Int8Linear(torch.nn.Module):
         return self.weight_int8.transpose(1, 2).reshape(self.out_features, self.in_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
+        bias = self.bias is not None
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}, int8 weights"
 
 
 def _packed(weight: torch.Tensor) -> torch.Tensor:
@@ -124,8 +144,8 @@ class Int8WeightsResult:
 
     Attributes:
         quantized: Linear layers now int8 (module names, in model order).
-        kept_float: Linear layers left float32 (a bias, or an output size that is not a
-            multiple of :data:`BLOCK`).
+        kept_float: Linear layers left float32 (an output size that is not a multiple of
+            :data:`BLOCK`).
         compiled: whether the layers run on the compiled kernels.
         seconds: wall time.
     """
@@ -137,8 +157,8 @@ class Int8WeightsResult:
 
 
 def quantize_int8_weights(model: torch.nn.Module, *, compiled: bool = True) -> Int8WeightsResult:
-    """Replace every bias-free ``nn.Linear`` of a float32 ``model`` by an
-    :class:`Int8Linear`, in place.
+    """Replace every ``nn.Linear`` of a float32 ``model`` by an :class:`Int8Linear` (its
+    bias, where it has one, kept float32), in place.
 
     Args:
         model: a float32 model.
@@ -152,7 +172,7 @@ def quantize_int8_weights(model: torch.nn.Module, *, compiled: bool = True) -> I
     for name, module in list(model.named_modules()):
         if type(module) is not torch.nn.Linear:
             continue
-        if module.bias is not None or module.out_features % BLOCK:
+        if module.out_features % BLOCK:
             kept.append(name)
             continue
         parent_name, _, attribute = name.rpartition(".")
