@@ -97,7 +97,7 @@ def _field_cases(model: str) -> dict[str, tuple[dict[str, Any], int, str | None]
             "messages[0].content",
         ),
         "unknown field": (_chat(model, reponse_format={"type": "json_object"}), 400, "reponse_format"),
-        "unsupported field with effect": (_chat(model, logit_bias={"1": 100}), 400, "logit_bias"),
+        "unsupported field with effect": (_chat(model, functions=[{"name": "f"}]), 400, "functions"),
         "missing model": ({"messages": MESSAGES}, 400, "model"),
         "unknown model": (_chat("no-such-model"), 404, "model"),
         "temperature above 2": (_chat(model, temperature=7), 400, "temperature"),
@@ -144,7 +144,7 @@ def test_bad_text_completion_fields(tiny_server: RunningServer, model: str) -> N
         "empty prompt list": ({"model": model, "prompt": []}, "prompt"),
         "token id outside the vocabulary": ({"model": model, "prompt": [1, 10**9]}, "prompt"),
         "suffix with token ids": ({"model": model, "prompt": [1, 2], "suffix": "x"}, "suffix"),
-        "logprobs": ({"model": model, "prompt": "x", "logprobs": 3}, "logprobs"),
+        "logprobs above 5": ({"model": model, "prompt": "x", "logprobs": 6}, "logprobs"),
         "best_of other than n": ({"model": model, "prompt": "x", "best_of": 3}, "best_of"),
         "n for each of several prompts over the limit": (
             {"model": model, "prompt": ["a", "b", "c"], "n": 2},

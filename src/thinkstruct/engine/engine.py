@@ -213,6 +213,11 @@ class Engine:
     # ---- lifecycle -------------------------------------------------------------------
 
     @property
+    def token_texts(self) -> TokenTexts:
+        """The bytes each token id stands for in generated text (special tokens' text kept)."""
+        return self._texts
+
+    @property
     def compiler(self) -> GrammarCompiler:
         """The grammar compiler for this model's tokenizer (created on first use)."""
         if self._compiler is None:

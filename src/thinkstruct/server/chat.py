@@ -3,7 +3,8 @@
 The message carries the thought in ``reasoning_content`` and only the answer in
 ``content`` (with ``separate_reasoning: false`` the whole output is ``content``). A
 streamed answer sends, per choice, a first chunk with the role, then ``reasoning_content``
-and ``content`` deltas as the model writes them, then a chunk with the finish reason;
+and ``content`` deltas as the model writes them (with ``logprobs: true``, each chunk's
+``logprobs.content`` holds its tokens' log-probabilities), then a chunk with the finish reason;
 ``stream_options.include_usage`` adds a last chunk with no choices and the usage.
 
 A choice that fails while generating (a token its grammar rejects, a fault in its own
@@ -39,6 +40,7 @@ from thinkstruct.server.generation import (
     submit_all,
 )
 from thinkstruct.server.limits import check_prompt_length, check_request_limits
+from thinkstruct.server.logprobs import chat_logprobs
 from thinkstruct.server.prompts import Prompt, chat_prompt
 from thinkstruct.server.protocol import (
     AssistantMessage,
@@ -58,6 +60,7 @@ from thinkstruct.server.usage import generation_info, total_usage
 
 if TYPE_CHECKING:
     from thinkstruct.engine import Completion, Usage
+    from thinkstruct.engine.detokenizer import TokenTexts
     from thinkstruct.parsers import ChatPrompt
 
 log = logging.getLogger("thinkstruct.server")
@@ -104,6 +107,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     submitted = submit_all(engine, jobs, retry_after_s=settings.retry_after_s)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     model = state.model_name or body.model
+    texts = engine.token_texts if body.logprobs else None
     if body.stream:
         return EventStream(
             _events(
@@ -115,6 +119,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
                 include_usage=body.include_usage,
                 describe=functools.partial(generation_info, grammar, compile_s),
                 tools=tools,
+                texts=texts,
             ),
             on_close=submitted.cancel,
         )
@@ -125,6 +130,9 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
         _choice(i, result, reasoning=reasoning and body.separate_reasoning, tools=tools)
         for i, result in enumerate(results)
     ]
+    if texts is not None:
+        for made, result in zip(choices, results, strict=True):
+            made.logprobs = chat_logprobs(result.logprobs, texts)
     answer = ChatCompletion(
         id=response_id,
         model=model,
@@ -159,6 +167,7 @@ async def _events(
     include_usage: bool,
     describe: Callable[[list[Usage | None]], GenerationInfo],
     tools: ToolPlan,
+    texts: TokenTexts | None,
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
     usages: list[Usage | None] = [None] * len(submitted.handles)
@@ -179,13 +188,14 @@ async def _events(
             if delta.finish_reason is not None:  # the answer is over: flush what the call parser held
                 tail, more = calls[index].finish()
                 content, pieces = content + tail, pieces + more
-            if delta.reasoning or content or pieces:
+            logprobs = chat_logprobs(delta.logprobs, texts) if texts is not None and delta.logprobs else None
+            if delta.reasoning or content or pieces or logprobs:
                 text = ChatDelta(
                     reasoning_content=delta.reasoning or None,
                     content=content or None,
                     tool_calls=pieces or None,
                 )
-                yield chunk([ChatChunkChoice(index=index, delta=text)])
+                yield chunk([ChatChunkChoice(index=index, delta=text, logprobs=logprobs)])
             if delta.finish_reason is not None:
                 usages[index] = delta.usage
                 error = ChoiceError(message=delta.error) if delta.error else None

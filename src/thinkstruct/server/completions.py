@@ -5,7 +5,9 @@ prompt gets ``n`` choices, choice ``i * n + j`` being prompt ``i``'s ``j``-th. A
 ``suffix`` builds the model's fill-in-the-middle prompt (a model without a completion
 template answers 400). ``echo`` puts the prompt (the prefix, with a suffix) before the
 generated text. There is no chat template and no thought here: the constraint holds
-from the first generated token.
+from the first generated token. ``logprobs`` (0..5) returns OpenAI's legacy object per
+choice (per chunk when streamed): the generated tokens only, their offsets counted in
+the choice's text (the echoed prompt included).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from thinkstruct.server.generation import (
     submit_all,
 )
 from thinkstruct.server.limits import check_prompt_length, check_request_limits
+from thinkstruct.server.logprobs import LegacyLogprobs
 from thinkstruct.server.prompts import Prompt, completion_prompt
 from thinkstruct.server.protocol import (
     ChoiceError,
@@ -82,6 +85,11 @@ async def completions(request: Request, state: ServerState) -> Response:
             jobs.append((prompt, sampling_params(body, max_tokens=budget, choice=j), fields))
     submitted = submit_all(engine, jobs, retry_after_s=settings.retry_after_s)
     echoes = [_echo_text(engine, p) if body.echo else "" for p in submitted.prompts]
+    logprobs = (
+        [LegacyLogprobs(engine.token_texts, offset=len(echo)) for echo in echoes]
+        if body.logprobs is not None
+        else None
+    )
     response_id = f"cmpl-{uuid.uuid4().hex}"
     model = state.model_name or body.model
     if body.stream:
@@ -93,6 +101,7 @@ async def completions(request: Request, state: ServerState) -> Response:
                 model=model,
                 prompts=prompts,
                 echoes=echoes,
+                logprobs=logprobs,
                 include_usage=body.include_usage,
                 describe=functools.partial(generation_info, grammar, compile_s),
             ),
@@ -107,6 +116,7 @@ async def completions(request: Request, state: ServerState) -> Response:
             text=echoes[i] + result.reasoning + result.content,
             finish_reason=finish_reason_name(result.finish_reason),
             error=ChoiceError(message=result.error) if result.error else None,
+            logprobs=None if logprobs is None else logprobs[i].render(result.logprobs),
         )
         for i, result in enumerate(results)
     ]
@@ -137,6 +147,7 @@ async def _events(
     model: str,
     prompts: list[Prompt],
     echoes: list[str],
+    logprobs: list[LegacyLogprobs] | None,
     include_usage: bool,
     describe: Callable[[list[Usage | None]], GenerationInfo],
 ) -> AsyncIterator[bytes]:
@@ -156,7 +167,10 @@ async def _events(
                 yield chunk([TextChoice(index=index, text=echo, finish_reason=None)])
         async for index, delta in merged(submitted, metrics=state.metrics):
             text = delta.reasoning + delta.content
-            if text or delta.finish_reason is not None:
+            pieces = (
+                logprobs[index].render(delta.logprobs) if logprobs is not None and delta.logprobs else None
+            )
+            if text or pieces or delta.finish_reason is not None:
                 if delta.finish_reason is not None:
                     usages[index] = delta.usage
                 error = ChoiceError(message=delta.error) if delta.error else None
@@ -167,6 +181,7 @@ async def _events(
                             text=text,
                             finish_reason=finish_reason_name(delta.finish_reason),
                             error=error,
+                            logprobs=pieces,
                         )
                     ]
                 )

@@ -109,6 +109,7 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, choice: int) ->
         APIError: 400 naming the field the engine refuses.
     """
     from thinkstruct.engine import SamplingParams
+    from thinkstruct.engine.request import InvalidSamplingParam
 
     seed = None if request.seed is None else (request.seed + choice) % _SEED_MODULUS
     top_k = request.top_k if request.top_k is not None and request.top_k > 0 else 0
@@ -120,7 +121,15 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, choice: int) ->
             top_k=top_k,
             seed=seed,
             stop=request.stop_sequences(),
+            logprobs=request.requested_logprobs,
+            logit_bias=request.logit_bias_pairs(),
+            presence_penalty=request.presence_penalty or 0.0,
+            frequency_penalty=request.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+            min_p=request.min_p or 0.0,
         )
+    except InvalidSamplingParam as e:
+        raise bad_request(str(e), param=e.field) from None
     except ValueError as e:
         # The engine's messages start with the field's name ("top_p must be ...").
         words = str(e).replace(",", " ").split()
@@ -184,8 +193,8 @@ def submit_all(
             raise APIError(
                 503, "the server is shutting down", type=UNAVAILABLE, code="engine_closed"
             ) from None
-        if isinstance(e, ValueError):
-            raise bad_request(str(e), code="invalid_request") from None
+        if isinstance(e, ValueError):  # a sampling field's own error names it (logit_bias.<id>)
+            raise bad_request(str(e), param=getattr(e, "field", None), code="invalid_request") from None
         raise
     return Submitted(handles=handles, prompts=[job[0] for job in jobs], started=time.perf_counter())
 

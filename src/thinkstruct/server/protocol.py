@@ -9,7 +9,7 @@ API answers; a misspelt ``response_format`` must never quietly produce an uncons
 answer. OpenAI fields with no effect on the answer (``user``, ``metadata``, ``store``,
 ``service_tier``, ``prompt_cache_key``, ``safety_identifier``, ``parallel_tool_calls``)
 are accepted and ignored. OpenAI fields that would change the answer but are not
-implemented (``logprobs``, ``logit_bias``, penalties, ``functions``, audio, ...) are accepted
+implemented (``functions``, audio, ...) are accepted
 only with their no-op value (``false``, ``0``, ``null``, ``[]``, ``{}``) and are a 400
 naming the field otherwise. Message objects are lenient: extra keys on a message (a
 client echoing back a response's ``refusal`` or ``annotations``) are ignored.
@@ -17,7 +17,7 @@ client echoing back a response's ``refusal`` or ``annotations``) are ignored.
 Extensions (the openai client sends them with ``extra_body``): ``regex``, ``ebnf``,
 ``choice``, ``structural_tag``, ``backend``, ``chat_template_kwargs``,
 ``separate_reasoning``, ``max_reasoning_tokens``, ``top_k``, ``continue_final_message``,
-``add_generation_prompt``, ``return_allowed_tokens`` (chat); ``response_format`` also takes ``{"type": "structural_tag",
+``add_generation_prompt``, ``return_allowed_tokens`` (chat), ``repetition_penalty``, ``min_p``; ``response_format`` also takes ``{"type": "structural_tag",
 ...}`` as SGLang does.
 """
 
@@ -99,11 +99,6 @@ class StreamOptions(_Request):
 
 # Known OpenAI fields that are accepted only with a value that changes nothing.
 _NO_OP_FIELDS = {
-    "frequency_penalty": "is not supported (only 0)",
-    "presence_penalty": "is not supported (only 0)",
-    "logprobs": "is not supported",
-    "top_logprobs": "is not supported",
-    "logit_bias": "is not supported",
     "functions": "is not supported: use tools",
     "function_call": "is not supported: use tool_choice",
     "audio": "is not supported",
@@ -145,12 +140,14 @@ class SamplingFields(ConstraintFields):
     safety_identifier: Any = None
     parallel_tool_calls: Any = None
 
+    # penalties and bias (vLLM's semantics; repetition_penalty and min_p are extensions)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    logit_bias: dict[str, float] | None = None
+
     # accepted only with their no-op value (see _NO_OP_FIELDS)
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logprobs: Any = None
-    top_logprobs: Any = None
-    logit_bias: Any = None
     best_of: Any = None
 
     @field_validator("stop")
@@ -161,6 +158,24 @@ class SamplingFields(ConstraintFields):
             if not text:
                 raise ValueError("stop sequences must not be empty")
         return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                raise _FieldError(f"logit_bias.{key}", f"logit_bias keys are token ids, got {key!r}")
+            if not -100 <= bias <= 100:
+                raise _FieldError(f"logit_bias.{key}", f"logit_bias.{key} must be in [-100, 100], got {bias}")
+        return value
+
+    @property
+    def requested_logprobs(self) -> int | None:
+        """How many alternatives to return per token; ``None``: no log-probabilities."""
+        return None
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(key), float(bias)) for key, bias in (self.logit_bias or {}).items())
 
     @model_validator(mode="after")
     def _no_ops(self) -> SamplingFields:
@@ -250,6 +265,8 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     add_generation_prompt: bool | None = None
     return_allowed_tokens: bool = False  # thinkstruct.allowed_tokens: per token, how many the grammar allowed
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
     # tool calling, read and checked by thinkstruct.server.tools
     tools: Any = None
@@ -287,12 +304,18 @@ class ChatCompletionRequest(SamplingFields):
                 "continue_final_message",
                 "continue_final_message needs the last message to be the assistant's",
             )
+        if self.top_logprobs is not None and not self.logprobs:
+            raise _FieldError("top_logprobs", "top_logprobs needs logprobs: true")
         if self.continue_final_message and self.add_generation_prompt:
             raise _FieldError(
                 "add_generation_prompt",
                 "add_generation_prompt cannot be combined with continue_final_message",
             )
         return self
+
+    @property
+    def requested_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -309,6 +332,8 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     suffix: str | None = None
     echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=5)
+    top_logprobs: Any = None  # not a completions field; accepted only as null or 0
 
     @field_validator("prompt")
     @classmethod
@@ -318,6 +343,16 @@ class CompletionRequest(SamplingFields):
         if isinstance(value, list) and value and isinstance(value[0], list) and any(not ids for ids in value):
             raise ValueError("a token-id prompt must not be empty")
         return value
+
+    @model_validator(mode="after")
+    def _completion_checks(self) -> CompletionRequest:
+        if not _is_no_op(self.top_logprobs):
+            raise _FieldError("top_logprobs", "top_logprobs is a chat field: give logprobs (0..5) here")
+        return self
+
+    @property
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: text, or token ids."""
@@ -371,6 +406,34 @@ class GenerationInfo(BaseModel):
     allowed_tokens: list[list[int]] | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    """Chat's ``logprobs``: per answer token in ``content``; the thought's tokens, when it is
+    separated, in the extension ``reasoning_content``."""
+
+    content: list[ChatTokenLogprob] | None = None
+    refusal: list[ChatTokenLogprob] | None = None
+    reasoning_content: list[ChatTokenLogprob] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy completions ``logprobs`` object."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class ChoiceError(BaseModel):
     """Why a choice ended with ``finish_reason: "error"`` (a thinkstruct addition)."""
 
@@ -388,7 +451,7 @@ class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     error: ChoiceError | None = None
 
 
@@ -414,7 +477,7 @@ class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     error: ChoiceError | None = None
 
 
@@ -433,7 +496,7 @@ class TextChoice(BaseModel):
     index: int
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     error: ChoiceError | None = None
 
 
