@@ -132,12 +132,16 @@ def split(parser: ReasoningParser, deltas: list[str]) -> ParseResult:
     return joined
 
 
-# A thought or answer: any text but the tags themselves, no surrounding whitespace (the
-# parser strips it around tags), in the normal form the tokenizer's NFC gives back.
+# A thought or answer: any text (tag fragments often) but the tags themselves, no
+# surrounding whitespace (the parser strips it around tags), in the normal form the
+# tokenizer's NFC gives back.
 TAGS = ("<think>", "</think>", "<tool_call>", "<|im_end|>")
+FRAGMENTS = st.sampled_from(["<", "</", "think", ">", "/think>", "<tool", "_call>", "<|im", " ", "\n"])
 prose = (
-    st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40)
-    .map(lambda s: unicodedata.normalize("NFC", s).strip())
+    st.lists(
+        st.one_of(FRAGMENTS, st.text(st.characters(blacklist_categories=("Cs",)), max_size=8)), max_size=8
+    )
+    .map(lambda parts: unicodedata.normalize("NFC", "".join(parts)).strip())
     .filter(lambda s: bool(s) and not any(t in s for t in TAGS))
 )
 
