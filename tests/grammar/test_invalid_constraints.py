@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import thinkstruct
 from thinkstruct import Constraint, InvalidConstraint, Tokenizer
@@ -185,6 +189,36 @@ def test_nesting_deeper_than_the_limit() -> None:
     with pytest.raises(InvalidConstraint, match=f"deeper than {MAX_NESTING_DEPTH}") as info:
         Constraint.json_schema(deep)
     assert info.value.pointer.startswith("/items/items")
+
+
+def _nested_json(depth: int) -> st.SearchStrategy[Any]:
+    """JSON documents around the nesting limit: a chain of ``depth`` containers with
+    scalars, lists and objects hanging off it."""
+    leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=3))
+    tree = st.recursive(
+        leaf, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=2), c, max_size=3)
+    )
+
+    def chain(parts: tuple[list[Any], Any]) -> Any:
+        wrappers, doc = parts
+        for as_list in wrappers:
+            doc = [doc] if as_list else {"k": doc}
+        return doc
+
+    return st.tuples(st.lists(st.booleans(), min_size=depth, max_size=depth), tree).map(chain)
+
+
+@given(doc=st.integers(MAX_NESTING_DEPTH - 3, MAX_NESTING_DEPTH + 1).flatmap(_nested_json))
+@settings(max_examples=60, deadline=None)
+def test_the_fast_depth_check_refuses_exactly_what_the_pointer_walk_names(doc: Any) -> None:
+    from thinkstruct.grammar.constraint import ConstraintKind, _name_depth_error, _within_depth
+
+    try:
+        _name_depth_error(doc, ConstraintKind.JSON_SCHEMA)
+        named = False
+    except InvalidConstraint:
+        named = True
+    assert _within_depth(doc) is not named
 
 
 def test_absurdly_deep_json_text_is_refused_not_a_crash() -> None:

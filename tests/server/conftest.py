@@ -14,7 +14,7 @@ from typing import Any
 
 import openai
 import pytest
-from server_harness import RunningServer, serving, start_engine, stop_engine
+from server_harness import ManualClock, RunningServer, serving, start_engine, stop_engine
 
 from thinkstruct.server import ServerSettings
 
@@ -49,11 +49,12 @@ def tiny_server(tiny_engine: Any) -> Iterator[RunningServer]:
         yield server
 
 
-#: Compile timeout and failure memory (seconds) of ``short_timeout_server``: short, so
-#: hostile and slow constraints are answered quickly, and above what the valid constraints
-#: of its tests take on a loaded 2-core machine (llguidance on a thread: milliseconds;
-#: xgrammar, compiled in a worker and loaded here: up to about 3 s).
+#: Compile timeout (seconds) of ``short_timeout_server``: short, so hostile and slow
+#: constraints are answered quickly, and above what the valid constraints of its tests
+#: take on a loaded 2-core machine (llguidance on a thread: milliseconds; xgrammar,
+#: compiled in a worker and loaded here: up to about 3 s).
 SHORT_COMPILE_TIMEOUT_S = 5.0
+#: Its failure memory, in seconds of its :class:`ManualClock` (which only a test moves).
 SHORT_FAILURE_TTL_S = 2.0
 
 
@@ -61,7 +62,8 @@ SHORT_FAILURE_TTL_S = 2.0
 def short_timeout_server(tiny_model_dir: Path) -> Iterator[RunningServer]:
     """The tiny model behind a server whose compiler gives up after
     :data:`SHORT_COMPILE_TIMEOUT_S` (the hostile-constraint and isolation tests), with
-    the default 8 MiB body limit, so large constraints reach the compiler's own limits."""
+    the default 8 MiB body limit, so large constraints reach the compiler's own limits.
+    Its failure memory runs on a :class:`ManualClock` (``compiler.clock``)."""
     from thinkstruct.engine import Engine, EngineConfig, load_model
     from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 
@@ -69,6 +71,7 @@ def short_timeout_server(tiny_model_dir: Path) -> Iterator[RunningServer]:
     compiler = GrammarCompiler(
         model.tokenizer,
         CompilerConfig(timeout_s=SHORT_COMPILE_TIMEOUT_S, failure_ttl_s=SHORT_FAILURE_TTL_S),
+        clock=ManualClock(),
     )
     engine = Engine(model, config=EngineConfig(max_batch=8, max_queue=64), compiler=compiler)
     engine.start()

@@ -18,6 +18,20 @@ from thinkstruct.server import ServerSettings, create_app
 API_KEY = "test-key-0123456789"
 
 
+class ManualClock:
+    """A monotonic clock that moves only when a test says (``advance``): a compiler's
+    failure memory on it expires when the test decides, however long requests take."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class RunningServer:
     """A uvicorn server in a daemon thread; ``url`` is its base URL."""
 

@@ -95,6 +95,8 @@ class CompileAttempt:
         self._tried = 0
         self._lock = threading.Lock()
         self._done = False
+        #: Seconds it waited in a queue before its checks ran (load, not the constraint).
+        self._queued_s = 0.0
         #: Where the attempt is (for the watchdog's message).
         self._phase = "checking the constraint"
         self._backend_name: str | None = None
@@ -103,6 +105,7 @@ class CompileAttempt:
 
     def start(self) -> None:
         """Run thinkstruct's own checks and plan the candidates (an in-process task)."""
+        self._queued_s = time.monotonic() - self.started
         try:
             config = self.host.config
             if len(self.constraint.value) > config.max_constraint_bytes:
@@ -191,10 +194,15 @@ class CompileAttempt:
                 kind=self.constraint.kind.value,
             )
             self._errors.append(InvalidGrammar(constraint, candidate.backend, timeout))
-            # A compile that had most of its time is the constraint's doing; a queue wait
-            # (or a compile started late because of one) is load, and not remembered.
-            ran = getattr(error, "ran_s", 0.0)
-            self._give_up(remember=isinstance(error, WorkTimeout) and ran >= 0.5 * self.host.config.timeout_s)
+            # A compile that ran out of time is the constraint's doing (its checks, its
+            # transfer to the worker and its compile: their cost grows with it) unless
+            # queues ate half the time: waiting for a thread, a free worker or one
+            # starting is load, and not remembered. A load-free repeat is answered from
+            # memory however slow the machine is.
+            waited = self._queued_s + error.waited_s if isinstance(error, WorkTimeout) else 0.0
+            self._give_up(
+                remember=isinstance(error, WorkTimeout) and waited < 0.5 * self.host.config.timeout_s
+            )
             return
         except WorkerCrashed as error:
             self._errors.append(

@@ -73,10 +73,11 @@ class WorkTimeout(CompileTimeout):
     """The compile itself ran to the deadline and its worker was killed.
 
     Attributes:
-        ran_s: seconds the compile had in the worker before it was stopped.
+        waited_s: seconds the job waited before the worker took it, for a free worker or
+            one starting (the pool's load, not the constraint's doing).
     """
 
-    ran_s: float = 0.0
+    waited_s: float = 0.0
 
 
 @dataclass(eq=False)
@@ -86,6 +87,7 @@ class _Job:
     deadline: float
     future: concurrent.futures.Future[Reply] = field(default_factory=concurrent.futures.Future)
     crashes: int = 0
+    submitted: float = field(default_factory=time.monotonic)
 
 
 class _Worker:
@@ -337,18 +339,20 @@ class WorkerPool:
                     job, QueueTimeout(f"the {self.backend} compile worker was still starting at the deadline")
                 )
                 return
+            taken = time.monotonic()
             try:
                 write_message(
                     worker.stdin,
                     pickle.dumps((job.lenient, job.constraint), protocol=pickle.HIGHEST_PROTOCOL),
                 )
-                sent = time.monotonic()
-                ready, _, _ = select.select([worker.stdout], [], [], max(job.deadline - sent, 0.0))
+                ready, _, _ = select.select(
+                    [worker.stdout], [], [], max(job.deadline - time.monotonic(), 0.0)
+                )
                 if not ready:
                     timeout = WorkTimeout(
                         "compiling took too long and was stopped", backend=self.backend, kind=kind
                     )
-                    timeout.ran_s = job.deadline - sent
+                    timeout.waited_s = taken - job.submitted
                     worker.process.kill()  # the CPU is free from here on
                     _fail(job, timeout)  # then the caller, then reaping the process
                     self._discard(slot, worker)

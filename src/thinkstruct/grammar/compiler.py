@@ -14,7 +14,7 @@ second over a 129k vocabulary, some schemas take minutes), so the service:
   queue, worker start-up, fallbacks and the compile; at the deadline the caller gets
   :class:`~thinkstruct.CompileTimeout` and the work is stopped;
 - remembers a constraint's failure for ``failure_ttl_s`` (never an internal error, such
-  as a worker crash, nor a timeout caused by load);
+  as a worker crash, nor a timeout caused by load), measured on an injectable clock;
 - chooses the backend per constraint with ``backend="auto"`` (see :mod:`.auto`);
 - counts what it does (:class:`CompilerStats`) for the server's ``/metrics``.
 """
@@ -90,11 +90,21 @@ class GrammarCompiler:
     Args:
         tokenizer: the model's vocabulary.
         config: how to compile (defaults: :class:`CompilerConfig`).
+        clock: seconds on a monotonic clock, read for the failure memory's expiry
+            (``failure_ttl_s``) and nothing else; compile deadlines bound real work, so
+            they always run on :func:`time.monotonic`. Tests pass a clock they advance.
     """
 
-    def __init__(self, tokenizer: Tokenizer, config: CompilerConfig | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        config: CompilerConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.tokenizer = tokenizer
         self.config = config or CompilerConfig()
+        self.clock = clock
         self.stats = CompilerStats()
         self._cache: OrderedDict[_Key, CompiledGrammar] = OrderedDict()
         self._failures: dict[_Key, _Failure] = {}
@@ -250,7 +260,7 @@ class GrammarCompiler:
                 return _done(compiled)
             failure = self._failures.get(key)
             if failure is not None:
-                if failure.expires > time.monotonic():
+                if failure.expires > self.clock():
                     self.stats.hits += 1
                     return _failed(failure.error)
                 del self._failures[key]
@@ -351,7 +361,7 @@ class GrammarCompiler:
                 else:
                     self.stats.internal_errors += 1
                 if remember and isinstance(outcome, InvalidConstraint):
-                    self._failures[key] = _Failure(outcome, time.monotonic() + self.config.failure_ttl_s)
+                    self._failures[key] = _Failure(outcome, self.clock() + self.config.failure_ttl_s)
         future = attempt.future
         if future.done():
             return

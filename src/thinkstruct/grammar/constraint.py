@@ -229,7 +229,32 @@ def _encodable(text: str) -> bool:
 
 
 def _check_depth(doc: Any, kind: ConstraintKind) -> None:
+    if _within_depth(doc):
+        return
+    _name_depth_error(doc, kind)
+
+
+def _within_depth(doc: Any) -> bool:
+    """Whether every node is within the nesting limit and every key a string, walking
+    containers only and building no pointer strings (the walk that names the offending
+    pointer runs only when this one fails)."""
+    if not isinstance(doc, (dict, list)):
+        return True
     # Iterative, so a hostile document cannot exhaust the Python stack here.
+    stack: list[tuple[Any, int]] = [(doc, 0)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node
+        if depth >= MAX_NESTING_DEPTH and children:
+            return False
+        if isinstance(node, dict) and not all(isinstance(key, str) for key in node):
+            return False
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return True
+
+
+def _name_depth_error(doc: Any, kind: ConstraintKind) -> None:
+    """Raise naming the JSON pointer of the first node too deep or key not a string."""
     stack: list[tuple[Any, str, int]] = [(doc, "", 0)]
     while stack:
         node, pointer, depth = stack.pop()
