@@ -68,6 +68,15 @@ def prompt_ids(model, text: str = "hello", *, thinking: bool = False) -> tuple[l
     return model.tokenizer.hf.encode(prompt.text, add_special_tokens=False), prompt
 
 
+def wait_until(condition, what: str, *, timeout_s: float = 60.0) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s`` (a hang
+    check, not a performance assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
+        time.sleep(0.01)
+
+
 def run(engine, **kwargs):
     return engine.submit(GenerationRequest(**kwargs)).wait()
 
@@ -183,7 +192,7 @@ def test_same_seed_same_output_whatever_else_is_in_the_batch(tiny_model_dir, tin
             )
             for i in range(3)
         ]
-        time.sleep(0.05)
+        wait_until(lambda: e.stats.running == 3, "the three others running")
         together = run(e, prompt_ids=ids, sampling=params)
         for h in others:
             h.wait()
@@ -211,8 +220,8 @@ def test_a_shared_prompt_prefix_is_copied_and_changes_nothing(tiny_model_dir, ti
                 prompt_ids=other, sampling=SamplingParams(max_tokens=1000, seed=1), grammar=endless
             )
         )
-        while e.stats.generated_tokens <= len(alone.token_ids):  # the donor runs, its prompt in its slot
-            time.sleep(0.01)
+        # The donor runs, its prompt in its slot.
+        wait_until(lambda: e.stats.generated_tokens > len(alone.token_ids), "the donor generating")
         beside = run(e, prompt_ids=ids, sampling=params)
         twin = e.submit(GenerationRequest(prompt_ids=other, sampling=SamplingParams(max_tokens=2, seed=2)))
         twin_out = twin.wait()
@@ -279,10 +288,7 @@ def test_cancel_frees_the_slot_and_others_go_on(tiny_model, compiler) -> None:
         )
         # With one slot, the second request can only run once the first one's slot is free.
         assert after.wait().finish_reason is FinishReason.LENGTH
-        deadline = time.monotonic() + 10
-        while e.stats.running and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert e.stats.running == 0
+        wait_until(lambda: e.stats.running == 0, "every slot free")
 
 
 def test_async_consumers_get_the_same_stream(engine, tiny_model) -> None:
