@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from thinkstruct.engine.free_text import DEFAULT_REASONING_SHARE, check_reasoning_share
 from thinkstruct.errors import InvalidConstraint
 
 
@@ -179,6 +180,14 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="max_tokens of a request that gives none (default 512)",
     )
     g.add_argument(
+        "--reasoning-share",
+        type=_share,
+        default=DEFAULT_REASONING_SHARE,
+        metavar="F",
+        help="share of a request's max_tokens its thought may take (end tag included) when it thinks "
+        f"and sets no max_reasoning_tokens; the answer keeps the rest (default {DEFAULT_REASONING_SHARE})",
+    )
+    g.add_argument(
         "--grace",
         type=_positive_float,
         default=10.0,
@@ -208,17 +217,13 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         type=_positive_int,
         default=None,
         metavar="N",
-        help="thinking budget, then the answer is forced (default: half of --max-tokens, so a "
-        "thought that does not end by itself still leaves room for the answer)",
+        help=f"thinking budget, then the answer is forced (default: a thought of {DEFAULT_REASONING_SHARE:.0%} "
+        "of --max-tokens, end tag included, so a thought that does not end by itself still leaves room "
+        "for the answer)",
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     p.add_argument("--seed", type=int, default=None)
     _add_model_options(p)
-
-
-def _thinking_budget(args: argparse.Namespace) -> int:
-    budget: int = args.max_reasoning_tokens or max(1, args.max_tokens // 2)
-    return budget
 
 
 def _positive_int(text: str) -> int:
@@ -226,6 +231,13 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _share(text: str) -> float:
+    try:
+        return check_reasoning_share(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _positive_float(text: str) -> float:
@@ -311,6 +323,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_prompt_tokens=args.max_prompt_tokens,
             max_n=args.max_n,
             default_max_tokens=args.default_max_tokens,
+            reasoning_share=args.reasoning_share,
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -341,6 +354,7 @@ def _generate(args: argparse.Namespace) -> int:
     from thinkstruct.grammar.constraint import Constraint
     from thinkstruct.parsers import render_chat
     from thinkstruct.server.prompts import encode
+    from thinkstruct.server.reasoning_budget import thinking_budget
 
     problem = _usage_problem(args)
     if problem:
@@ -390,7 +404,13 @@ def _generate(args: argparse.Namespace) -> int:
             grammar=grammar,
             reasoning=prompt.reasoning_enabled,
             reasoning_parser=prompt.reasoning_parser(stream_reasoning=True),
-            max_reasoning_tokens=_thinking_budget(args) if prompt.reasoning_enabled else None,
+            max_reasoning_tokens=thinking_budget(
+                engine,
+                requested=args.max_reasoning_tokens,
+                reasoning=prompt.reasoning_enabled,
+                max_tokens=args.max_tokens,
+                share=DEFAULT_REASONING_SHARE,
+            ),
         )
         content: list[str] = []
         finish = None

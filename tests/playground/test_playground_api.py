@@ -139,7 +139,11 @@ def test_only_the_page_and_its_config_are_public(keyed_server: RunningServer) ->
         page = http.get("/")
         assert page.status_code == 200 and "<script>" in page.text and 'src="' not in page.text  # all inline
         assert "script-src 'sha256-" in page.headers["content-security-policy"]
-        assert http.get("/playground/config").json() == {"api_key_required": True}
+        config = http.get("/playground/config").json()
+        assert config == {
+            "api_key_required": True,
+            "reasoning_share": keyed_server.state.settings.reasoning_share,
+        }
         body = {"kind": "regex", "value": "a+"}
         assert http.post("/playground/lint", json=body).status_code == 401
         assert http.post("/playground/validate", json={**body, "answer": "a"}).status_code == 401

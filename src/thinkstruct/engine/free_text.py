@@ -1,17 +1,24 @@
-"""A thinking budget for requests without a constraint: :func:`thinking_budget_matcher`.
+"""Thinking budgets: the default one (:func:`default_thinking_budget`) and the matcher that
+holds one without a constraint (:func:`thinking_budget_matcher`).
 
 ``max_reasoning_tokens`` must hold for plain chat too, not only under a grammar. The
 grammar layer's :class:`~thinkstruct.grammar.reasoning.ReasoningGrammar` already forces
 the end of a thought once its budget is spent; here it wraps a matcher that allows any
 answer, so the same code enforces the budget with or without a constraint.
+
+A request that thinks without a budget of its own gets :data:`DEFAULT_REASONING_SHARE` of
+its ``max_tokens`` for the whole thought, so the answer always has the rest: a model that
+never ends its thought by itself would otherwise spend every token thinking.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from thinkstruct.grammar.bitmask import allow_all
+from thinkstruct.grammar.end_tag import end_tag_matcher
 from thinkstruct.grammar.matcher import GrammarMatcher, StopTokenMatcher
 from thinkstruct.grammar.reasoning import ReasoningGrammar
 
@@ -19,6 +26,42 @@ if TYPE_CHECKING:
     import torch
 
     from thinkstruct.tokenizer import Tokenizer
+
+
+#: The share of ``max_tokens`` a thought gets when the request sets no budget: the server's
+#: ``--reasoning-share`` default and ``thinkstruct generate``'s.
+DEFAULT_REASONING_SHARE = 0.5
+
+
+def check_reasoning_share(share: float) -> float:
+    """``share`` when it is a fraction strictly between 0 and 1.
+
+    Raises:
+        ValueError: naming the value otherwise.
+    """
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
+        raise ValueError(f"reasoning_share must be a fraction strictly between 0 and 1, got {share!r}")
+    return float(share)
+
+
+def default_thinking_budget(max_tokens: int, *, share: float, tokenizer: Tokenizer, end_tag: str) -> int:
+    """The ``max_reasoning_tokens`` that keeps a whole thought within
+    ``floor(share * max_tokens)`` tokens, its forced end tag included.
+
+    The budget counts the thinking tokens before the end of the thought is forced; the
+    forced tag's tokens come after it (several for a tag spelled in text, like SmolLM2's
+    ``</think>``) and count as reasoning tokens too. So the budget is the share less the
+    whole tag, at least 1, and the answer keeps ``max_tokens`` less the thought, or more
+    when the thought ends by itself sooner.
+
+    Args:
+        max_tokens: the request's ``max_tokens`` (thought and answer together), >= 1.
+        share: the thought's fraction of it, in (0, 1).
+        tokenizer, end_tag: the model's, to count the tag's tokens.
+    """
+    check_reasoning_share(share)
+    tag_tokens = len(end_tag_matcher(tokenizer, end_tag).closing_ids(0))
+    return max(1, math.floor(share * max_tokens) - tag_tokens)
 
 
 class FreeTextMatcher(StopTokenMatcher):

@@ -53,6 +53,7 @@ from thinkstruct.server.protocol import (
     ChoiceError,
     GenerationInfo,
 )
+from thinkstruct.server.reasoning_budget import length_part, thinking_budget
 from thinkstruct.server.state import ServerState
 from thinkstruct.server.streaming import DONE, EventStream, event
 from thinkstruct.server.tools import ToolPlan, ToolStream, finished_with, tool_plan, whole_answer
@@ -92,6 +93,13 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     grammar, compile_s = await compile_constraint(engine, requested, metrics=state.metrics)
     rendered = cast("ChatPrompt", prompt.chat)  # chat_prompt always sets it
     reasoning = rendered.reasoning_enabled
+    budget = thinking_budget(
+        engine,
+        requested=body.max_reasoning_tokens,
+        reasoning=reasoning,
+        max_tokens=max_tokens,
+        share=settings.reasoning_share,
+    )
     jobs = []
     for choice in range(body.n):
         fields: dict[str, Any] = {
@@ -100,7 +108,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
             "reasoning_parser": rendered.reasoning_parser(stream_reasoning=True)
             if body.separate_reasoning
             else None,
-            "max_reasoning_tokens": body.max_reasoning_tokens if reasoning else None,
+            "max_reasoning_tokens": budget,
             "count_allowed_tokens": body.return_allowed_tokens,
         }
         jobs.append((prompt, sampling_params(body, max_tokens=max_tokens, choice=choice), fields))
@@ -117,9 +125,11 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
                 model=model,
                 prompt=prompt,
                 include_usage=body.include_usage,
-                describe=functools.partial(generation_info, grammar, compile_s),
+                describe=functools.partial(generation_info, grammar, compile_s, max_reasoning_tokens=budget),
                 tools=tools,
                 texts=texts,
+                reasoning=reasoning,
+                split=body.separate_reasoning,
             ),
             on_close=submitted.cancel,
         )
@@ -127,7 +137,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     if results is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     choices = [
-        _choice(i, result, reasoning=reasoning and body.separate_reasoning, tools=tools)
+        _choice(i, result, reasoning=reasoning, split=body.separate_reasoning, tools=tools)
         for i, result in enumerate(results)
     ]
     if texts is not None:
@@ -138,22 +148,27 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
         model=model,
         choices=choices,
         usage=total_usage([prompt], [r.usage for r in results]),
-        thinkstruct=generation_info(grammar, compile_s, [r.usage for r in results]),
+        thinkstruct=generation_info(
+            grammar, compile_s, [r.usage for r in results], max_reasoning_tokens=budget
+        ),
     )
     return JSONResponse(answer.model_dump(mode="json"))
 
 
-def _choice(index: int, result: Completion, *, reasoning: bool, tools: ToolPlan) -> ChatChoice:
+def _choice(index: int, result: Completion, *, reasoning: bool, split: bool, tools: ToolPlan) -> ChatChoice:
+    """``split``: the thought is told apart from the answer (``separate_reasoning``)."""
     answer = whole_answer(tools, result.content)
+    reason = finished_with(finish_reason_name(result.finish_reason), len(answer.tool_calls or ()))
     return ChatChoice(
         index=index,
         message=AssistantMessage(
             content=answer.content,
-            reasoning_content=result.reasoning if reasoning else None,
+            reasoning_content=result.reasoning if reasoning and split else None,
             tool_calls=answer.tool_calls,
         ),
-        finish_reason=finished_with(finish_reason_name(result.finish_reason), len(answer.tool_calls or ())),
+        finish_reason=reason,
         error=ChoiceError(message=result.error) if result.error else None,
+        length_part=length_part(reason, result.usage, reasoning=reasoning, split=split),
     )
 
 
@@ -168,6 +183,8 @@ async def _events(
     describe: Callable[[list[Usage | None]], GenerationInfo],
     tools: ToolPlan,
     texts: TokenTexts | None,
+    reasoning: bool,
+    split: bool,
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
     usages: list[Usage | None] = [None] * len(submitted.handles)
@@ -200,8 +217,13 @@ async def _events(
                 usages[index] = delta.usage
                 error = ChoiceError(message=delta.error) if delta.error else None
                 reason = finished_with(finish_reason_name(delta.finish_reason), calls[index].calls)
+                cut = length_part(reason, delta.usage, reasoning=reasoning, split=split)
                 yield chunk(
-                    [ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=reason, error=error)]
+                    [
+                        ChatChunkChoice(
+                            index=index, delta=ChatDelta(), finish_reason=reason, error=error, length_part=cut
+                        )
+                    ]
                 )
         if include_usage:
             yield chunk([], usage=total_usage([prompt], usages), info=describe(usages))

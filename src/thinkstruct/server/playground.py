@@ -5,7 +5,8 @@ endpoints it calls besides ``/v1/chat/completions``.
   needs nothing else from the network, works offline and behind a reverse-proxy prefix:
   every URL it calls is relative to where it was loaded). Public, like ``/health``: the
   page asks for the API key itself and keeps it in the browser's session storage.
-- ``GET /playground/config`` — public: whether the server wants an API key.
+- ``GET /playground/config`` — public: whether the server wants an API key, and the share
+  of ``max_tokens`` a thought gets without a budget (the page's default budget).
 - ``POST /playground/lint`` — compiles a constraint exactly as a chat request would (the
   engine's own :class:`~thinkstruct.grammar.compiler.GrammarCompiler`, its cache, backend
   choice and strict mode — the compile ``thinkstruct check`` runs per backend) and answers
@@ -165,7 +166,10 @@ def playground_router(state: ServerState) -> APIRouter:
 
     @router.get(CONFIG_PATH)
     async def config() -> JSONResponse:
-        return JSONResponse({"api_key_required": state.settings.api_key is not None})
+        settings = state.settings
+        return JSONResponse(
+            {"api_key_required": settings.api_key is not None, "reasoning_share": settings.reasoning_share}
+        )
 
     @router.post(LINT_PATH, response_model=LintResult)
     async def lint(request: Request) -> JSONResponse:

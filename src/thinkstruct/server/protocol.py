@@ -396,6 +396,8 @@ class GenerationInfo(BaseModel):
         allowed_tokens: with ``return_allowed_tokens``, per choice, per output token: how
             many tokens the grammar allowed at its step (1 where jump-forward forced it, the
             vocabulary size where nothing constrained it); ``None`` when not asked for.
+        max_reasoning_tokens: the thinking budget each choice had (the request's own, or
+            the server's share of ``max_tokens``); ``None`` when it did not think.
     """
 
     backend: str | None = None
@@ -404,6 +406,11 @@ class GenerationInfo(BaseModel):
     jump_forward_tokens: int = 0
     time_to_first_token_s: float | None = None
     allowed_tokens: list[list[int]] | None = None
+    max_reasoning_tokens: int | None = None
+
+
+#: Which part of the output ``max_tokens`` cut when a chat choice ends ``length``.
+LengthPart = Literal["reasoning", "answer"]
 
 
 class TopLogprob(BaseModel):
@@ -453,6 +460,7 @@ class ChatChoice(BaseModel):
     finish_reason: str | None
     logprobs: ChoiceLogprobs | None = None
     error: ChoiceError | None = None
+    length_part: LengthPart | None = None  # thinkstruct: what a "length" finish cut
 
 
 class ChatCompletion(BaseModel):
@@ -479,6 +487,7 @@ class ChatChunkChoice(BaseModel):
     finish_reason: str | None = None
     logprobs: ChoiceLogprobs | None = None
     error: ChoiceError | None = None
+    length_part: LengthPart | None = None  # thinkstruct: what a "length" finish cut
 
 
 class ChatCompletionChunk(BaseModel):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from thinkstruct.engine.free_text import DEFAULT_REASONING_SHARE, check_reasoning_share
+
 #: Environment variable read for the API key when ``--api-key`` is not given.
 API_KEY_ENV = "THINKSTRUCT_API_KEY"
 
@@ -31,6 +33,9 @@ class ServerSettings:
             completions request).
         default_max_tokens: ``max_tokens`` when a request gives none, capped by the room
             left in the context.
+        reasoning_share: the fraction of a request's ``max_tokens`` (as given, or
+            ``default_max_tokens``) its thought may take, its end tag included, when it
+            thinks and sets no ``max_reasoning_tokens``; the answer keeps the rest. In (0, 1).
         max_stop_sequences: most entries of ``stop``.
         retry_after_s: the least ``Retry-After`` of a 429 answered when the engine's queue
             is full, in whole seconds (the engine's own estimate is used when longer).
@@ -46,6 +51,7 @@ class ServerSettings:
     max_prompt_tokens: int | None = None
     max_n: int = 16
     default_max_tokens: int = 512
+    reasoning_share: float = DEFAULT_REASONING_SHARE
     max_stop_sequences: int = 16
     retry_after_s: int = 1
     public_paths: frozenset[str] = field(default_factory=lambda: frozenset({"/health"}))
@@ -56,6 +62,7 @@ class ServerSettings:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be at least 1, got {self.max_prompt_tokens}")
+        check_reasoning_share(self.reasoning_share)
         if self.retry_after_s < 0:
             raise ValueError(f"retry_after_s must not be negative, got {self.retry_after_s}")
         if not 0 <= self.port <= 65535:

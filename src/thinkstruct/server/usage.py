@@ -1,6 +1,6 @@
 """What an answer reports about itself: OpenAI's ``usage`` (the engine's per-choice counts
 summed the OpenAI way) and thinkstruct's ``thinkstruct`` extension (backend, ignored
-keywords, compile wait, jump-forward tokens, time to first token)."""
+keywords, compile wait, jump-forward tokens, time to first token, thinking budget)."""
 
 from __future__ import annotations
 
@@ -33,9 +33,14 @@ def total_usage(prompts: Sequence[Prompt], usages: Sequence[EngineUsage | None])
 
 
 def generation_info(
-    grammar: CompiledGrammar | None, compile_seconds: float | None, usages: Sequence[EngineUsage | None]
+    grammar: CompiledGrammar | None,
+    compile_seconds: float | None,
+    usages: Sequence[EngineUsage | None],
+    *,
+    max_reasoning_tokens: int | None = None,
 ) -> GenerationInfo:
-    """The ``thinkstruct`` extension object of an answer."""
+    """The ``thinkstruct`` extension object of an answer (``max_reasoning_tokens``: the
+    thinking budget its choices had, ``None`` when they did not think)."""
     first = next((u.time_to_first_token_s for u in usages if u is not None), None)
     return GenerationInfo(
         backend=None if grammar is None else grammar.backend,
@@ -44,6 +49,7 @@ def generation_info(
         jump_forward_tokens=sum(u.jump_forward_tokens for u in usages if u is not None),
         time_to_first_token_s=first,
         allowed_tokens=_allowed_tokens(usages),
+        max_reasoning_tokens=max_reasoning_tokens,
     )
 
 

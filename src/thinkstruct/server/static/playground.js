@@ -196,6 +196,10 @@
     drawPlot(null);
     const config = await fetch(BASE + "playground/config").then((r) => r.json());
     keyRequired = Boolean(config.api_key_required);
+    // An empty budget leaves the thought the server's share of max tokens.
+    if (typeof config.reasoning_share === "number") {
+      $("budget").placeholder = `default: ${Math.round(config.reasoning_share * 100)}% of max tokens`;
+    }
     showKeyStatus();
     if (keyRequired && !apiKey) {
       askKey("");
@@ -483,7 +487,7 @@
     $("send").disabled = true;
     $("stop").disabled = false;
     setStatus("running", "Waiting for the first token…");
-    const run = { spec: request.spec, started: performance.now(), firstAt: null, endAt: null, thought: "", answer: "", finish: null, error: null, usage: null, info: null };
+    const run = { spec: request.spec, started: performance.now(), firstAt: null, endAt: null, thought: "", answer: "", finish: null, lengthPart: null, error: null, usage: null, info: null };
     try {
       const res = await fetch(BASE + "v1/chat/completions", {
         method: "POST",
@@ -573,6 +577,7 @@
         $("answer").textContent = run.answer;
       }
       if (choice.finish_reason) run.finish = choice.finish_reason;
+      if (choice.length_part) run.lengthPart = choice.length_part; // which part max tokens cut
       if (choice.error) run.error = choice.error.message;
     }
   }
@@ -582,7 +587,7 @@
     const info = run.info || {};
     const tokens = usage.completion_tokens;
     const reasoning = usage.completion_tokens_details ? usage.completion_tokens_details.reasoning_tokens : 0;
-    $("s-finish").textContent = run.finish || "–";
+    $("s-finish").textContent = run.finish ? run.finish + (run.lengthPart ? ` (${run.lengthPart})` : "") : "–";
     $("s-tokens").textContent = tokens ?? "–";
     $("s-reasoning").textContent = reasoning ?? "–";
     $("s-backend").textContent = info.backend || "none";
