@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import inspect
 import os
 import statistics
 import threading
@@ -137,18 +138,18 @@ def transformers_bare_loop(model: Any, prompts: Sequence[Sequence[int]], *, new_
     greedy argmax steps with ``DynamicCache``."""
     from transformers import DynamicCache
 
+    # transformers 5.x renames past_key_values to cache; pass whichever forward takes.
+    keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     width = min(len(p) for p in prompts)
     ids = torch.tensor([list(p[:width]) for p in prompts])
     started = time.perf_counter()
     with torch.inference_mode():
         cache = DynamicCache()
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{keyword: cache}).logits
         for _ in range(new_tokens - 1):
-            token = out.logits[:, -1].argmax(-1, keepdim=True)
-            out = model(
-                input_ids=token, past_key_values=out.past_key_values, use_cache=True, logits_to_keep=1
-            )
-        out.logits[:, -1].argmax(-1)
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            logits = model(input_ids=token, use_cache=True, logits_to_keep=1, **{keyword: cache}).logits
+        logits[:, -1].argmax(-1)
     return len(prompts) * new_tokens / (time.perf_counter() - started)
 
 
@@ -230,6 +231,10 @@ def bench(name: str, args: argparse.Namespace, bandwidth: float) -> list[tuple[s
         f"{per_step / 1e6:.0f} MB of weights",
         flush=True,
     )
+    # Warm up both sides (first passes allocate the cache and compile the grammar's paths).
+    for constraint in (None, grammar):
+        engine_closed_loop(engine, prompts, clients=1, grammar=constraint, new_tokens=4, requests=1)
+    transformers_bare_loop(bf16, prompts[:1], new_tokens=4)
     cells: dict[str, Cell] = {}
     for _ in range(args.rounds):
         for c in clients:
