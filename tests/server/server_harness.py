@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import openai
 import uvicorn
 
 from thinkstruct.server import ServerSettings, create_app
+from thinkstruct.server.runner import listening_socket
 
 API_KEY = "test-key-0123456789"
 
@@ -37,9 +37,7 @@ class RunningServer:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
+        self._sock = listening_socket("127.0.0.1", 0)  # as `thinkstruct serve` listens
         self.port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
