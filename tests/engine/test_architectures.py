@@ -82,11 +82,13 @@ FEATURES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def build(model_type: str, **overrides: Any) -> Any:
-    """The entry's random model (seeded, float32, eval mode)."""
+def build(model_type: str, *, features: bool = True, **overrides: Any) -> Any:
+    """The entry's random model (seeded, float32, eval mode), with its :data:`FEATURES`
+    unless ``features`` is off."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(model_type, **{**COMMON, **FEATURES[model_type], **overrides})
+    chosen = FEATURES[model_type] if features else {}
+    config = AutoConfig.for_model(model_type, **{**COMMON, **chosen, **overrides})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(sum(map(ord, model_type)))
         model = AutoModelForCausalLM.from_config(config)
@@ -252,3 +254,103 @@ def test_a_model_type_without_an_entry_names_itself() -> None:
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2)).eval()
     assert supports(model) == "model type 'gpt2' has no entry in the architecture registry"
+
+
+# ---- GGUF files of each architecture through load_model (what --model reads) ----------
+
+#: The architectures transformers' GGUF loader reads (a Mistral GGUF is written as
+#: ``llama``, as llama.cpp writes it; transformers reads no SmolLM3 GGUF).
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3")
+
+
+def _byte_level_vocabulary() -> tuple[list[str], list[str]]:
+    """A small byte-level BPE vocabulary of ``VOCAB`` tokens: the 256 bytes, merges of
+    common pairs, ``<|endoftext|>`` and ``<think>``/``</think>``."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    spelling = bytes_to_unicode()
+    tokens = [spelling[b] for b in range(256)]
+    merges: list[str] = []
+    pairs = [(a, b) for a in "etaoinsr" for b in "etaoinsr"] + [("Ġ", c) for c in "tashwiobmfc"]
+    for a, b in pairs[: VOCAB - 256 - 3]:
+        merges.append(f"{a} {b}")
+        tokens.append(a + b)
+    return [*tokens, "<|endoftext|>", "<think>", "</think>"], merges
+
+
+def write_gguf(model: Any, path: Any, arch: str) -> None:
+    """``model`` (float32) as a GGUF file of ``arch`` with its tokenizer, as llama.cpp's
+    converter lays it out (tensor names from gguf-py's map; Llama's q/k rows permuted)."""
+    import gguf
+
+    config = model.config
+    tokens, merges = _byte_level_vocabulary()
+    writer = gguf.GGUFWriter(str(path), arch=arch)
+    writer.add_name(f"tiny-{arch}")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    writer.add_vocab_size(VOCAB)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.NORMAL] * (len(tokens) - 3) + [gguf.TokenType.CONTROL] * 3)
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(len(tokens) - 3)
+    writer.add_pad_token_id(len(tokens) - 3)  # (Phi-3's config defaults to 32000, past this vocabulary)
+    arch_enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    names = gguf.get_tensor_name_map(arch_enum, config.num_hidden_layers)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    for hf_name, tensor in model.state_dict().items():
+        base, _, suffix = hf_name.rpartition(".")
+        data = tensor.detach().float().numpy()
+        if arch == "llama" and base.endswith(("q_proj", "k_proj")):
+            n = heads if base.endswith("q_proj") else kv_heads
+            data = (
+                data.reshape(n, 2, data.shape[0] // n // 2, *data.shape[1:])
+                .swapaxes(1, 2)
+                .reshape(data.shape)
+            )
+        writer.add_tensor(f"{names.get_name(base)}.{suffix}", data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("arch", GGUF_ARCHITECTURES)
+def test_a_gguf_of_each_architecture_loads_onto_the_decoder_runner(tmp_path, monkeypatch, arch) -> None:
+    """A small GGUF written with the ``gguf`` package loads through ``load_model`` (what
+    ``--model file.gguf`` runs), lands on the decoder runner's int8-weight pass, and computes
+    the source model's logits (to int8 rounding) and, in float32, exactly its function."""
+    from thinkstruct.engine.models import load_model
+
+    monkeypatch.setenv("THINKSTRUCT_CACHE", str(tmp_path / "cache"))
+    # Heads of 128 (GGUF's qwen3 and phi3 keys do not carry head_dim: the configs' default),
+    # the architecture's own layout (Qwen2's biases, Qwen3's q/k norms, Phi-3's fused
+    # projections), default rotary (GGUF keys hold no scaling), an untied output layer.
+    source = build(
+        arch, features=False, hidden_size=256, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=128, tie_word_embeddings=False,
+    )  # fmt: skip
+    path = tmp_path / f"tiny-{arch}.gguf"
+    write_gguf(source, path, arch)
+    ids = _ids(12, 10)
+    want = reference_logits(source, ids)
+    for quantize, tolerance in ((None, 1e-4), ("int8-weights", None)):
+        loaded = load_model(path, dtype="float32", quantize=quantize, progress=False)
+        assert loaded.model.config.model_type == arch
+        runner = DecoderRunner(loaded.model, slots=1, context_length=CONTEXT)
+        assert runner.stacked == (quantize == "int8-weights")
+        with torch.inference_mode():
+            got = runner.forward(0, [ids], [0])[0]
+        if tolerance is not None:
+            torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+        else:  # int8 weights: the same greedy pick and close logits
+            assert int(got.argmax()) == int(want.argmax())
+            assert float((got - want).norm() / want.norm()) < 0.05
