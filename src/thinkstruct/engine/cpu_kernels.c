@@ -335,6 +335,51 @@ static TS_AVX512 void w8_stream512(const int accumulate, const float *x, int64_t
 #undef TS_TILE
 }
 
+/* rows (1 or 2) x TS_WIDE blocks of 16 outputs in one pass over k. A lone row in
+ * w8_tile512 is one chain of fused multiply-adds, each waiting on the last one's latency
+ * (14 GB/s of weights on one block at a time, measured); four blocks side by side are four
+ * chains, and each output is still the same chain over k in order, then the same scaling
+ * and additions: the same bits as w8_tile512. */
+#define TS_WIDE 4
+
+static inline __attribute__((always_inline)) TS_AVX512 void w8_wide512(const int rows, const int accumulate,
+                                                                       const float *x, int64_t ld_x,
+                                                                       const int8_t *wq, int64_t K,
+                                                                       const float *scale, const float *bias,
+                                                                       float *out, int64_t ld_out) {
+    __m512 acc[2][TS_WIDE];
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < TS_WIDE; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        for (int j = 0; j < TS_WIDE; j++) {
+            const __m512 w =
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(wq + (j * K + k) * 16))));
+            for (int r = 0; r < rows; r++) acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ld_x + k]), w, acc[r][j]);
+        }
+    }
+    for (int j = 0; j < TS_WIDE; j++) {
+        const __m512 s = _mm512_loadu_ps(scale + 16 * j);
+        for (int r = 0; r < rows; r++) {
+            float *o = out + r * ld_out + 16 * j;
+            __m512 y = _mm512_mul_ps(acc[r][j], s);
+            if (bias != NULL) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + 16 * j));
+            if (accumulate) y = _mm512_add_ps(_mm512_loadu_ps(o), y);
+            _mm512_storeu_ps(o, y);
+        }
+    }
+}
+
+static TS_AVX512 void w8_wide(const int accumulate, const float *x, int64_t M, int64_t ld_x, const int8_t *wq,
+                              int64_t K, const float *scale, const float *bias, float *out, int64_t ld_out) {
+    if (M == 1) {
+        if (accumulate) w8_wide512(1, 1, x, ld_x, wq, K, scale, bias, out, ld_out);
+        else w8_wide512(1, 0, x, ld_x, wq, K, scale, bias, out, ld_out);
+    } else {
+        if (accumulate) w8_wide512(2, 1, x, ld_x, wq, K, scale, bias, out, ld_out);
+        else w8_wide512(2, 0, x, ld_x, wq, K, scale, bias, out, ld_out);
+    }
+}
+
 /* 1: the AVX-512 tiles run (the CPU has them and ts_use_avx512 did not turn them off). */
 static int ts_avx512 = -1;
 
@@ -359,6 +404,10 @@ int ts_use_avx512(int on) {
 static void w8_blocks(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_t *w, const float *scale,
                       const float *bias, float *out, int64_t ld_out, int64_t b_lo, int64_t b_hi, float *wf,
                       int accumulate) {
+    if (avx512_on() && M <= 2) /* decoding one or two rows: TS_WIDE blocks at a time */
+        for (; b_lo + TS_WIDE <= b_hi; b_lo += TS_WIDE)
+            w8_wide(accumulate, x, M, ld_x, w + b_lo * K * 16, K, scale + b_lo * 16,
+                    bias == NULL ? NULL : bias + b_lo * 16, out + b_lo * 16, ld_out);
     for (int64_t b = b_lo; b < b_hi; b++) {
         const int8_t *wq = w + b * K * 16;
         const float *sb = scale + b * 16;
@@ -433,6 +482,9 @@ static void ts_barrier_wait(ts_barrier *b, int threads) {
     }
 }
 
+/* Passes of at most this many tokens compute their norms and gated SiLU on every thread. */
+#define TS_OWN_GLUE 16
+
 /* One decoder layer's parameters: int8-weight projections packed as above (q/k/v stacked
  * into qkv, gate/up into gate_up) with their biases (NULL: none), the norms' weights, the
  * per-head q/k norms (NULL: none), whether it rotates, its sliding window (0: none) and
@@ -479,8 +531,16 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
         const int64_t t_lo = T * id / nt, t_hi = T * (id + 1) / nt, t_n = t_hi - t_lo;
         float *wf = w8_scratch(T, k_max);
         float *scores = (float *)aligned_alloc(32, (size_t)padded * sizeof(float));
+        /* A decoding pass (few tokens): each thread computes the norms and the gated SiLU
+         * of every token itself, into its own buffers (the same values), so the phases
+         * after them need not wait for the others: 7 barriers a layer instead of 10. A
+         * barrier is where a preempted thread holds the other up (two shared cores). */
+        const int own = nt > 1 && T <= TS_OWN_GLUE;
+        float *x_own = own ? (float *)malloc((size_t)T * hidden * sizeof(float)) : NULL;
+        float *act_own = own ? (float *)malloc((size_t)T * inter * sizeof(float)) : NULL;
+        float *const x_in = own ? x_own : x, *const act_in = own ? act_own : act;
         /* Every thread learns whether any lacks its scratch before the first phase. */
-        if (scores == NULL || (wf == NULL && w8_needs_scratch(T))) {
+        if (scores == NULL || (wf == NULL && w8_needs_scratch(T)) || (own && (x_own == NULL || act_own == NULL))) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -492,10 +552,15 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
         for (int64_t i = 0; i < n_layers && !stop; i++) {
             const ts_layer *L = &layers[i];
             const ts_qk qk = {L->q_norm, L->k_norm, L->qk_eps, rot_half, L->rotate};
-            ts_rms_norm_rows(h + t_lo * hidden, t_n, hidden, hidden, L->attn_norm, L->attn_eps, x + t_lo * hidden,
-                             hidden);
-            ts_barrier_wait(&barrier, nt);
-            w8_blocks(x, T, hidden, hidden, L->qkv, L->qkv_scale, L->qkv_bias, qkv, qkv_n, TS_BLOCKS(qkv_n), wf, 0);
+            if (own) {
+                ts_rms_norm_rows(h, T, hidden, hidden, L->attn_norm, L->attn_eps, x_own, hidden);
+            } else {
+                ts_rms_norm_rows(h + t_lo * hidden, t_n, hidden, hidden, L->attn_norm, L->attn_eps,
+                                 x + t_lo * hidden, hidden);
+                ts_barrier_wait(&barrier, nt);
+            }
+            w8_blocks(x_in, T, hidden, hidden, L->qkv, L->qkv_scale, L->qkv_bias, qkv, qkv_n, TS_BLOCKS(qkv_n), wf,
+                      0);
             ts_barrier_wait(&barrier, nt);
             rope_store_rows(qkv, t_lo, t_hi, qkv_n, heads, kv_heads, dim, &qk, cos_t, sin_t, slot_of, pos_of,
                             L->keys, L->values, capacity);
@@ -506,20 +571,31 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
             ts_barrier_wait(&barrier, nt);
             w8_blocks(att, T, att_n, att_n, L->out, L->out_scale, L->out_bias, h, hidden, TS_BLOCKS(hidden), wf, 1);
             ts_barrier_wait(&barrier, nt);
-            ts_rms_norm_rows(h + t_lo * hidden, t_n, hidden, hidden, L->mlp_norm, L->mlp_eps, x + t_lo * hidden,
-                             hidden);
-            ts_barrier_wait(&barrier, nt);
-            w8_blocks(x, T, hidden, hidden, L->gate_up, L->gate_up_scale, L->gate_up_bias, gate_up, 2 * inter,
+            if (own) {
+                ts_rms_norm_rows(h, T, hidden, hidden, L->mlp_norm, L->mlp_eps, x_own, hidden);
+            } else {
+                ts_rms_norm_rows(h + t_lo * hidden, t_n, hidden, hidden, L->mlp_norm, L->mlp_eps,
+                                 x + t_lo * hidden, hidden);
+                ts_barrier_wait(&barrier, nt);
+            }
+            w8_blocks(x_in, T, hidden, hidden, L->gate_up, L->gate_up_scale, L->gate_up_bias, gate_up, 2 * inter,
                       TS_BLOCKS(2 * inter), wf, 0);
             ts_barrier_wait(&barrier, nt);
-            silu_mul_rows(gate_up + t_lo * 2 * inter, t_n, inter, act + t_lo * inter);
-            ts_barrier_wait(&barrier, nt);
-            w8_blocks(act, T, inter, inter, L->down, L->down_scale, L->down_bias, h, hidden, TS_BLOCKS(hidden), wf, 1);
+            if (own) {
+                silu_mul_rows(gate_up, T, inter, act_own);
+            } else {
+                silu_mul_rows(gate_up + t_lo * 2 * inter, t_n, inter, act + t_lo * inter);
+                ts_barrier_wait(&barrier, nt);
+            }
+            w8_blocks(act_in, T, inter, inter, L->down, L->down_scale, L->down_bias, h, hidden, TS_BLOCKS(hidden),
+                      wf, 1);
             ts_barrier_wait(&barrier, nt);
         }
 #undef TS_BLOCKS
         free(wf);
         free(scores);
+        free(x_own);
+        free(act_own);
     }
     free(x);
     free(qkv);
