@@ -31,7 +31,7 @@ def _kernels(compiled: bool):
 @given(
     rows=st.integers(1, 30),  # both of the kernel's tilings: up to 8 rows, and more
     inner=st.integers(1, 200),
-    blocks=st.integers(1, 6),
+    blocks=st.integers(1, 12),  # up to 6 a thread: blocks side by side and one by one
     bias=st.booleans(),
     seed=st.integers(0, 2**16),
 )
@@ -56,11 +56,12 @@ def test_a_layer_multiplies_by_its_dequantized_weight(compiled, rows, inner, blo
 @PATHS
 def test_a_rows_result_is_the_same_bits_whatever_rows_are_beside_it(compiled) -> None:
     generator = torch.Generator().manual_seed(3)
-    linear = torch.nn.Linear(96, 64, bias=False)
+    # 10 blocks of 16 outputs with a bias: one or two rows run four blocks side by side.
+    linear = torch.nn.Linear(96, 160, bias=True)
     layer = Int8Linear.from_linear(linear, kernels=_kernels(compiled))
     x = torch.randn(20, 96, generator=generator)
     alone = layer(x[5:6])
-    for start, stop in ((5, 8), (0, 8), (0, 20)):  # 3, 8 and 20 rows: every tiling
+    for start, stop in ((5, 7), (5, 8), (0, 8), (0, 20)):  # 2, 3, 8 and 20 rows: every tiling
         assert torch.equal(layer(x[start:stop])[5 - start], alone[0])
 
 
@@ -73,7 +74,7 @@ def test_the_avx512_and_avx2_tiles_give_the_same_bits(rows, inner, seed) -> None
 
     kernels = _kernels(True)
     generator = torch.Generator().manual_seed(seed)
-    linear = torch.nn.Linear(inner, 3 * BLOCK, bias=False)
+    linear = torch.nn.Linear(inner, 11 * BLOCK, bias=True)  # blocks side by side and one by one
     with torch.no_grad():
         linear.weight.copy_(torch.randn(linear.weight.shape, generator=generator))
     layer = Int8Linear.from_linear(linear, kernels=kernels)
