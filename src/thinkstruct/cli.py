@@ -110,6 +110,15 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         "(default: the engine's, EngineConfig.prefill_chunk)",
     )
     g.add_argument(
+        "--kv-cache-bytes",
+        type=_byte_size,
+        default=None,
+        metavar="BYTES",
+        help="most bytes of finished requests' keys and values kept for requests that start the "
+        "same way, a chat's next turn (e.g. 512M, 2G; 0 keeps none; default: the engine's, "
+        "EngineConfig.prefix_cache_bytes, 1 GiB)",
+    )
+    g.add_argument(
         "--max-queue",
         type=_positive_int,
         default=256,
@@ -226,6 +235,25 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     _add_model_options(p)
 
 
+def _byte_size(text: str) -> int:
+    """``512M``, ``2G``, ``1048576``: bytes (K, M, G are powers of 1024)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    scale = units.get(text[-1:].upper(), 1)
+    digits = text[:-1] if scale > 1 else text
+    try:
+        value = int(float(digits) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 512M, 2G)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
+    return value
+
+
+def _prefix_cache_option(args: argparse.Namespace) -> dict[str, int]:
+    size = getattr(args, "kv_cache_bytes", None)
+    return {} if size is None else {"prefix_cache_bytes": size}
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -271,6 +299,7 @@ def _build_engine(args: argparse.Namespace, *, progress: bool = True, warm_up: b
             max_batch=args.max_batch,
             max_queue=args.max_queue,
             **({} if args.prefill_chunk is None else {"prefill_chunk": args.prefill_chunk}),
+            **_prefix_cache_option(args),
             max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
         ),
         compiler=compiler,

@@ -43,6 +43,7 @@ from thinkstruct.engine.free_text import thinking_budget_matcher
 from thinkstruct.engine.handle import RequestHandle
 from thinkstruct.engine.logit_adjustments import adjust_logits
 from thinkstruct.engine.logprobs import LogprobTable
+from thinkstruct.engine.prefix_cache import PrefixCache
 from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest, InvalidSamplingParam
 from thinkstruct.engine.runner import ModelRunner, TransformersRunner
 from thinkstruct.engine.sampler import sample
@@ -118,6 +119,9 @@ class EngineConfig:
             wait for the next step (that row does not sample then) instead of making
             every row of a large batch pay for them.
         idle_poll_s: how long the idle engine thread sleeps between checks.
+        prefix_cache_bytes: most bytes of keys and values of finished requests kept for
+            requests that start the same way (:mod:`~thinkstruct.engine.prefix_cache`: a
+            chat's next turn, a repeated system prompt); 0 keeps none.
     """
 
     max_batch: int = 8
@@ -126,10 +130,13 @@ class EngineConfig:
     prefill_chunk: int = 256
     decode_positions: int = 64
     idle_poll_s: float = 0.05
+    prefix_cache_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_queue < 0 or self.prefill_chunk < 1 or self.decode_positions < 1:
             raise ValueError("max_batch, prefill_chunk and decode_positions must be >= 1 and max_queue >= 0")
+        if self.prefix_cache_bytes < 0:
+            raise ValueError("prefix_cache_bytes must be >= 0")
 
 
 @dataclass
@@ -140,8 +147,14 @@ class EngineStats:
     waiting: int = 0
     steps: int = 0
     prefill_tokens: int = 0
-    #: Prompt tokens copied from another slot holding the same prefix instead of computed.
+    #: Prompt tokens copied from another slot or the prefix cache instead of computed.
     prefix_reused_tokens: int = 0
+    #: Of those, from the prefix cache (finished requests' keys and values).
+    prefix_cache_hit_tokens: int = 0
+    #: Bytes and blocks the prefix cache holds, and blocks it evicted to stay within budget.
+    prefix_cache_bytes: int = 0
+    prefix_cache_blocks: int = 0
+    prefix_cache_evicted_blocks: int = 0
     generated_tokens: int = 0
     jump_forward_tokens: int = 0
     finished: dict[str, int] = field(default_factory=lambda: {r.value: 0 for r in FinishReason})
@@ -208,6 +221,7 @@ class Engine:
         self._prefilling: list[Sequence] = []
         self._masks: TokenBitmask | None = None
         self._mask_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="thinkstruct-masks")
+        self._prefix_cache = PrefixCache(max_bytes=self.config.prefix_cache_bytes)
         self._on_step: Callable[[], None] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -426,7 +440,7 @@ class Engine:
         chunks: list[list[int]] = []
         width = fed = 0
         for seq in self._prefilling:
-            if seq.cached == 0 and runner.batch_invariant:
+            if seq.cached == 0:
                 # Now, not at admission: the order above renumbers only prompts holding
                 # no KV, and a prompt that reuses a prefix here is in this pass or the
                 # next to start.
@@ -468,9 +482,14 @@ class Engine:
 
     def _reuse_prefix(self, seq: Sequence) -> None:
         """Copy the longest prefix of ``seq``'s prompt that another slot holds (a shared
-        system prompt, chat template, tool list, or the same prompt for ``n`` > 1) into
-        its slot, where it is at least :data:`MIN_REUSED_PREFIX` tokens; at least the
-        prompt's last token is still computed (its logits give the first token)."""
+        system prompt, chat template, tool list, or the same prompt for ``n`` > 1) or the
+        prefix cache holds (a finished request's: a chat's previous turn) into its slot,
+        where it is at least :data:`MIN_REUSED_PREFIX` tokens; at least the prompt's last
+        token is still computed (its logits give the first token).
+
+        On a batch-invariant runner what is copied is the same bits as computing it; on
+        others, what an earlier pass computed (equal within rounding)."""
+        assert self._runner is not None
         prompt = seq.request.prompt_ids
         best: Sequence | None = None
         length = MIN_REUSED_PREFIX - 1
@@ -481,10 +500,15 @@ class Engine:
             shared = _common_prefix(prompt, donor.request.prompt_ids, limit)
             if shared > length:
                 best, length = donor, shared
-        if best is None:
+        stored = self._prefix_cache.match(prompt, limit=len(prompt) - 1)
+        if stored.kv is not None and stored.tokens > length:
+            self._runner.write_kv(seq.slot, 0, stored.kv)
+            length = stored.tokens
+            self.stats.prefix_cache_hit_tokens += length
+        elif best is not None:
+            self._runner.copy_slot(best.slot, seq.slot, length)
+        else:
             return
-        assert self._runner is not None
-        self._runner.copy_slot(best.slot, seq.slot, length)
         seq.cached = length
         del seq.pending[:length]
         seq.cached_prompt_tokens = length
@@ -688,6 +712,9 @@ class Engine:
         """
         runner = self._runner
         assert runner is not None
+        for seq in (*self._running, *self._prefilling):
+            if seq.finish_reason is not None:
+                self._keep_prefix(seq)
         running = [s for s in self._running if s.finish_reason is None]
         self._prefilling = [s for s in self._prefilling if s.finish_reason is None]
         n = len(running)
@@ -704,6 +731,21 @@ class Engine:
                     raise RuntimeError(f"row order broken: slot {seq.slot} would move up to {target}")
                 runner.copy_slot(seq.slot, target, seq.cached)
                 seq.slot = target
+
+    def _keep_prefix(self, seq: Sequence) -> None:
+        """Hand the positions a leaving row's slot holds to the prefix cache (before
+        another row moves into the slot)."""
+        runner = self._runner
+        assert runner is not None
+        if seq.slot < 0 or seq.cached <= 0:
+            return
+        tokens = [*seq.request.prompt_ids, *seq.output_ids][: seq.cached]
+        slot = seq.slot
+        self._prefix_cache.insert(tokens, lambda start, stop: runner.read_kv(slot, start, stop))
+        cache = self._prefix_cache
+        self.stats.prefix_cache_bytes = cache.bytes
+        self.stats.prefix_cache_blocks = cache.blocks
+        self.stats.prefix_cache_evicted_blocks = cache.evicted
 
     def _abort_all(self, why: str, *, reason: FinishReason = FinishReason.ABORT) -> None:
         with self._lock:

@@ -25,6 +25,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from thinkstruct.engine.prefix_cache import KvSpan
+
 #: The attention implementation name the runner sets on models it drives.
 SLOT_ATTENTION = "thinkstruct_slots"
 
@@ -165,6 +167,22 @@ class SlotCache(Cache):
                 new[:, :, : self.capacity].copy_(old)
                 store[i] = new
         self.capacity = capacity
+
+    def read(self, slot: int, start: int, stop: int) -> KvSpan:
+        """A copy of positions ``[start, stop)`` of ``slot``."""
+        return KvSpan(
+            keys=tuple(buf[slot, :, start:stop].clone() for buf in self.keys),
+            values=tuple(buf[slot, :, start:stop].clone() for buf in self.values),
+        )
+
+    def write_span(self, slot: int, start: int, kv: KvSpan, *, limit: int) -> None:
+        """Store ``kv`` at positions ``start...`` of ``slot`` (growing the buffers, up to
+        ``limit`` tokens a slot, if they are too short)."""
+        stop = start + kv.keys[0].shape[1]
+        self.ensure_capacity(stop, limit=limit)
+        for store, parts in ((self.keys, kv.keys), (self.values, kv.values)):
+            for buf, part in zip(store, parts, strict=True):
+                buf[slot, :, start:stop].copy_(part)
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` cached positions of slot ``src`` into slot ``dst``."""

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from thinkstruct.engine.kv_slots import SLOT_ATTENTION, SlotCache
+from thinkstruct.engine.prefix_cache import KvSpan
 
 #: Tokens per slot allocated at start; buffers double as rows grow, up to the context.
 INITIAL_CAPACITY = 256
@@ -60,6 +61,15 @@ class ModelRunner(abc.ABC):
     @abc.abstractmethod
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         """Make slot ``dst`` hold the first ``length`` tokens of slot ``src``."""
+
+    @abc.abstractmethod
+    def read_kv(self, slot: int, start: int, stop: int) -> KvSpan:
+        """A copy of the keys and values of positions ``[start, stop)`` of ``slot``."""
+
+    @abc.abstractmethod
+    def write_kv(self, slot: int, start: int, kv: KvSpan) -> None:
+        """Make ``slot`` hold ``kv`` at positions ``start...`` (what :meth:`read_kv` gave
+        for the same tokens after the same prefix)."""
 
     @property
     @abc.abstractmethod
@@ -105,6 +115,12 @@ class SlotRunner(ModelRunner):
 
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         self.cache.copy_slot(src, dst, length)
+
+    def read_kv(self, slot: int, start: int, stop: int) -> KvSpan:
+        return self.cache.read(slot, start, stop)
+
+    def write_kv(self, slot: int, start: int, kv: KvSpan) -> None:
+        self.cache.write_span(slot, start, kv, limit=self.context_length)
 
     def _begin(self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> PaddedPass:
         """Check and lay out one pass, grow the cache for it and plan its writes."""

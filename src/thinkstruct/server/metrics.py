@@ -129,6 +129,25 @@ _ENGINE_FIELDS = (
         "Prompt tokens copied from a slot holding the same prefix instead of computed",
         True,
     ),
+    (
+        "prefix_cache_hit_tokens",
+        "thinkstruct_engine_prefix_cache_hit_tokens",
+        "Prompt tokens taken from the prefix cache of finished requests instead of computed",
+        True,
+    ),
+    (
+        "prefix_cache_bytes",
+        "thinkstruct_prefix_cache_bytes",
+        "Bytes of keys and values the prefix cache holds",
+        False,
+    ),
+    ("prefix_cache_blocks", "thinkstruct_prefix_cache_blocks", "Token blocks the prefix cache holds", False),
+    (
+        "prefix_cache_evicted_blocks",
+        "thinkstruct_prefix_cache_evicted_blocks",
+        "Token blocks the prefix cache evicted to stay within its budget",
+        True,
+    ),
     ("generated_tokens", "thinkstruct_engine_generated_tokens", "Tokens generated (all requests)", True),
     (
         "jump_forward_tokens",
