@@ -354,3 +354,26 @@ def test_a_gguf_of_each_architecture_loads_onto_the_decoder_runner(tmp_path, mon
         else:  # int8 weights: the same greedy pick and close logits
             assert int(got.argmax()) == int(want.argmax())
             assert float((got - want).norm() / want.norm()) < 0.05
+
+
+def test_dynamic_int8_projections_keep_their_biases_when_stacked(models) -> None:
+    """``--quantize int8`` on Qwen2 (biased q/k/v): the runner's stacked q/k/v computes
+    what the quantized model's own layers do (rows of equal length, batched alike on both
+    sides: torch's dynamic int8 takes one input scale per tensor)."""
+    import warnings
+
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    model = copy.deepcopy(models["qwen2"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_dynamic(
+            model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
+        )
+    assert model.model.layers[0].self_attn.q_proj.bias() is not None
+    fused = DecoderRunner(model, slots=2, context_length=CONTEXT)
+    rows = [_ids(13, 6), _ids(14, 6)]
+    with torch.inference_mode():
+        # The output layer over the last positions only, as the runner runs it.
+        want = model(input_ids=torch.tensor(rows), use_cache=False, logits_to_keep=1).logits[:, -1].float()
+        torch.testing.assert_close(fused.forward(0, rows, [0, 0]), want, rtol=1e-5, atol=1e-5)
