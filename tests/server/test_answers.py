@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import uuid
 from typing import Any
 
 import jsonschema
@@ -350,3 +351,30 @@ def test_a_prompt_prefix_in_the_batch_is_reported_as_cached(smol: openai.OpenAI,
     usage = answer.usage
     assert usage is not None and usage.prompt_tokens_details is not None
     assert 10 <= usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens
+
+
+def test_a_chats_next_turn_starts_from_the_last_one(
+    smol: openai.OpenAI, model: str, smol_server: RunningServer
+) -> None:
+    """The first turn has finished when the second is asked: its keys and values come
+    from the prefix cache (every whole 32-token block of its prompt at least), counted in
+    ``cached_tokens`` and in ``/metrics``."""
+    nonce = uuid.uuid4().hex  # nothing before this test holds this conversation
+    messages: list[dict[str, str]] = [
+        {"role": "user", "content": f"Note {nonce}. " + "Remember that the meeting is on Tuesday. " * 12}
+    ]
+    first = smol.chat.completions.create(model=model, messages=messages, max_tokens=8, extra_body=OFF)
+    assert first.usage is not None
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "When is the meeting?"},
+    ]
+    second = smol.chat.completions.create(model=model, messages=messages, max_tokens=8, extra_body=OFF)
+    usage = second.usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    cached = usage.prompt_tokens_details.cached_tokens or 0
+    assert first.usage.prompt_tokens // 32 * 32 <= cached < usage.prompt_tokens
+    with smol_server.http() as http:
+        metrics = http.get("/metrics").text
+    hits = re.search(r"^thinkstruct_engine_prefix_cache_hit_tokens_total (\S+)$", metrics, re.M)
+    assert hits is not None and float(hits.group(1)) >= cached
