@@ -36,9 +36,9 @@ class ModelRunner(abc.ABC):
         packs_tokens: a pass costs about the tokens its rows feed (its per-token work skips
             padding); ``False``: it costs rows x the longest row's tokens.
         batch_invariant: a row's keys, values and logits are the same bits whatever else
-            its passes hold and however its tokens are cut into passes; the engine then
-            copies a prompt's prefix from another slot holding it instead of computing it
-            again (the same bits as computing it).
+            its passes hold and however its tokens are cut into passes; a prefix the
+            engine copies (from another slot or the prefix cache) is then the same bits
+            as computing it again (on other runners, equal within rounding).
     """
 
     vocab_size: int
