@@ -115,6 +115,8 @@ def test_the_thought_has_its_own_logprobs(tiny: openai.OpenAI, model: str) -> No
 def test_logit_bias_steers_the_answer(tiny: openai.OpenAI, model: str, hello_id: int) -> None:
     answer = _chat(tiny, model, max_tokens=4, temperature=0, logit_bias={str(hello_id): 100})
     assert answer.choices[0].message.content == " hello" * 4
+    streamed, _ = _streamed_chat(tiny, model, max_tokens=4, temperature=0, logit_bias={str(hello_id): 100})
+    assert streamed == " hello" * 4
     text = tiny.completions.create(
         model=model, prompt="x", max_tokens=3, temperature=0, logit_bias={str(hello_id): 100}
     )

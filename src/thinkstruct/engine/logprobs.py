@@ -29,7 +29,8 @@ class LogprobTable:
         if not wanted:
             self._logprobs = torch.empty(0)
             return
-        self._logprobs = torch.log_softmax(logits[wanted].float(), dim=-1)
+        rows = logits if len(wanted) == logits.shape[0] else logits[wanted]
+        self._logprobs = torch.log_softmax(rows.float(), dim=-1)
         k = min(max(params[r].logprobs or 0 for r in wanted), logits.shape[1])
         if k:
             values, ids = torch.topk(self._logprobs, k, dim=-1)
