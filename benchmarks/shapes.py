@@ -290,7 +290,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     rows = []
     for name in args.models:
-        rows += bench(name, args)
+        rows += bench(name, args)  # each model's rows as soon as they are measured, then all
+        for label, text in rows[-len(args.clients) :]:
+            print(f"{label:32s} {text}", flush=True)
     print()
     for label, text in rows:
         print(f"{label:32s} {text}")
