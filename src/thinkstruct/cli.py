@@ -119,6 +119,14 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         "EngineConfig.prefix_cache_bytes, 1 GiB)",
     )
     g.add_argument(
+        "--speculate",
+        choices=("ngram", "off"),
+        default="ngram",
+        help="speculative decoding from n-gram drafts of the prompt and answer so far, verified in "
+        "the decoding pass (same tokens as without, on int8 weights; only while a few requests "
+        "decode); default ngram",
+    )
+    g.add_argument(
         "--max-queue",
         type=_positive_int,
         default=256,
@@ -249,9 +257,16 @@ def _byte_size(text: str) -> int:
     return value
 
 
-def _prefix_cache_option(args: argparse.Namespace) -> dict[str, int]:
-    size = getattr(args, "kv_cache_bytes", None)
-    return {} if size is None else {"prefix_cache_bytes": size}
+def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The EngineConfig fields the command line set; the others keep EngineConfig's."""
+    options: dict[str, Any] = {}
+    if getattr(args, "prefill_chunk", None) is not None:
+        options["prefill_chunk"] = args.prefill_chunk
+    if getattr(args, "kv_cache_bytes", None) is not None:
+        options["prefix_cache_bytes"] = args.kv_cache_bytes
+    if getattr(args, "speculate", None) == "off":
+        options["speculation"] = None
+    return options
 
 
 def _positive_int(text: str) -> int:
@@ -298,8 +313,7 @@ def _build_engine(args: argparse.Namespace, *, progress: bool = True, warm_up: b
         config=EngineConfig(
             max_batch=args.max_batch,
             max_queue=args.max_queue,
-            **({} if args.prefill_chunk is None else {"prefill_chunk": args.prefill_chunk}),
-            **_prefix_cache_option(args),
+            **_engine_options(args),
             max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
         ),
         compiler=compiler,

@@ -452,13 +452,13 @@ def held_in_a_pass(engine: Engine, *, passes: list[list[int]] | None = None) -> 
     forward = runner.forward
     entered, release = threading.Event(), threading.Event()
 
-    def held_forward(first_slot, tokens, starts):
+    def held_forward(first_slot, tokens, starts, **options):
         if not entered.is_set():
             entered.set()
             release.wait(30)
         if passes is not None:
             passes.append([len(t) for t in tokens])
-        return forward(first_slot, tokens, starts)
+        return forward(first_slot, tokens, starts, **options)
 
     runner.forward = held_forward
     busy = engine.submit(GenerationRequest(prompt_ids=[9, 10], sampling=SamplingParams(max_tokens=1)))

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from thinkstruct.engine.architectures import Architecture, architecture_of, text_config
 from thinkstruct.engine.cpu_kernels import CpuKernels, LayerPointers, RopeLayout, cpu_kernels
 from thinkstruct.engine.int8_weights import Int8Linear
-from thinkstruct.engine.runner import PaddedPass, SlotRunner
+from thinkstruct.engine.runner import PaddedPass, SlotRunner, tail_positions
 
 
 def supports(model: Any, *, context_length: int | None = None) -> str | None:
@@ -310,13 +310,18 @@ class DecoderRunner(SlotRunner):
         return self._stack is not None
 
     def forward(
-        self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]
+        self,
+        first_slot: int,
+        tokens: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        *,
+        tail: Sequence[int] | None = None,
     ) -> torch.Tensor:
         plan = self._begin(first_slot, tokens, starts)
         if self._kernels is not None:
             if self._stack is not None:
-                return self._stacked_forward(self._kernels, self._stack, first_slot, plan)
-            return self._compiled_forward(self._kernels, first_slot, plan)
+                return self._stacked_forward(self._kernels, self._stack, first_slot, plan, tail)
+            return self._compiled_forward(self._kernels, first_slot, plan, tail)
         rows, width = plan.ids.shape
         heads, kv_heads, dim = self._heads, self._kv_heads, self._head_dim
         group = heads // kv_heads
@@ -357,10 +362,7 @@ class DecoderRunner(SlotRunner):
             x = _rms_norm(h, layer.mlp_norm, layer.mlp_eps)
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
             h = h + layer.down(F.silu(gate) * up)
-        if real is None:
-            last = torch.arange(rows) * width + plan.lengths - 1
-        else:
-            last = plan.lengths.cumsum(0) - 1
+        last = tail_positions(plan.lengths, tail, width=width if real is None else None)
         return self._logits(_rms_norm(h[last], self._norm, self._norm_eps))
 
     def _packed_tokens(self, first_slot: int, plan: PaddedPass) -> _PackedTokens:
@@ -376,7 +378,12 @@ class DecoderRunner(SlotRunner):
         return _PackedTokens(ids, slot_of, pos_of, cos, sin)
 
     def _stacked_forward(
-        self, kernels: CpuKernels, stack: ctypes.Array[LayerPointers], first_slot: int, plan: PaddedPass
+        self,
+        kernels: CpuKernels,
+        stack: ctypes.Array[LayerPointers],
+        first_slot: int,
+        plan: PaddedPass,
+        tail: Sequence[int] | None,
     ) -> torch.Tensor:
         """The pass with every layer in one kernel call (int8 weights on the kernels)."""
         if stack[0].keys != self.cache.keys[0].data_ptr():  # the cache grew: new buffers
@@ -390,10 +397,12 @@ class DecoderRunner(SlotRunner):
             cos=packed.cos, sin=packed.sin, slot_of=packed.slot_of, pos_of=packed.pos_of,
             capacity=self.cache.capacity, span=plan.span,
         )  # fmt: skip
-        last = plan.lengths.cumsum(0) - 1
+        last = tail_positions(plan.lengths, tail, width=None)
         return self._logits(kernels.rms_norm(h[last], self._norm, self._norm_eps))
 
-    def _compiled_forward(self, kernels: CpuKernels, first_slot: int, plan: PaddedPass) -> torch.Tensor:
+    def _compiled_forward(
+        self, kernels: CpuKernels, first_slot: int, plan: PaddedPass, tail: Sequence[int] | None
+    ) -> torch.Tensor:
         """The same pass on the compiled kernels: every step on the real tokens, packed."""
         packed = self._packed_tokens(first_slot, plan)
         ids, slot_of, pos_of, cos, sin = packed.ids, packed.slot_of, packed.pos_of, packed.cos, packed.sin
@@ -413,7 +422,7 @@ class DecoderRunner(SlotRunner):
             h = h + layer.out(attended)
             x = kernels.rms_norm(h, layer.mlp_norm, layer.mlp_eps)
             h = h + layer.down(kernels.silu_mul(layer.gate_up(x)))
-        last = plan.lengths.cumsum(0) - 1
+        last = tail_positions(plan.lengths, tail, width=None)
         return self._logits(kernels.rms_norm(h[last], self._norm, self._norm_eps))
 
 

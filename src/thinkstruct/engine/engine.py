@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import itertools
 import logging
 import threading
 import time
@@ -48,6 +49,7 @@ from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest, I
 from thinkstruct.engine.runner import ModelRunner, TransformersRunner
 from thinkstruct.engine.sampler import sample
 from thinkstruct.engine.sequence import Sequence
+from thinkstruct.engine.speculation import NgramDrafter, SpeculationConfig
 from thinkstruct.grammar.bitmask import TokenBitmask, allowed_count, apply_bitmask_inplace
 
 if TYPE_CHECKING:
@@ -122,6 +124,9 @@ class EngineConfig:
         prefix_cache_bytes: most bytes of keys and values of finished requests kept for
             requests that start the same way (:mod:`~thinkstruct.engine.prefix_cache`: a
             chat's next turn, a repeated system prompt); 0 keeps none.
+        speculation: n-gram drafts verified in the decoding pass
+            (:mod:`~thinkstruct.engine.speculation`), on a batch-invariant runner only
+            (there a seed gives the same tokens with and without); ``None`` turns it off.
     """
 
     max_batch: int = 8
@@ -131,6 +136,7 @@ class EngineConfig:
     decode_positions: int = 64
     idle_poll_s: float = 0.05
     prefix_cache_bytes: int = 1 << 30
+    speculation: SpeculationConfig | None = field(default_factory=SpeculationConfig)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_queue < 0 or self.prefill_chunk < 1 or self.decode_positions < 1:
@@ -155,6 +161,9 @@ class EngineStats:
     prefix_cache_bytes: int = 0
     prefix_cache_blocks: int = 0
     prefix_cache_evicted_blocks: int = 0
+    #: Draft tokens fed for verification, and of those the ones kept (speculation).
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
     generated_tokens: int = 0
     jump_forward_tokens: int = 0
     finished: dict[str, int] = field(default_factory=lambda: {r.value: 0 for r in FinishReason})
@@ -171,6 +180,37 @@ class EngineStats:
     #: request's slot is free by the end of the round that drops it.
     slots_used: int = 0
     kv_tokens: int = 0
+
+
+def prompt_token_limit(configured: int | None, context_length: int) -> int:
+    """The longest prompt an engine takes: ``configured`` (``None``: no own limit), capped so
+    that at least one token can be generated within ``context_length``."""
+    return min(configured or context_length - 1, context_length - 1)
+
+
+def check_request(request: GenerationRequest, *, vocab_size: int, max_prompt_tokens: int) -> None:
+    """What :meth:`Engine.submit` refuses, checked without an engine (a cluster's ingress
+    checks here before sending a request to a replica).
+
+    Raises:
+        ValueError: empty or too long prompt, ids outside the vocabulary, a negative
+            thinking budget; the message names the problem.
+        InvalidSamplingParam: a ``logit_bias`` id outside the vocabulary.
+    """
+    prompt = request.prompt_ids
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    if len(prompt) > max_prompt_tokens:
+        raise ValueError(f"the prompt has {len(prompt)} tokens; this model takes at most {max_prompt_tokens}")
+    if any(not 0 <= t < vocab_size for t in prompt):
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+    for token, _ in request.sampling.logit_bias:
+        if token >= vocab_size:
+            raise InvalidSamplingParam(
+                f"logit_bias.{token}", f"logit_bias.{token}: token ids must be in [0, {vocab_size})"
+            )
+    if request.max_reasoning_tokens is not None and request.max_reasoning_tokens < 0:
+        raise ValueError("max_reasoning_tokens must be >= 0")
 
 
 class Engine:
@@ -200,9 +240,7 @@ class Engine:
         self._compiler = compiler
         self._runner = runner
         self.context_length = model.context_length
-        self.max_prompt_tokens = min(
-            self.config.max_prompt_tokens or self.context_length - 1, self.context_length - 1
-        )
+        self.max_prompt_tokens = prompt_token_limit(self.config.max_prompt_tokens, self.context_length)
         self.stats = EngineStats()
         self._texts = TokenTexts(self.tokenizer)
         self._stop_ids = frozenset(self.tokenizer.eos_token_ids)
@@ -291,23 +329,7 @@ class Engine:
             EngineOverloaded: the queue is full.
             EngineClosed: the engine is not running.
         """
-        prompt = request.prompt_ids
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        if len(prompt) > self.max_prompt_tokens:
-            raise ValueError(
-                f"the prompt has {len(prompt)} tokens; this model takes at most {self.max_prompt_tokens}"
-            )
-        vocab = self.tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        for token, _ in request.sampling.logit_bias:
-            if token >= vocab:
-                raise InvalidSamplingParam(
-                    f"logit_bias.{token}", f"logit_bias.{token}: token ids must be in [0, {vocab})"
-                )
-        if request.max_reasoning_tokens is not None and request.max_reasoning_tokens < 0:
-            raise ValueError("max_reasoning_tokens must be >= 0")
+        check_request(request, vocab_size=self.tokenizer.vocab_size, max_prompt_tokens=self.max_prompt_tokens)
         handle = RequestHandle(request.request_id, loop)
         matcher = self._matcher(request)
         seq = Sequence(
@@ -318,6 +340,8 @@ class Engine:
             stop_ids=self._stop_ids,
             submitted_at=time.monotonic(),
         )
+        if self.config.speculation is not None:
+            seq.drafter = NgramDrafter(request.prompt_ids, self.config.speculation)
         with self._lock:
             if self._closing or self._thread is None or not self._thread.is_alive():
                 raise EngineClosed("the engine is not running")
@@ -547,14 +571,22 @@ class Engine:
         feeds = [s.pending[:width] for s in rows]
         # Rows with forced tokens left over feed them next step and sample then.
         ready = [i for i, s in enumerate(rows) if len(s.pending) <= width]
+        drafts = self._drafts(rows, ready, feeds, width)
         masks = self._masks_for(len(rows))
         constrained = [i for i in ready if rows[i].matcher is not None]
         fill = self._mask_pool.submit(self._fill_rows, rows, constrained, masks) if constrained else None
-        logits = runner.forward(0, feeds, [s.cached for s in rows])
+        tail = [1 + len(d) for d in drafts] if any(drafts) else None
+        logits = runner.forward(
+            0, [f + d for f, d in zip(feeds, drafts, strict=True)], [s.cached for s in rows], tail=tail
+        )
         forwarded = time.perf_counter()
         for s, fed in zip(rows, feeds, strict=True):
             s.cached += len(fed)
             del s.pending[: len(fed)]
+        if tail is not None:
+            # Each row's first logits (after its own tokens) come first; the rest verify its draft.
+            firsts = [0, *itertools.accumulate(tail)][:-1]
+            drafted, logits = logits, logits[firsts]
         if fill is not None:
             fill.result()
             live = [i for i in constrained if rows[i].finish_reason is None]
@@ -565,6 +597,8 @@ class Engine:
             self._sample_and_advance(rows, logits)
         else:
             self._sample_and_advance([rows[i] for i in ready], logits[ready])
+        if tail is not None:
+            self._verify_drafts(rows, drafts, drafted, firsts)
         self._compact()
         elapsed = time.perf_counter() - started
         self.stats.forward_seconds += forwarded - started
@@ -573,6 +607,82 @@ class Engine:
         self.stats.last_step_s = elapsed
         self.stats.step_seconds += elapsed
         self.stats.last_batch = len(rows)
+
+    def _drafts(
+        self, rows: list[Sequence], ready: list[int], feeds: list[list[int]], width: int
+    ) -> list[list[int]]:
+        """Each row's n-gram draft for this step (none where speculation does not pay or
+        is off): within the step's positions, ``max_tokens`` and the context, cut at a
+        stop token and at the first token the grammar refuses."""
+        drafts: list[list[int]] = [[] for _ in rows]
+        config = self.config.speculation
+        runner = self._runner
+        if config is None or runner is None or not runner.batch_invariant or len(rows) > config.max_batch:
+            return drafts
+        for i in ready:
+            seq = rows[i]
+            if seq.drafter is None or seq.finish_reason is not None:
+                continue
+            room = min(
+                width - len(feeds[i]),
+                seq.params.max_tokens - seq.generated - 1,
+                self.context_length - seq.cached - len(feeds[i]) - 1,
+            )
+            draft = seq.drafter.propose(room)
+            for k, token in enumerate(draft):
+                if token in self._stop_ids:
+                    draft = draft[:k]
+                    break
+            if draft and seq.matcher is not None:
+                try:
+                    draft = draft[: seq.matcher.validate_tokens(draft)]
+                except Exception:  # noqa: BLE001 - no draft then; the row decodes as usual
+                    draft = []
+            drafts[i] = draft
+        return drafts
+
+    def _verify_drafts(
+        self, rows: list[Sequence], drafts: list[list[int]], logits: torch.Tensor, firsts: list[int]
+    ) -> None:
+        """Keep each row's draft tokens while they are what the row samples there.
+
+        Position ``j`` of a row's draft was fed after ``j`` draft tokens; the token the row
+        sampled at ``j`` (from the logits before it, one draw of its own generator, as
+        without a draft) either equals draft token ``j`` (its keys and values are already
+        in the slot: keep it and sample at ``j + 1``) or replaces it (fed next step; the
+        slot's positions past it are simply overwritten)."""
+        active = [i for i, d in enumerate(drafts) if d]
+        kept = dict.fromkeys(active, 0)
+        j = 0
+        while active:
+            still = []
+            for i in active:
+                seq, draft = rows[i], drafts[i]
+                if seq.finish_reason is None and seq.pending == [draft[j]]:
+                    seq.cached += 1  # fed as draft token j
+                    seq.pending = []
+                    kept[i] += 1
+                    still.append(i)
+            j += 1
+            if not still:
+                break
+            view = logits[[firsts[i] + j for i in still]]
+            constrained = [k for k, i in enumerate(still) if rows[i].matcher is not None]
+            if constrained:
+                masks = self._masks_for(len(still))
+                for k in constrained:
+                    self._fill_one(rows[still[k]], masks, k)
+                live = [k for k in constrained if rows[still[k]].finish_reason is None]
+                if live:
+                    _apply_rows(view, masks, live)
+            self._sample_and_advance([rows[i] for i in still], view)
+            active = [i for i in still if j < len(drafts[i])]
+        for i, n in kept.items():
+            seq = rows[i]
+            if seq.drafter is not None:
+                seq.drafter.record(len(drafts[i]), n)
+            self.stats.draft_tokens += len(drafts[i])
+            self.stats.accepted_draft_tokens += n
 
     def _masks_for(self, rows: int) -> torch.Tensor:
         assert self._masks is not None
@@ -663,6 +773,8 @@ class Engine:
         if matcher is None:
             seq.allowed_now = self.tokenizer.vocab_size
         new = [token, *forced]
+        if seq.drafter is not None:
+            seq.drafter.extend(new)
         delta = seq.add_tokens(new, forced=len(forced), logprob=logprob)
         self.stats.generated_tokens += len(new)
         self.stats.jump_forward_tokens += len(forced)

@@ -49,13 +49,20 @@ class ModelRunner(abc.ABC):
 
     @abc.abstractmethod
     def forward(
-        self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]
+        self,
+        first_slot: int,
+        tokens: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        *,
+        tail: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """Feed ``tokens[i]`` to slot ``first_slot + i`` at positions ``starts[i]...``.
 
         Each row's tokens are appended to what its slot holds (``starts[i]`` tokens, which
         it keeps). Returns float32 logits ``[len(tokens), vocab_size]`` of each row's last
-        fed token.
+        fed token; with ``tail``, of each row's last ``tail[i]`` fed tokens (at least 1,
+        at most what it feeds), ``[sum(tail), vocab_size]``, row after row in order (a
+        speculative draft is verified from them).
         """
 
     @abc.abstractmethod
@@ -156,7 +163,12 @@ class TransformersRunner(SlotRunner):
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     def forward(
-        self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]
+        self,
+        first_slot: int,
+        tokens: Sequence[Sequence[int]],
+        starts: Sequence[int],
+        *,
+        tail: Sequence[int] | None = None,
     ) -> torch.Tensor:
         plan = self._begin(first_slot, tokens, starts)
         # Padding queries (j >= length_i) compute garbage that is never read, and write
@@ -168,8 +180,9 @@ class TransformersRunner(SlotRunner):
             use_cache=True,
             **{self._cache_kw: self.cache},
         )
-        rows = plan.ids.shape[0]
-        return self._logits(out.last_hidden_state[torch.arange(rows), plan.lengths - 1])
+        rows, width = plan.ids.shape
+        hidden = out.last_hidden_state.reshape(rows * width, -1)
+        return self._logits(hidden[tail_positions(plan.lengths, tail, width=width)])
 
 
 @dataclass(frozen=True)
@@ -225,6 +238,25 @@ def padded_pass(
         raise ValueError(f"a row would hold {span} tokens, more than the context of {context}")
     positions = start[:, None] + torch.arange(width)[None, :]
     return PaddedPass(ids, positions, lengths, span, int(positions.max()) + 1)
+
+
+def tail_positions(lengths: torch.Tensor, tail: Sequence[int] | None, *, width: int | None) -> torch.Tensor:
+    """Flat indices of each row's last ``tail[i]`` tokens (its last one without ``tail``),
+    row after row: in a packed pass (``width`` None: the rows' real tokens end to end) or
+    a padded one (row ``i`` starts at ``i * width``).
+
+    Raises:
+        ValueError: a ``tail[i]`` below 1 or above row ``i``'s tokens.
+    """
+    ends = lengths.cumsum(0) if width is None else torch.arange(len(lengths)) * width + lengths
+    if tail is None:
+        return ends - 1
+    counts = torch.tensor(list(tail), dtype=torch.long)
+    if counts.shape != lengths.shape or bool((counts < 1).any()) or bool((counts > lengths).any()):
+        raise ValueError(f"tail {list(tail)} does not fit rows of {lengths.tolist()} tokens")
+    firsts = torch.repeat_interleave(ends - counts, counts)
+    offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+    return firsts + offsets
 
 
 def activation_dtype(model: Any) -> torch.dtype:

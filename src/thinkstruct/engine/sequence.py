@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from thinkstruct.engine.handle import RequestHandle
+    from thinkstruct.engine.speculation import NgramDrafter
     from thinkstruct.grammar.base import GrammarMatcher
 
 
@@ -65,6 +66,8 @@ class Sequence:
         self.prompt_tokens = len(request.prompt_ids)
         self.cached_prompt_tokens = 0
         self.output_ids: list[int] = []
+        #: Proposes speculative drafts from this request's context (set by the engine).
+        self.drafter: NgramDrafter | None = None
         self.reasoning_tokens = 0
         self.jump_forward_tokens = 0
         # Per output token, the tokens its step's mask allowed (only when asked for);
