@@ -148,6 +148,18 @@ _ENGINE_FIELDS = (
         "Token blocks the prefix cache evicted to stay within its budget",
         True,
     ),
+    (
+        "draft_tokens",
+        "thinkstruct_engine_draft_tokens",
+        "Speculative draft tokens fed for verification (n-gram drafts)",
+        True,
+    ),
+    (
+        "accepted_draft_tokens",
+        "thinkstruct_engine_accepted_draft_tokens",
+        "Speculative draft tokens kept: each one a decoding pass saved",
+        True,
+    ),
     ("generated_tokens", "thinkstruct_engine_generated_tokens", "Tokens generated (all requests)", True),
     (
         "jump_forward_tokens",
