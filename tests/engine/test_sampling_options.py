@@ -199,6 +199,28 @@ def test_min_p_removes_exactly_the_tokens_below_p_times_max(
     assert torch.equal(again, pruned)  # idempotent: a re-draw after a failed batch is the same
 
 
+def test_min_p_rows_are_pruned_each_by_its_own_parameters() -> None:
+    logits = _logits(3, rows=3, scale=1.0)
+    params = [
+        SamplingParams(min_p=0.5, temperature=0.5),
+        SamplingParams(min_p=0.05, temperature=1.0),
+        SamplingParams(min_p=0.2, temperature=2.0),
+    ]
+    alone = []
+    for r in range(3):
+        row = logits[r : r + 1].clone()
+        apply_min_p(row, [0], [params[r]])
+        alone.append(row[0])
+    every = logits.clone()
+    apply_min_p(every, [0, 1, 2], params)  # all rows: pruned in place
+    some = logits.clone()
+    apply_min_p(some, [0, 2], params)  # a subset: copied out and back
+    for r in range(3):
+        assert torch.equal(every[r], alone[r])
+    assert torch.equal(some[0], alone[0]) and torch.equal(some[2], alone[2])
+    assert torch.equal(some[1], logits[1])
+
+
 @settings(max_examples=20, deadline=None, suppress_health_check=ON_BOTH_PATHS)
 @given(seed=st.integers(0, 10_000), draw=st.integers(0, 2**40), min_p=st.sampled_from([0.05, 0.3, 0.9]))
 def test_min_p_draws_stay_above_the_threshold(sampling_path: str, seed: int, draw: int, min_p: float) -> None:

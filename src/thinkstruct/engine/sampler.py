@@ -78,13 +78,15 @@ def apply_min_p(logits: torch.Tensor, rows: list[int], params: Sequence[Sampling
     """Set to ``-inf``, in place, the logits of ``rows`` whose probability at the row's
     temperature is below ``min_p`` times the most likely token's: ``p_i < min_p * p_max``
     is ``(l_i - l_max) / T < ln(min_p)``, so no softmax is needed."""
-    selected = logits[rows]
+    whole = rows == list(range(logits.shape[0]))  # every row in order: in place, no copy
+    selected = logits if whole else logits[rows]
     best = selected.max(dim=-1, keepdim=True).values
     scale = torch.tensor(
         [params[i].temperature * math.log(params[i].min_p) for i in rows], dtype=logits.dtype
     )
     selected.masked_fill_(selected < best + scale[:, None], -math.inf)
-    logits[rows] = selected
+    if not whole:
+        logits[rows] = selected
 
 
 def _filters(p: SamplingParams) -> bool:
