@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import gc
 import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,45 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="seconds in-flight requests may take to finish on shutdown (default 10)",
     )
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    c = p.add_argument_group("replicas on Ray Serve (pip install 'thinkstruct[cluster]')")
+    c.add_argument(
+        "--replicas",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="engine replicas behind one OpenAI API on Ray Serve (default 1: one process, no Ray)",
+    )
+    c.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="Ray cluster to join (HOST:6379 of `ray start --head`); 'local' starts a local Ray instance "
+        "even for one replica (default: a local one when --replicas > 1 or autoscaling)",
+    )
+    c.add_argument(
+        "--min-replicas",
+        type=_non_negative_int,
+        default=None,
+        metavar="N",
+        help="autoscale down to N replicas",
+    )
+    c.add_argument(
+        "--max-replicas", type=_positive_int, default=None, metavar="N", help="autoscale up to N replicas"
+    )
+    c.add_argument(
+        "--target-ongoing-requests",
+        type=_positive_float,
+        default=8.0,
+        metavar="R",
+        help="autoscaling: requests in flight per replica Ray Serve scales toward (default 8)",
+    )
+    c.add_argument(
+        "--replica-cpus",
+        type=_positive_float,
+        default=1.0,
+        metavar="C",
+        help="CPUs Ray reserves for each engine replica (fractions allowed; default 1)",
+    )
 
 
 def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -283,6 +323,13 @@ def _share(text: str) -> float:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -290,11 +337,9 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _build_engine(args: argparse.Namespace, *, progress: bool = True, warm_up: bool = False) -> Any:
-    """Load the model and start an engine for it (the caller closes it); ``warm_up``
-    starts the grammar compile workers too, so the first constrained requests do not
-    wait for them."""
-    from thinkstruct.engine import Engine, EngineConfig, load_model
+def _load_model_and_compiler(args: argparse.Namespace, *, progress: bool = True) -> tuple[Any, Any]:
+    """The model and a grammar compiler for it, as the options say."""
+    from thinkstruct.engine import load_model
     from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 
     model = load_model(
@@ -308,6 +353,16 @@ def _build_engine(args: argparse.Namespace, *, progress: bool = True, warm_up: b
         model.tokenizer,
         CompilerConfig(backend=args.backend, strict=args.strict, timeout_s=args.compile_timeout),
     )
+    return model, compiler
+
+
+def _build_engine(args: argparse.Namespace, *, progress: bool = True, warm_up: bool = False) -> Any:
+    """Load the model and start an engine for it (the caller closes it); ``warm_up``
+    starts the grammar compile workers too, so the first constrained requests do not
+    wait for them."""
+    from thinkstruct.engine import Engine, EngineConfig
+
+    model, compiler = _load_model_and_compiler(args, progress=progress)
     engine = Engine(
         model,
         config=EngineConfig(
@@ -383,12 +438,57 @@ def _serve(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    if _on_ray(args):
+        return _serve_on_ray(args, settings, on_listening=listening)
     return serve(
         lambda: _build_engine(args, warm_up=True),
         settings,
         grace_s=args.grace,
         log_level=args.log_level,
         on_listening=listening,
+    )
+
+
+def _on_ray(args: argparse.Namespace) -> bool:
+    """Serve on Ray Serve: more than one replica, autoscaling, or a Ray address given."""
+    return (
+        args.replicas > 1
+        or args.ray_address is not None
+        or args.min_replicas is not None
+        or args.max_replicas is not None
+    )
+
+
+def _serve_on_ray(args: argparse.Namespace, settings: Any, *, on_listening: Callable[[int], None]) -> int:
+    try:
+        from thinkstruct.server.cluster.service import ClusterOptions, serve_cluster
+    except ImportError as e:
+        print(
+            f"error: --replicas/--ray-address need Ray Serve ({e}); pip install 'thinkstruct[cluster]'",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        options = ClusterOptions(
+            replicas=args.replicas,
+            min_replicas=args.min_replicas,
+            max_replicas=args.max_replicas,
+            target_ongoing_requests=args.target_ongoing_requests,
+            ray_address=args.ray_address,
+            replica_cpus=args.replica_cpus,
+            grace_s=args.grace,
+        )
+        options.check()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return serve_cluster(
+        functools.partial(_build_engine, args, progress=False, warm_up=True),
+        functools.partial(_load_model_and_compiler, args, progress=False),
+        settings,
+        options,
+        max_prompt_tokens=args.max_prompt_tokens,
+        on_listening=on_listening,
     )
 
 

@@ -1,0 +1,58 @@
+"""The ingress deployment: :class:`Ingress`, the server's FastAPI app over a :class:`RemoteEngine`.
+
+The app is the single process's (:func:`~thinkstruct.server.app.create_app`): the same
+validation, chat templates, errors and page; only its engine is remote, and
+:class:`~.remote_engine.ReplicaHeader` names the replica in each generation response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
+
+from ray import serve
+
+from thinkstruct.server.app import create_app
+from thinkstruct.server.cluster.remote_engine import RemoteEngine, ReplicaHeader
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from ray.serve.handle import DeploymentHandle
+
+    from thinkstruct.engine import Engine, LoadedModel
+    from thinkstruct.grammar.compiler import GrammarCompiler
+    from thinkstruct.server.settings import ServerSettings
+
+
+@serve.ingress()
+class Ingress:
+    """Ray Serve's ingress replica.
+
+    Args:
+        engine: the engine deployment's handle.
+        load_front: loads the model and a grammar compiler for it, in this replica.
+        settings: the server's limits and API key (host and port are Ray Serve's).
+        max_prompt_tokens: the engines' own prompt limit (``None``: the context's).
+    """
+
+    def __init__(
+        self,
+        engine: DeploymentHandle[Any],
+        load_front: Callable[[], tuple[LoadedModel, GrammarCompiler]],
+        settings: ServerSettings,
+        max_prompt_tokens: int | None,
+    ) -> None:
+        model, compiler = load_front()
+        self._remote = RemoteEngine(model, compiler, engine, max_prompt_tokens=max_prompt_tokens)
+        # RemoteEngine offers the part of Engine the routes use (see remote_engine.py).
+        self._app = create_app(cast("Engine", self._remote), settings)
+        self._app.add_middleware(ReplicaHeader)
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return self._app
+
+    def __del__(self) -> None:
+        remote = getattr(self, "_remote", None)
+        if remote is not None:
+            remote.close()
+            remote.compiler.close()

@@ -1,0 +1,256 @@
+"""The ingress's engine: :class:`RemoteEngine`, whose requests run on engine replicas.
+
+It offers what the server's routes use of an :class:`~thinkstruct.engine.Engine` (the
+model for chat templates and token counts, a grammar compiler that validates constraints,
+``submit`` returning a handle of deltas), so the routes are the same code with or
+without Ray. :meth:`RemoteEngine.submit` checks the request as the engine would (the same
+400s), then starts the remote stream at once through the engine deployment's
+``DeploymentHandle``.
+
+Faults (:class:`RemoteHandle`): a replica that dies or refuses before the request's first
+delta is replaced by one retry on another replica; a replica that dies later ends the
+stream with ``finish_reason: "error"`` (a streamed answer's error event) and makes
+:meth:`RemoteHandle.result` raise a retryable 503 (a non-streamed answer).
+:class:`ReplicaHeader` adds ``x-thinkstruct-replica`` to each generation response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from typing import TYPE_CHECKING, Any, cast
+
+from thinkstruct.engine.detokenizer import TokenTexts
+from thinkstruct.engine.engine import EngineClosed, EngineStats, check_request, prompt_token_limit
+from thinkstruct.engine.request import Completion, Delta, FinishReason, join_deltas
+from thinkstruct.server.cluster.wire import WireRequest
+from thinkstruct.server.errors import UNAVAILABLE, APIError
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from thinkstruct.engine import GenerationRequest, LoadedModel
+    from thinkstruct.grammar.compiler import GrammarCompiler
+
+log = logging.getLogger("thinkstruct.cluster")
+
+#: The response header naming the replica(s) that served a generation request.
+REPLICA_HEADER = "x-thinkstruct-replica"
+
+#: The handles the current HTTP request submitted (set per request by :class:`ReplicaHeader`).
+_submitted: contextvars.ContextVar[list[RemoteHandle] | None] = contextvars.ContextVar(
+    "thinkstruct_submitted", default=None
+)
+
+
+class RemoteHandle:
+    """One request on the replicas: its deltas, its replica, a way to cancel it.
+
+    Args:
+        deployment: the engine deployment's handle.
+        wire: the request as sent.
+        loop: the event loop the deltas are delivered to.
+        retries: replicas tried again, after the first, while no delta has come.
+    """
+
+    def __init__(
+        self,
+        deployment: DeploymentHandle[Any],
+        wire: WireRequest,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        retries: int = 1,
+    ) -> None:
+        self.request_id = wire.request.request_id
+        #: The replicas that took the request, in order (a retry adds one).
+        self.replicas: list[str] = []
+        #: Why the request failed for a replica's fault, or ``None``.
+        self.replica_failure: str | None = None
+        self._deployment = deployment
+        self._wire = wire
+        self._retries = retries
+        self._known = asyncio.Event()
+        self._queue: asyncio.Queue[Delta] = asyncio.Queue()
+        self._finished = False
+        self._task = loop.create_task(self._pump())
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    @property
+    def cancelled(self) -> bool:
+        return self._task.cancelled()
+
+    def cancel(self) -> None:
+        """Stop generating: the replica's engine request is cancelled."""
+        self._task.cancel()
+
+    async def replica(self) -> str:
+        """The replica serving the request, once one has taken it (``""`` if none did)."""
+        await self._known.wait()
+        return self.replicas[-1] if self.replicas else ""
+
+    async def __aiter__(self) -> AsyncIterator[Delta]:
+        while True:
+            delta = await self._queue.get()
+            yield delta
+            if delta.finish_reason is not None:
+                return
+
+    async def result(self) -> Completion:
+        """The whole output.
+
+        Raises:
+            APIError: 503 ``replica_failed`` (retryable) when the replica died or refused
+                and no retry could take the request.
+        """
+        deltas = [d async for d in self]
+        if self.replica_failure is not None:
+            raise APIError(
+                503,
+                f"the replica serving this request failed ({self.replica_failure}); retry the request",
+                type=UNAVAILABLE,
+                code="replica_failed",
+                headers={"Retry-After": "1"},
+            )
+        return join_deltas(deltas)
+
+    def _end(self, delta: Delta) -> None:
+        self._finished = True
+        self._known.set()
+        self._queue.put_nowait(delta)
+
+    async def _pump(self) -> None:
+        failure = "no replica answered"
+        for attempt in range(1 + self._retries):
+            stream = cast(
+                "DeploymentResponseGenerator[Any]",
+                self._deployment.options(stream=True).generate.remote(self._wire),
+            )
+            produced = False
+            try:
+                async for item in stream:
+                    if isinstance(item, str):
+                        self.replicas.append(item)
+                        self._known.set()
+                        continue
+                    produced = True
+                    if item.finish_reason is not None:
+                        self._end(item)
+                        return
+                    self._queue.put_nowait(item)
+                failure = "the replica's stream ended before the request did"
+            except asyncio.CancelledError:
+                stream.cancel()  # type: ignore[no-untyped-call]
+                self._end(Delta(finish_reason=FinishReason.ABORT))
+                raise
+            except Exception as e:  # noqa: BLE001 (a dead or refusing replica: Ray's errors or the engine's)
+                failure = f"{type(e).__name__}: {_first_line(e)}"
+            where = self.replicas[-1] if self.replicas else "unknown"
+            log.warning(
+                "request %s on replica %s failed (try %d): %s", self.request_id, where, attempt + 1, failure
+            )
+            if produced:
+                break
+        self.replica_failure = failure
+        self._end(
+            Delta(
+                finish_reason=FinishReason.ERROR, error=f"the replica failed ({failure}); retry the request"
+            )
+        )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no message"
+
+
+class RemoteEngine:
+    """An engine-like front for the engine deployment (see the module's docstring).
+
+    Args:
+        model: the model, loaded at the ingress for its tokenizer, chat template and family.
+        compiler: validates constraints at the ingress (and reports their backend).
+        deployment: the engine deployment's handle.
+        max_prompt_tokens: the engine's own prompt limit (``None``: the context's).
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        compiler: GrammarCompiler,
+        deployment: DeploymentHandle[Any],
+        *,
+        max_prompt_tokens: int | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = model.tokenizer
+        self.compiler = compiler
+        self.token_texts = TokenTexts(model.tokenizer)
+        self.max_prompt_tokens = prompt_token_limit(max_prompt_tokens, model.context_length)
+        self.stats = EngineStats()
+        self._deployment = deployment
+        self._closed = False
+
+    @property
+    def running(self) -> bool:
+        return not self._closed
+
+    def submit(
+        self, request: GenerationRequest, *, loop: asyncio.AbstractEventLoop | None = None
+    ) -> RemoteHandle:
+        """Send a request to a replica; its deltas arrive on the returned handle.
+
+        Raises:
+            ValueError: as :meth:`Engine.submit <thinkstruct.engine.Engine.submit>`.
+            EngineClosed: the service is stopping.
+        """
+        check_request(request, vocab_size=self.tokenizer.vocab_size, max_prompt_tokens=self.max_prompt_tokens)
+        if self._closed:
+            raise EngineClosed("the service is stopping")
+        handle = RemoteHandle(
+            self._deployment, WireRequest.of(request), loop=loop or asyncio.get_running_loop()
+        )
+        submitted = _submitted.get()
+        if submitted is not None:
+            submitted.append(handle)
+        return handle
+
+    def close(self, *, grace_s: float = 0.0) -> None:
+        """Take no more requests (the replicas finish the ones they have)."""
+        self._closed = True
+
+
+class ReplicaHeader:
+    """ASGI middleware: ``x-thinkstruct-replica`` on each response that generated, naming
+    the replica of each choice (comma-separated, in choice order)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        handles: list[RemoteHandle] = []
+        token = _submitted.set(handles)
+
+        async def send_named(message: Message) -> None:
+            if message["type"] == "http.response.start" and handles:
+                names = [await h.replica() for h in handles]
+                headers: list[Any] = [
+                    *message.get("headers", ()),
+                    (REPLICA_HEADER.encode(), ",".join(names).encode()),
+                ]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_named)
+        finally:
+            _submitted.reset(token)

@@ -1,0 +1,187 @@
+"""Running the replicated service: :class:`ClusterOptions` and :func:`serve_cluster`.
+
+``serve_cluster`` starts a local Ray instance (``ray_address`` ``None`` or ``"local"``)
+or joins a running cluster (``ray_address="HOST:6379"``: ``ray start --head`` on one
+machine, ``ray start --address HOST:6379`` on the others), deploys the engine
+deployment (N replicas, or autoscaled between ``min_replicas`` and ``max_replicas`` on
+Ray Serve's target of ongoing requests per replica) behind the ingress, and serves until
+SIGTERM or Ctrl-C; then Ray Serve drains: in-flight requests get ``grace_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import ray
+from ray import serve
+from ray.serve.config import AutoscalingConfig, HTTPOptions
+from ray.serve.schema import LoggingConfig
+
+from thinkstruct.server.cluster.ingress import Ingress
+from thinkstruct.server.cluster.replica import EngineReplica
+from thinkstruct.server.cluster.router import PromptPrefixRouter
+
+if TYPE_CHECKING:
+    from ray.serve import Application
+
+    from thinkstruct.engine import Engine, LoadedModel
+    from thinkstruct.grammar.compiler import GrammarCompiler
+    from thinkstruct.server.settings import ServerSettings
+
+log = logging.getLogger("thinkstruct.cluster")
+
+#: The Ray Serve application's name.
+APP_NAME = "thinkstruct"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterOptions:
+    """How the service is replicated.
+
+    Attributes:
+        replicas: engine replicas (without autoscaling).
+        min_replicas, max_replicas: autoscaling bounds; either set turns autoscaling on.
+        target_ongoing_requests: requests in flight per replica Ray Serve scales toward.
+        ray_address: ``None`` or ``"local"``: start a local Ray instance; else join it.
+        replica_cpus: CPUs Ray reserves per engine replica (fractions allowed).
+        max_ongoing_requests: requests one replica takes at once (more wait at the router).
+        imbalance: requests a prefix's replica may be busier than the least busy one and
+            still get the prefix's requests.
+        health_check_period_s: seconds between Ray Serve's health checks of a replica.
+        stall_s: seconds a busy engine may go without a step before its replica counts
+            as unhealthy.
+        grace_s: seconds in-flight requests get on shutdown or scale-down.
+        object_store_bytes: a local Ray instance's object store.
+    """
+
+    replicas: int = 1
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    target_ongoing_requests: float = 8.0
+    ray_address: str | None = None
+    replica_cpus: float = 1.0
+    max_ongoing_requests: int = 64
+    imbalance: int = 4
+    health_check_period_s: float = 2.0
+    stall_s: float = 30.0
+    grace_s: float = 10.0
+    object_store_bytes: int = 100 << 20
+
+    def check(self) -> None:
+        """Raises:
+        ValueError: the replica counts contradict each other (the message names them)."""
+        low, high = self.min_replicas, self.max_replicas
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"--min-replicas ({low}) is more than --max-replicas ({high})")
+        if high is not None and self.replicas > high:
+            raise ValueError(f"--replicas ({self.replicas}) is more than --max-replicas ({high})")
+        if self.replica_cpus <= 0:
+            raise ValueError(f"--replica-cpus must be positive, got {self.replica_cpus}")
+
+    @property
+    def autoscaling(self) -> AutoscalingConfig | None:
+        if self.min_replicas is None and self.max_replicas is None:
+            return None
+        low = self.min_replicas if self.min_replicas is not None else 1
+        return AutoscalingConfig(
+            min_replicas=low,
+            max_replicas=self.max_replicas if self.max_replicas is not None else max(low, self.replicas),
+            initial_replicas=min(max(self.replicas, low), self.max_replicas or self.replicas),
+            target_ongoing_requests=self.target_ongoing_requests,
+        )
+
+
+def application(
+    start_engine: Callable[[], Engine],
+    load_front: Callable[[], tuple[LoadedModel, GrammarCompiler]],
+    settings: ServerSettings,
+    options: ClusterOptions,
+    *,
+    max_prompt_tokens: int | None = None,
+) -> Application:
+    """The Ray Serve application: the ingress over the engine deployment."""
+    autoscaling = options.autoscaling
+    scaling: dict[str, Any] = (
+        {"autoscaling_config": autoscaling} if autoscaling is not None else {"num_replicas": options.replicas}
+    )
+    # Ray Serve's access log writes a line per request and per streamed call.
+    quiet = LoggingConfig(enable_access_log=False)
+    engine = serve.deployment(
+        name="engine",
+        logging_config=quiet,
+        ray_actor_options={"num_cpus": options.replica_cpus},
+        max_ongoing_requests=options.max_ongoing_requests,
+        request_router_config={
+            "request_router_class": f"{PromptPrefixRouter.__module__}.{PromptPrefixRouter.__qualname__}",
+            "request_router_kwargs": {"imbalance": options.imbalance},
+        },
+        health_check_period_s=options.health_check_period_s,
+        health_check_timeout_s=max(10.0, options.health_check_period_s * 5),
+        graceful_shutdown_timeout_s=options.grace_s,
+        graceful_shutdown_wait_loop_s=0.5,
+        **scaling,
+    )(EngineReplica)
+    ingress = serve.deployment(
+        name="ingress",
+        logging_config=quiet,
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=options.max_ongoing_requests * 4,
+        graceful_shutdown_timeout_s=options.grace_s + 5,
+        graceful_shutdown_wait_loop_s=0.5,
+    )(Ingress)
+    return ingress.bind(
+        engine.bind(start_engine, stall_s=options.stall_s), load_front, settings, max_prompt_tokens
+    )
+
+
+def serve_cluster(
+    start_engine: Callable[[], Engine],
+    load_front: Callable[[], tuple[LoadedModel, GrammarCompiler]],
+    settings: ServerSettings,
+    options: ClusterOptions,
+    *,
+    max_prompt_tokens: int | None = None,
+    on_listening: Callable[[int], None] | None = None,
+) -> int:
+    """Serve on Ray until SIGTERM or Ctrl-C; the exit status (0 after a clean stop).
+
+    Args:
+        start_engine: builds a started engine (runs in each engine replica).
+        load_front: loads the model and a compiler (runs in the ingress).
+        settings: host, port (Ray Serve's HTTP proxy listens there), key and limits.
+        options: replicas, autoscaling, the Ray cluster.
+        on_listening: called with the port once the service answers.
+    """
+    stop = threading.Event()
+    local = options.ray_address in (None, "local")
+    ray.init(
+        address="local" if local else options.ray_address,
+        include_dashboard=False,
+        object_store_memory=options.object_store_bytes if local else None,
+    )
+    # After ray.init, which installs its own SIGTERM handler in the driver.
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        serve.start(http_options=HTTPOptions(host=settings.host, port=settings.port))
+        serve.run(
+            application(start_engine, load_front, settings, options, max_prompt_tokens=max_prompt_tokens),
+            name=APP_NAME,
+            route_prefix="/",
+        )
+        if on_listening is not None:
+            on_listening(settings.port)
+        log.info("serving on Ray at %s:%s", settings.host, settings.port)
+        stop.wait()
+        log.info("stopping: draining in-flight requests (up to %.0f s)", options.grace_s)
+        serve.delete(APP_NAME)
+        serve.shutdown()  # type: ignore[no-untyped-call]
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        ray.shutdown()
+    return 0
