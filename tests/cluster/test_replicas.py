@@ -88,6 +88,35 @@ def test_streams_through_the_deployment_handle(service: RayService) -> None:
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 1
 
 
+def metric_values(text: str, name: str) -> dict[str, float]:
+    """``name``'s samples in a /metrics body, by their ``replica`` label ("" without one)."""
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            labels, _, value = line.rpartition(" ")
+            replica = labels.split('replica="')[1].split('"')[0] if 'replica="' in labels else ""
+            values[replica] = float(value)
+    return values
+
+
+def test_metrics_report_each_replica_and_the_service(service: RayService, http: httpx.Client) -> None:
+    served = {chat(http, user(f"count me {i}"), max_tokens=8).headers[HEADER] for i in range(8)}
+    deadline = time.monotonic() + 60
+    while True:  # the replicas post about once a second; the service is idle now
+        text = http.get("/metrics").text
+        per_replica = metric_values(text, "thinkstruct_replica_engine_generated_tokens")
+        total = metric_values(text, "thinkstruct_engine_generated_tokens_total")
+        if (
+            metric_values(text, "thinkstruct_replicas") == {"": 2.0}
+            and len(per_replica) == 2
+            and served <= set(per_replica)
+            and all(v > 0 for v in per_replica.values())  # both served in the tests before
+            and total == {"": sum(per_replica.values())}
+        ):
+            break
+        assert time.monotonic() < deadline, text
+
+
 BAD_REQUESTS: list[dict[str, Any]] = [
     {"model": MODEL, "messages": []},
     {"model": "no-such-model", "messages": user("hi")},

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from thinkstruct.server.cluster.replica import ReplicaStalled, StallWatch
 from thinkstruct.server.cluster.router import PrefixIndex, block_keys
 from thinkstruct.server.cluster.service import ClusterOptions
+from thinkstruct.server.cluster.stats_board import StatsBoard
 
 tokens = st.lists(st.integers(min_value=0, max_value=200_000), max_size=80)
 
@@ -93,3 +94,16 @@ def test_replica_options_that_contradict_each_other_are_refused() -> None:
     assert scaling is not None
     assert (scaling.min_replicas, scaling.initial_replicas, scaling.max_replicas) == (1, 2, 3)
     assert ClusterOptions(replicas=2).autoscaling is None
+
+
+def test_the_stats_board_forgets_a_replica_that_stopped_posting() -> None:
+    clock = Clock()
+    board = StatsBoard(max_age_s=10.0, clock=clock)
+    board.post("a", {"steps": 1})
+    clock.now = 6.0
+    board.post("b", {"steps": 2})
+    assert board.read() == {"a": {"steps": 1}, "b": {"steps": 2}}
+    clock.now = 12.0
+    assert board.read() == {"b": {"steps": 2}}
+    board.drop("b")
+    assert board.read() == {}

@@ -14,6 +14,7 @@ from ray import serve
 
 from thinkstruct.server.app import create_app
 from thinkstruct.server.cluster.remote_engine import RemoteEngine, ReplicaHeader
+from thinkstruct.server.cluster.stats_board import BoardReader, ReplicaCollector
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -30,6 +31,7 @@ class Ingress:
 
     Args:
         engine: the engine deployment's handle.
+        board: the :class:`~.stats_board.StatsBoard` actor the replicas post to.
         load_front: loads the model and a grammar compiler for it, in this replica.
         settings: the server's limits and API key (host and port are Ray Serve's).
         max_prompt_tokens: the engines' own prompt limit (``None``: the context's).
@@ -38,20 +40,28 @@ class Ingress:
     def __init__(
         self,
         engine: DeploymentHandle[Any],
+        board: Any,
         load_front: Callable[[], tuple[LoadedModel, GrammarCompiler]],
         settings: ServerSettings,
         max_prompt_tokens: int | None,
     ) -> None:
         model, compiler = load_front()
-        self._remote = RemoteEngine(model, compiler, engine, max_prompt_tokens=max_prompt_tokens)
+        self._reader = BoardReader(board)
+        self._remote = RemoteEngine(
+            model, compiler, engine, max_prompt_tokens=max_prompt_tokens, totals=self._reader.total
+        )
         # RemoteEngine offers the part of Engine the routes use (see remote_engine.py).
         self._app = create_app(cast("Engine", self._remote), settings)
+        self._app.state.thinkstruct.metrics.registry.register(ReplicaCollector(self._reader))
         self._app.add_middleware(ReplicaHeader)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return self._app
 
     def __del__(self) -> None:
+        reader = getattr(self, "_reader", None)
+        if reader is not None:
+            reader.stop()
         remote = getattr(self, "_remote", None)
         if remote is not None:
             remote.close()

@@ -28,7 +28,7 @@ from thinkstruct.server.cluster.wire import WireRequest
 from thinkstruct.server.errors import UNAVAILABLE, APIError
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
     from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -178,6 +178,7 @@ class RemoteEngine:
         compiler: validates constraints at the ingress (and reports their backend).
         deployment: the engine deployment's handle.
         max_prompt_tokens: the engine's own prompt limit (``None``: the context's).
+        totals: the replicas' engine counters, summed (``/metrics``).
     """
 
     def __init__(
@@ -187,19 +188,25 @@ class RemoteEngine:
         deployment: DeploymentHandle[Any],
         *,
         max_prompt_tokens: int | None = None,
+        totals: Callable[[], EngineStats] = EngineStats,
     ) -> None:
         self.model = model
         self.tokenizer = model.tokenizer
         self.compiler = compiler
         self.token_texts = TokenTexts(model.tokenizer)
         self.max_prompt_tokens = prompt_token_limit(max_prompt_tokens, model.context_length)
-        self.stats = EngineStats()
+        self._totals = totals
         self._deployment = deployment
         self._closed = False
 
     @property
     def running(self) -> bool:
         return not self._closed
+
+    @property
+    def stats(self) -> EngineStats:
+        """The replicas' engine counters, summed."""
+        return self._totals()
 
     def submit(
         self, request: GenerationRequest, *, loop: asyncio.AbstractEventLoop | None = None

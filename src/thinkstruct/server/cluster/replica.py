@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from ray import serve
 
+from thinkstruct.server.cluster.stats_board import StatsPoster, engine_numbers
 from thinkstruct.server.cluster.wire import WireRequest
 
 if TYPE_CHECKING:
@@ -67,13 +67,15 @@ class EngineReplica:
     Args:
         start_engine: loads the model and returns a started engine with its compiler
             (runs in the replica's process).
+        board: the :class:`~.stats_board.StatsBoard` actor its counters go to.
         stall_s: see :class:`StallWatch`.
     """
 
-    def __init__(self, start_engine: Callable[[], Engine], *, stall_s: float = 30.0) -> None:
+    def __init__(self, start_engine: Callable[[], Engine], board: Any, *, stall_s: float = 30.0) -> None:
         self._engine = start_engine()
         self._name = replica_name()
         self._watch = StallWatch(stall_s=stall_s)
+        self._poster = StatsPoster(board, self._name, self.stats)
 
     async def generate(self, wire: WireRequest) -> AsyncIterator[str | Delta]:
         """The replica's name, then the request's deltas up to the last one.
@@ -103,7 +105,7 @@ class EngineReplica:
         """The replica's name, its engine's counters and its compiler's."""
         return {
             "replica": self._name,
-            "engine": asdict(self._engine.stats),
+            "engine": engine_numbers(self._engine.stats),
             "compiler": self._engine.compiler.stats.snapshot(),
             "running": self._engine.running,
         }
@@ -121,6 +123,9 @@ class EngineReplica:
         self._watch.check(steps=stats.steps, busy=stats.running + stats.waiting > 0)
 
     def __del__(self) -> None:
+        poster = getattr(self, "_poster", None)
+        if poster is not None:
+            poster.stop()
         engine = getattr(self, "_engine", None)
         if engine is not None:
             engine.close(grace_s=0.0)

@@ -25,6 +25,7 @@ from ray.serve.schema import LoggingConfig
 from thinkstruct.server.cluster.ingress import Ingress
 from thinkstruct.server.cluster.replica import EngineReplica
 from thinkstruct.server.cluster.router import PromptPrefixRouter
+from thinkstruct.server.cluster.stats_board import StatsBoard
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -134,8 +135,13 @@ def application(
         graceful_shutdown_timeout_s=options.grace_s + 5,
         graceful_shutdown_wait_loop_s=0.5,
     )(Ingress)
+    board = ray.remote(num_cpus=0)(StatsBoard).remote()
     return ingress.bind(
-        engine.bind(start_engine, stall_s=options.stall_s), load_front, settings, max_prompt_tokens
+        engine.bind(start_engine, board, stall_s=options.stall_s),
+        board,
+        load_front,
+        settings,
+        max_prompt_tokens,
     )
 
 

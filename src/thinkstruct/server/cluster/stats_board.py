@@ -1,0 +1,159 @@
+"""Per-replica counters for ``/metrics``: :class:`StatsBoard`, and the collector that reads it.
+
+Each engine replica posts its engine's and compiler's counters to the board about once
+a second (:class:`StatsPoster`); the ingress reads the board as often
+(:class:`BoardReader`) and ``/metrics`` exports every replica's numbers with a
+``replica`` label (``thinkstruct_replica_*``) beside the service's totals (the usual
+``thinkstruct_engine_*``, summed over the replicas). A replica that stops posting (dead,
+scaled down) leaves the board after ``max_age_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import ray
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from thinkstruct.engine.engine import EngineStats
+
+log = logging.getLogger("thinkstruct.cluster")
+
+#: Seconds between a replica's posts and between the ingress's reads.
+PERIOD_S = 1.0
+
+
+class StatsBoard:
+    """The latest counters of each replica (a Ray actor: ``ray.remote(StatsBoard)``).
+
+    Args:
+        max_age_s: a replica's entry is dropped this many seconds after its last post.
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, *, max_age_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._entries: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._max_age_s = max_age_s
+        self._clock = clock
+
+    def post(self, replica: str, stats: dict[str, Any]) -> None:
+        self._entries[replica] = (self._clock(), stats)
+
+    def drop(self, replica: str) -> None:
+        self._entries.pop(replica, None)
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """Every live replica's latest counters, by replica name."""
+        now = self._clock()
+        self._entries = {k: v for k, v in self._entries.items() if now - v[0] <= self._max_age_s}
+        return {name: stats for name, (_, stats) in sorted(self._entries.items())}
+
+
+class _Repeating:
+    """Calls ``tick`` every ``period_s`` seconds in a daemon thread until :meth:`stop`."""
+
+    def __init__(self, tick: Callable[[], None], *, period_s: float, name: str) -> None:
+        self._tick = tick
+        self._period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period_s):
+            try:
+                self._tick()
+            except Exception:  # the board is gone while stopping; metrics must not kill a replica
+                log.debug("stats board unreachable", exc_info=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class StatsPoster(_Repeating):
+    """A replica's side: posts ``stats()`` under ``replica`` to the board."""
+
+    def __init__(self, board: Any, replica: str, stats: Callable[[], dict[str, Any]]) -> None:
+        super().__init__(
+            lambda: ray.get(board.post.remote(replica, stats()), timeout=5),
+            period_s=PERIOD_S,
+            name="stats-post",
+        )
+        self._board = board
+        self._replica = replica
+
+    def stop(self) -> None:
+        super().stop()
+        try:
+            self._board.drop.remote(self._replica)
+        except Exception:  # noqa: BLE001 (Ray may be shutting down)
+            pass
+
+
+class BoardReader(_Repeating):
+    """The ingress's side: the board's latest read, and the service's totals."""
+
+    def __init__(self, board: Any) -> None:
+        self.replicas: dict[str, dict[str, Any]] = {}
+        super().__init__(self._read, period_s=PERIOD_S, name="stats-read")
+        self._board = board
+
+    def _read(self) -> None:
+        self.replicas = ray.get(self._board.read.remote(), timeout=5)
+
+    def total(self) -> EngineStats:
+        """The replicas' engine counters summed (gauges too: queue lengths add up)."""
+        total = EngineStats()
+        for entry in self.replicas.values():
+            for name, value in entry["engine"].items():
+                if isinstance(value, bool):
+                    continue
+                if isinstance(value, (int, float)):
+                    setattr(total, name, getattr(total, name) + value)
+                elif isinstance(value, dict):
+                    merged = getattr(total, name)
+                    for key, count in value.items():
+                        merged[key] = merged.get(key, 0) + count
+        return total
+
+
+class ReplicaCollector(Collector):
+    """``thinkstruct_replica_*{replica=...}``: each replica's engine and compiler numbers,
+    and ``thinkstruct_replicas``: how many post."""
+
+    def __init__(self, reader: BoardReader) -> None:
+        self._reader = reader
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        replicas = self._reader.replicas
+        count = GaugeMetricFamily("thinkstruct_replicas", "Engine replicas reporting")
+        count.add_metric([], float(len(replicas)))
+        yield count
+        families: dict[str, GaugeMetricFamily] = {}
+        for replica, entry in replicas.items():
+            numbers = {f"engine_{k}": v for k, v in entry["engine"].items()}
+            numbers.update({f"grammar_{k}": v for k, v in entry["compiler"].items()})
+            for name, value in numbers.items():
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                family = families.get(name)
+                if family is None:
+                    family = families[name] = GaugeMetricFamily(
+                        f"thinkstruct_replica_{name}", f"Per replica: {name}", labels=["replica"]
+                    )
+                family.add_metric([replica], float(value))
+        yield from families.values()
+
+
+def engine_numbers(stats: EngineStats) -> dict[str, Any]:
+    """An engine's counters as plain data for the board."""
+    return dataclasses.asdict(stats)
