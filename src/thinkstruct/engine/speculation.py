@@ -18,6 +18,7 @@ about what a pass over one token does: every accepted draft token is a step save
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,7 +30,9 @@ class SpeculationConfig:
     """When and how much to draft.
 
     Attributes:
-        max_draft: most tokens proposed a step.
+        max_draft: most tokens proposed a step. A row drafts about twice the run it has
+            been keeping lately, plus one (a pass over 1 + k positions is not free: 9
+            positions cost about twice one on SmolLM2's int8 weights).
         min_ngram, max_ngram: lengths of the suffix looked up, longest first.
         max_batch: speculate only while at most this many rows decode (a larger batch
             is already bound by arithmetic, not weight bytes: extra positions cost).
@@ -39,7 +42,7 @@ class SpeculationConfig:
     """
 
     max_draft: int = 8
-    min_ngram: int = 2
+    min_ngram: int = 1
     max_ngram: int = 4
     max_batch: int = 4
     min_acceptance: float = 0.25
@@ -68,6 +71,8 @@ class NgramDrafter:
         self._tried = 0
         self._accepted = 0
         self._paused = 0
+        #: Tokens kept per draft lately (an exponential average), which sizes the next.
+        self._kept = config.max_draft / 4
         self.extend(context)
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -85,7 +90,7 @@ class NgramDrafter:
         if self._paused > 0:
             self._paused -= 1
             return []
-        limit = min(limit, self.config.max_draft)
+        limit = min(limit, self.config.max_draft, 1 + math.ceil(2 * self._kept))
         ctx = self._tokens
         if limit < 1:
             return []
@@ -97,6 +102,7 @@ class NgramDrafter:
 
     def record(self, proposed: int, accepted: int) -> None:
         """How a draft fared; a run of poor acceptance pauses drafting for a while."""
+        self._kept += 0.3 * (accepted - self._kept)
         self._tried += proposed
         self._accepted += accepted
         if self._tried >= 4 * self.config.max_draft:
