@@ -1,0 +1,281 @@
+"""Replicas on Ray Serve against the single process, over HTTP, on the embedded model.
+
+Starts two services side by side: ``thinkstruct serve`` (one process, no Ray) and
+``thinkstruct serve --ray-address local`` (one engine replica on a local Ray instance,
+Ray's proxy, ingress deployment and DeploymentHandle streaming in the path), and runs
+``--rounds`` rounds of the same closed loop on each, their order alternating round by
+round: ``--clients`` clients each sending streamed chat requests (``--max-tokens``,
+thinking off) one after another for ``--seconds``. Reported per side: generated tokens
+per second (``usage.completion_tokens`` summed over the wall time) and the median time to
+first token (the first streamed chunk with text), over all rounds.
+
+Then it stops both and starts ``--replicas 2`` (one CPU per replica) for: the same loop
+(two cores bound it), the share of chats whose second turn lands on the first turn's
+replica (``x-thinkstruct-replica``) and is served from its prefix cache
+(``cached_tokens`` >= half the first turn's prompt), and a grammar's cold compile on a
+replica: a request with a schema neither the ingress nor any replica has seen, against
+the same request again (both caches hit).
+
+    python benchmarks/cluster.py [--rounds 3] [--seconds 20] [--clients 8]
+
+Targets (issue 24): Ray with one replica >= 0.9x the single process's tok/s and <= 15 ms
+added to the median first token; >= 95 % of second turns on their replica's prefix cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import httpx
+
+MODEL = "SmolLM2-135M-Instruct"
+OFF = {"chat_template_kwargs": {"enable_thinking": False}}
+DOCUMENT = " ".join(
+    f"Article {i}: the lessee shall keep the premises in good repair and pay rent on day {i}."
+    for i in range(20)
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Service:
+    def __init__(self, name: str, *options: str) -> None:
+        self.name = name
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        exe = os.path.join(os.path.dirname(sys.executable), "thinkstruct")
+        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", RAY_USAGE_STATS_ENABLED="0")
+        self.proc = subprocess.Popen(
+            [exe, "serve", "--port", str(self.port), "--log-level", "warning", *options],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def wait_ready(self, timeout_s: float = 900.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
+            try:
+                body = {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 2,
+                    **OFF,
+                }
+                if httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=60).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise RuntimeError(f"{self.name} did not become ready")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _stream(
+    client: httpx.Client, messages: list[dict[str, str]], max_tokens: int
+) -> tuple[float | None, int]:
+    """(seconds to the first text chunk, completion tokens) of one streamed request."""
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.7,
+        **OFF,
+    }
+    start = time.perf_counter()
+    first = None
+    tokens = 0
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for choice in chunk.get("choices", []):
+                delta = choice.get("delta", {})
+                if first is None and (delta.get("content") or delta.get("reasoning_content")):
+                    first = time.perf_counter() - start
+    return first, tokens
+
+
+def closed_loop(url: str, *, clients: int, seconds: float, max_tokens: int) -> tuple[int, float, list[float]]:
+    """(tokens, wall seconds, first-token times) of ``clients`` clients for ``seconds``."""
+    stop_at = time.perf_counter() + seconds
+    firsts: list[float] = []
+    totals = [0] * clients
+    lock = threading.Lock()
+
+    def client_loop(index: int) -> None:
+        with httpx.Client(base_url=url, timeout=300) as client:
+            n = 0
+            while time.perf_counter() < stop_at:
+                question = f"Client {index}, question {n}: write a short poem about the sea."
+                first, tokens = _stream(client, [{"role": "user", "content": question}], max_tokens)
+                totals[index] += tokens
+                if first is not None:
+                    with lock:
+                        firsts.append(first)
+                n += 1
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client_loop, range(clients)))
+    return sum(totals), time.perf_counter() - start, firsts
+
+
+def second_turns(url: str, *, chats: int) -> tuple[int, int]:
+    """(second turns on their first turn's replica, of those served from its prefix cache)."""
+    same = cached = 0
+    with httpx.Client(base_url=url, timeout=300) as client:
+        for i in range(chats):
+            first = [
+                {
+                    "role": "user",
+                    "content": f"Contract {uuid.uuid4().hex[:8]}. {DOCUMENT} Summarise article {i}.",
+                }
+            ]
+            body = {"model": MODEL, "messages": first, "max_tokens": 16, "temperature": 0, **OFF}
+            one = client.post("/v1/chat/completions", json=body)
+            one.raise_for_status()
+            answer = one.json()["choices"][0]["message"]["content"]
+            body["messages"] = [
+                *first,
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": "Why?"},
+            ]
+            two = client.post("/v1/chat/completions", json=body)
+            two.raise_for_status()
+            if two.headers["x-thinkstruct-replica"] == one.headers["x-thinkstruct-replica"]:
+                same += 1
+                details = two.json()["usage"].get("prompt_tokens_details") or {}
+                if (details.get("cached_tokens") or 0) >= one.json()["usage"]["prompt_tokens"] // 2:
+                    cached += 1
+    return same, cached
+
+
+def cold_compile(url: str, *, tries: int) -> tuple[float, float]:
+    """Median seconds of a one-token request with a never-seen schema, and of the same again."""
+    cold, warm = [], []
+    with httpx.Client(base_url=url, timeout=300) as client:
+        for _ in range(tries):
+            field = f"f{uuid.uuid4().hex[:8]}"
+            schema = {
+                "type": "object",
+                "properties": {field: {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
+                "required": [field, "n"],
+            }
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "Fill the record."}],
+                "max_tokens": 1,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}},
+                **OFF,
+            }
+            for times in (cold, warm):
+                start = time.perf_counter()
+                client.post("/v1/chat/completions", json=body).raise_for_status()
+                times.append(time.perf_counter() - start)
+    return statistics.median(cold), statistics.median(warm)
+
+
+def _report(name: str, tokens: int, wall: float, firsts: list[float]) -> dict[str, float]:
+    row = {
+        "tok_s": tokens / wall,
+        "ttft_median_ms": 1000 * statistics.median(firsts),
+        "requests": len(firsts),
+    }
+    print(
+        f"  {name:<22} {row['tok_s']:7.1f} tok/s   median TTFT {row['ttft_median_ms']:6.1f} ms   ({len(firsts)} requests)"
+    )
+    return row
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--chats", type=int, default=20, help="two-turn chats on two replicas")
+    args = p.parse_args()
+
+    single = Service("single process")
+    ray1 = Service("Ray, 1 replica", "--ray-address", "local", "--replicas", "1", "--replica-cpus", "2")
+    sides = [single, ray1]
+    try:
+        for s in sides:
+            s.wait_ready()
+        print(
+            f"{args.clients} clients, {args.max_tokens} tokens per request, {args.rounds} x {args.seconds:.0f} s per side"
+        )
+        results: dict[str, list[tuple[int, float, list[float]]]] = {s.name: [] for s in sides}
+        for r in range(args.rounds):
+            for s in sides if r % 2 == 0 else sides[::-1]:
+                results[s.name].append(
+                    closed_loop(s.url, clients=args.clients, seconds=args.seconds, max_tokens=args.max_tokens)
+                )
+        rows = {}
+        for name, runs in results.items():
+            rows[name] = _report(
+                name,
+                sum(t for t, _, _ in runs),
+                sum(w for _, w, _ in runs),
+                [f for _, _, fs in runs for f in fs],
+            )
+        a, b = rows[single.name], rows[ray1.name]
+        print(
+            f"  Ray / single: {b['tok_s'] / a['tok_s']:.3f}x tok/s, "
+            f"{b['ttft_median_ms'] - a['ttft_median_ms']:+.1f} ms median TTFT"
+        )
+    finally:
+        for s in sides:
+            s.stop()
+
+    ray2 = Service("Ray, 2 replicas", "--replicas", "2", "--replica-cpus", "1")
+    try:
+        ray2.wait_ready()
+        tokens, wall, firsts = closed_loop(
+            ray2.url, clients=args.clients, seconds=args.seconds, max_tokens=args.max_tokens
+        )
+        _report(ray2.name, tokens, wall, firsts)
+        same, cached = second_turns(ray2.url, chats=args.chats)
+        print(
+            f"  second turns on their first turn's replica: {same}/{args.chats}; from its prefix cache: {cached}/{args.chats} ({100 * cached / args.chats:.0f} %)"
+        )
+        cold, warm = cold_compile(ray2.url, tries=5)
+        print(
+            f"  new schema (compiled at the ingress and on the replica): {1000 * cold:.0f} ms; same schema again: {1000 * warm:.0f} ms (medians of 5)"
+        )
+    finally:
+        ray2.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
