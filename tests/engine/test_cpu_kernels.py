@@ -228,3 +228,24 @@ def test_the_stacked_pass_refuses_sizes_it_cannot_take(kernels) -> None:
             h, (LayerPointers * 1)(), heads=2, kv_heads=1, dim=16, inter=32, rot_half=4, cos=cos, sin=cos,
             slot_of=torch.zeros(2, dtype=torch.long), pos_of=positions, capacity=8, span=2,
         )  # fmt: skip
+
+
+def test_the_single_kernels_refuse_what_they_cannot_take(kernels) -> None:
+    """rms_norm and w8_linear check sizes, dtypes and layouts on both sides (Python names
+    the argument; the C entry points return a status the wrapper raises)."""
+    with pytest.raises(ValueError, match="multiple of 8"):
+        kernels.rms_norm(torch.ones(2, 12), torch.ones(12), 1e-6)
+    with pytest.raises(ValueError, match="weight must be contiguous float32 \\[16\\]"):
+        kernels.rms_norm(torch.ones(2, 16), torch.ones(8), 1e-6)
+    with pytest.raises(ValueError, match="x must be 2-D float32"):
+        kernels.rms_norm(torch.ones(2, 16, dtype=torch.float64), torch.ones(16), 1e-6)
+    x = torch.ones(3, 32)
+    scale = torch.ones(16)
+    with pytest.raises(ValueError, match="packed must be contiguous int8"):
+        kernels.w8_linear(x, torch.zeros(1, 24, 16, dtype=torch.int8), scale)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        kernels.w8_linear(x, torch.zeros(0, 32, 16, dtype=torch.int8), torch.ones(8))
+    with pytest.raises(ValueError, match="bias must be contiguous float32 \\[16\\]"):
+        kernels.w8_linear(x, torch.zeros(1, 32, 16, dtype=torch.int8), scale, torch.ones(4))
+    out = kernels.w8_linear(x, torch.ones(1, 32, 16, dtype=torch.int8), scale)
+    assert torch.equal(out, torch.full((3, 16), 32.0))  # each output: 32 inputs of 1 x weight 1

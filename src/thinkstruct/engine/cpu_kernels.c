@@ -70,10 +70,14 @@ static void ts_rms_norm_rows(const float *x, int64_t rows, int64_t dim, int64_t 
     }
 }
 
-void ts_rms_norm(const float *x, int64_t rows, int64_t dim, int64_t ld_x, const float *weight, float eps,
-                 float *out, int64_t ld_out) {
+/* Returns 0; -2 for sizes it cannot take (dim % 8, strides shorter than a row): nothing
+ * computed. */
+int ts_rms_norm(const float *x, int64_t rows, int64_t dim, int64_t ld_x, const float *weight, float eps,
+                float *out, int64_t ld_out) {
+    if (rows < 0 || dim < 8 || dim % 8 || ld_x < dim || ld_out < dim) return -2;
 #pragma omp parallel for schedule(static) if (rows >= 16)
     for (int64_t r = 0; r < rows; r++) ts_rms_norm_rows(x + r * ld_x, 1, dim, ld_x, weight, eps, out + r * ld_out, ld_out);
+    return 0;
 }
 
 /* out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i]; inter % 8 == 0. */
@@ -439,17 +443,24 @@ static float *w8_scratch(int64_t M, int64_t K) {
 }
 
 /* x [M, K] (row stride ld_x), packed w as above, scale [N], bias [N] or NULL, out [M, N]
- * (row stride ld_out); N % 16 == 0. */
-void ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_t *w, const float *scale,
-                  const float *bias, int64_t N, float *out, int64_t ld_out) {
+ * (row stride ld_out); N % 16 == 0. Returns 0; -2 for sizes it cannot take (nothing
+ * computed); -1 when a thread's scratch could not be allocated (out is not all written). */
+int ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_t *w, const float *scale,
+                 const float *bias, int64_t N, float *out, int64_t ld_out) {
+    if (M < 0 || K < 1 || N < 16 || N % 16 || ld_x < K || ld_out < N) return -2;
     const int64_t blocks = N / 16;
-#pragma omp parallel
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
     {
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
         float *wf = w8_scratch(M, K);
-        w8_blocks(x, M, K, ld_x, w, scale, bias, out, ld_out, blocks * id / nt, blocks * (id + 1) / nt, wf, 0);
+        if (wf == NULL && w8_needs_scratch(M))
+            failed = 1;
+        else
+            w8_blocks(x, M, K, ld_x, w, scale, bias, out, ld_out, blocks * id / nt, blocks * (id + 1) / nt, wf, 0);
         free(wf);
     }
+    return failed ? -1 : 0;
 }
 
 /* ---- a whole decoder stack in one parallel region ------------------------------------

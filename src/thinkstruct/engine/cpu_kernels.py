@@ -132,6 +132,9 @@ class CpuKernels:
             function = getattr(library, name)
             function.argtypes = argtypes
             function.restype = None
+        # These two check their sizes and allocations and return a status.
+        library.ts_rms_norm.restype = ctypes.c_int
+        library.ts_w8_linear.restype = ctypes.c_int
         library.ts_use_avx512.argtypes = [ctypes.c_int]
         library.ts_use_avx512.restype = ctypes.c_int
         library.ts_decoder_layers.argtypes = [
@@ -167,11 +170,32 @@ class CpuKernels:
     ) -> torch.Tensor:
         """``x [M, K] @ W.T (+ bias [N])`` for int8 ``W [N, K]`` with row scales ``scale
         [N]``, given as ``packed [N / 16, K, 16]`` (see
-        :class:`~thinkstruct.engine.int8_weights.Int8Linear`): ``[M, N]``."""
-        rows, inner = x.shape
+        :class:`~thinkstruct.engine.int8_weights.Int8Linear`): ``[M, N]``.
+
+        Raises:
+            ValueError: shapes, dtypes or layouts that do not fit together (named).
+            MemoryError: the kernel's scratch could not be allocated.
+        """
+        rows, inner = _float_rows("x", x)
         outputs = scale.shape[0]
+        if (
+            packed.dtype != torch.int8
+            or tuple(packed.shape) != (outputs // 16, inner, 16)
+            or not packed.is_contiguous()
+        ):
+            raise ValueError(
+                f"w8_linear: packed must be contiguous int8 [{outputs} / 16, {inner}, 16] for {outputs} "
+                f"outputs over {inner} inputs, got {packed.dtype} {list(packed.shape)}"
+            )
+        for name, vector in (("scale", scale), ("bias", bias)):
+            if vector is not None and (
+                vector.dtype != torch.float32 or vector.shape != (outputs,) or not vector.is_contiguous()
+            ):
+                raise ValueError(
+                    f"w8_linear: {name} must be contiguous float32 [{outputs}], got {list(vector.shape)}"
+                )
         out = torch.empty((rows, outputs), dtype=torch.float32)
-        self._lib.ts_w8_linear(
+        status = self._lib.ts_w8_linear(
             x.data_ptr(),
             rows,
             inner,
@@ -183,6 +207,7 @@ class CpuKernels:
             out.data_ptr(),
             outputs,
         )
+        _check_status("w8_linear", status, f"{outputs} outputs (a multiple of 16) over {inner} inputs")
         return out
 
     def decoder_layers(
@@ -274,12 +299,20 @@ class CpuKernels:
         )  # fmt: skip
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """``x [rows, dim]`` normalized by its root mean square, times ``weight [dim]``."""
-        rows, dim = x.shape
+        """``x [rows, dim]`` normalized by its root mean square, times ``weight [dim]``.
+
+        Raises:
+            ValueError: ``dim`` not a multiple of 8, or shapes, dtypes or layouts that do
+                not fit together (named).
+        """
+        rows, dim = _float_rows("x", x)
+        if weight.dtype != torch.float32 or weight.shape != (dim,) or not weight.is_contiguous():
+            raise ValueError(f"rms_norm: weight must be contiguous float32 [{dim}], got {list(weight.shape)}")
         out = torch.empty((rows, dim), dtype=torch.float32)
-        self._lib.ts_rms_norm(
+        status = self._lib.ts_rms_norm(
             x.data_ptr(), rows, dim, x.stride(0), weight.data_ptr(), eps, out.data_ptr(), dim
         )
+        _check_status("rms_norm", status, f"rows of {dim} (a multiple of 8)")
         return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -414,3 +447,21 @@ def _built_library() -> Path:
         if os.path.exists(partial):
             os.unlink(partial)
     return target
+
+
+def _float_rows(name: str, x: torch.Tensor) -> tuple[int, int]:
+    """``(rows, width)`` of a 2-D float32 tensor whose rows are contiguous, else a
+    ValueError naming it."""
+    if x.dim() != 2 or x.dtype != torch.float32 or (x.shape[1] > 1 and x.stride(1) != 1):
+        raise ValueError(f"{name} must be 2-D float32 with contiguous rows, got {x.dtype} {list(x.shape)}")
+    return int(x.shape[0]), int(x.shape[1])
+
+
+def _check_status(kernel: str, status: int, sizes: str) -> None:
+    """Raise for a kernel's status: -2 sizes it cannot take, -1 an allocation failed."""
+    if status == -2:
+        raise ValueError(f"{kernel} cannot take these sizes: it needs {sizes}")
+    if status == -1:
+        raise MemoryError(f"{kernel} could not allocate its scratch")
+    if status != 0:
+        raise RuntimeError(f"{kernel} returned {status}")
