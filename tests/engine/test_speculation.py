@@ -103,7 +103,9 @@ def test_the_same_tokens_with_and_without_speculation(int8w: Any) -> None:
             )
             for seed in range(3)
         ),
-        GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=40, temperature=0.0), grammar=grammar),
+        GenerationRequest(
+            prompt_ids=ids, sampling=SamplingParams(max_tokens=40, temperature=0.0), grammar=grammar
+        ),
     ]
     plain, _ = _answers(int8w, requests, speculate=False)
     drafted, stats = _answers(int8w, requests, speculate=True)
