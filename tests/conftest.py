@@ -33,6 +33,7 @@ def qwen3_tokenizer() -> Tokenizer:
 #: (ordered by test count, xdist's default, they came last: a 1.5-minute file started
 #: when the other worker had nothing left).
 SLOW_FILES = (
+    "tests/cluster/test_replicas.py",  # a local Ray cluster: about 2 minutes, first
     "tests/engine/test_models.py",
     "tests/grammar/test_conformance.py",
     "tests/server/test_serve_cli.py",

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from thinkstruct.cli import main
 from thinkstruct.server.cluster.replica import ReplicaStalled, StallWatch
 from thinkstruct.server.cluster.router import PrefixIndex, block_keys
 from thinkstruct.server.cluster.service import ClusterOptions
@@ -107,3 +108,10 @@ def test_the_stats_board_forgets_a_replica_that_stopped_posting() -> None:
     assert board.read() == {"b": {"steps": 2}}
     board.drop("b")
     assert board.read() == {}
+
+
+def test_serve_refuses_contradicting_replica_flags_before_starting_ray(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["serve", "--min-replicas", "3", "--max-replicas", "2"]) == 2
+    assert "--min-replicas (3) is more than --max-replicas (2)" in capsys.readouterr().err

@@ -140,10 +140,11 @@ class RemoteHandle:
                         self._known.set()
                         continue
                     produced = True
-                    if item.finish_reason is not None:
-                        self._end(item)
-                        return
-                    self._queue.put_nowait(item)
+                    for delta in item:
+                        if delta.finish_reason is not None:
+                            self._end(delta)
+                            return
+                        self._queue.put_nowait(delta)
                 failure = "the replica's stream ended before the request did"
             except asyncio.CancelledError:
                 stream.cancel()  # type: ignore[no-untyped-call]
