@@ -20,8 +20,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from thinkstruct.engine.engine import EngineConfig
 from thinkstruct.engine.free_text import DEFAULT_REASONING_SHARE, check_reasoning_share
 from thinkstruct.errors import InvalidConstraint
+from thinkstruct.grammar.backends import BACKEND_NAMES
+from thinkstruct.grammar.compiler_config import CompilerConfig
+from thinkstruct.server.settings import ServerSettings
+
+# Every default below is read from the config it sets (one place for each): the engine's,
+# the compiler's and the server's dataclasses.
+_ENGINE = EngineConfig()
+_COMPILER = CompilerConfig()
+_SERVER = ServerSettings()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -98,9 +108,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-batch",
         type=_positive_int,
-        default=8,
+        default=_ENGINE.max_batch,
         metavar="N",
-        help="requests decoded together (default 8)",
+        help=f"requests decoded together (default {_ENGINE.max_batch})",
     )
     g.add_argument(
         "--prefill-chunk",
@@ -108,7 +118,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="prompt tokens computed in one prefill pass between decoding steps "
-        "(default: the engine's, EngineConfig.prefill_chunk)",
+        f"(default {_ENGINE.prefill_chunk})",
     )
     g.add_argument(
         "--kv-cache-bytes",
@@ -116,8 +126,8 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="BYTES",
         help="most bytes of finished requests' keys and values kept for requests that start the "
-        "same way, a chat's next turn (e.g. 512M, 2G; 0 keeps none; default: the engine's, "
-        "EngineConfig.prefix_cache_bytes, 1 GiB)",
+        "same way, a chat's next turn (e.g. 512M, 2G; 0 keeps none; default "
+        f"{_ENGINE.prefix_cache_bytes >> 20}M)",
     )
     g.add_argument(
         "--speculate",
@@ -130,14 +140,14 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-queue",
         type=_positive_int,
-        default=256,
+        default=_ENGINE.max_queue,
         metavar="N",
-        help="requests waiting beyond the batch before new ones get 429 (default 256)",
+        help=f"requests waiting beyond the batch before new ones get 429 (default {_ENGINE.max_queue})",
     )
     g.add_argument(
         "--backend",
-        default="auto",
-        help="grammar backend: auto, xgrammar, llguidance or outlines (default auto)",
+        default=_COMPILER.backend,
+        help=f"grammar backend: {', '.join(('auto', *BACKEND_NAMES))} (default {_COMPILER.backend})",
     )
     g.add_argument(
         "--strict",
@@ -147,9 +157,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--compile-timeout",
         type=_positive_float,
-        default=30.0,
+        default=_COMPILER.timeout_s,
         metavar="S",
-        help="seconds one grammar compile may take (default 30)",
+        help=f"seconds one grammar compile may take (default {_COMPILER.timeout_s:g})",
     )
 
 
@@ -163,8 +173,10 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     _add_model_options(p)
     g = p.add_argument_group("HTTP")
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    g.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    g.add_argument("--host", default=_SERVER.host, help=f"address to listen on (default {_SERVER.host})")
+    g.add_argument(
+        "--port", type=int, default=_SERVER.port, help=f"port (default {_SERVER.port}; 0 picks a free one)"
+    )
     g.add_argument(
         "--api-key",
         default=None,
@@ -176,9 +188,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     g.add_argument(
         "--max-body-bytes",
         type=_positive_int,
-        default=8 << 20,
+        default=_SERVER.max_body_bytes,
         metavar="N",
-        help="largest request body (default 8 MiB)",
+        help=f"largest request body (default {_SERVER.max_body_bytes >> 20} MiB)",
     )
     g.add_argument(
         "--max-prompt-tokens",
@@ -188,22 +200,26 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="longest prompt in tokens (default: the model's context)",
     )
     g.add_argument(
-        "--max-n", type=_positive_int, default=16, metavar="N", help="most choices per request (default 16)"
+        "--max-n",
+        type=_positive_int,
+        default=_SERVER.max_n,
+        metavar="N",
+        help=f"most choices per request (default {_SERVER.max_n})",
     )
     g.add_argument(
         "--default-max-tokens",
         type=_positive_int,
-        default=512,
+        default=_SERVER.default_max_tokens,
         metavar="N",
-        help="max_tokens of a request that gives none (default 512)",
+        help=f"max_tokens of a request that gives none (default {_SERVER.default_max_tokens})",
     )
     g.add_argument(
         "--reasoning-share",
         type=_share,
-        default=DEFAULT_REASONING_SHARE,
+        default=_SERVER.reasoning_share,
         metavar="F",
         help="share of a request's max_tokens its thought may take (end tag included) when it thinks "
-        f"and sets no max_reasoning_tokens; the answer keeps the rest (default {DEFAULT_REASONING_SHARE})",
+        f"and sets no max_reasoning_tokens; the answer keeps the rest (default {_SERVER.reasoning_share})",
     )
     g.add_argument(
         "--grace",

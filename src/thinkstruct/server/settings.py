@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from thinkstruct.engine.free_text import DEFAULT_REASONING_SHARE, check_reasoning_share
+from thinkstruct.engine.request import MAX_STOP_STRINGS
 
 #: Environment variable read for the API key when ``--api-key`` is not given.
 API_KEY_ENV = "THINKSTRUCT_API_KEY"
@@ -36,7 +37,8 @@ class ServerSettings:
         reasoning_share: the fraction of a request's ``max_tokens`` (as given, or
             ``default_max_tokens``) its thought may take, its end tag included, when it
             thinks and sets no ``max_reasoning_tokens``; the answer keeps the rest. In (0, 1).
-        max_stop_sequences: most entries of ``stop``.
+        max_stop_sequences: most entries of ``stop`` (at most the engine's
+            :data:`~thinkstruct.engine.request.MAX_STOP_STRINGS`, the default).
         retry_after_s: the least ``Retry-After`` of a 429 answered when the engine's queue
             is full, in whole seconds (the engine's own estimate is used when longer).
         public_paths: paths answered without the API key.
@@ -52,7 +54,7 @@ class ServerSettings:
     max_n: int = 16
     default_max_tokens: int = 512
     reasoning_share: float = DEFAULT_REASONING_SHARE
-    max_stop_sequences: int = 16
+    max_stop_sequences: int = MAX_STOP_STRINGS
     retry_after_s: int = 1
     public_paths: frozenset[str] = field(default_factory=lambda: frozenset({"/health"}))
 
@@ -60,6 +62,10 @@ class ServerSettings:
         for name in ("max_body_bytes", "max_n", "default_max_tokens", "max_stop_sequences"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_stop_sequences > MAX_STOP_STRINGS:
+            raise ValueError(
+                f"max_stop_sequences must be at most {MAX_STOP_STRINGS} (the engine's limit), got {self.max_stop_sequences}"
+            )
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be at least 1, got {self.max_prompt_tokens}")
         check_reasoning_share(self.reasoning_share)
