@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
     from thinkstruct.engine import GenerationRequest, LoadedModel
-    from thinkstruct.grammar.compiler import GrammarCompiler
+    from thinkstruct.grammar.service.compiler import GrammarCompiler
 
 log = logging.getLogger("thinkstruct.cluster")
 
@@ -89,10 +89,15 @@ class RemoteHandle:
     def cancel(self) -> None:
         """Stop generating: the replica's engine request is cancelled."""
         self._task.cancel()
+        self._known.set()  # nobody waits for a replica any more
 
-    async def replica(self) -> str:
-        """The replica serving the request, once one has taken it (``""`` if none did)."""
-        await self._known.wait()
+    async def replica(self, *, timeout_s: float = 60.0) -> str:
+        """The replica serving the request, once one has taken it (``""`` if none did
+        within ``timeout_s`` seconds: Ray Serve holds a request while no replica is up)."""
+        try:
+            await asyncio.wait_for(self._known.wait(), timeout_s)
+        except TimeoutError:
+            return ""
         return self.replicas[-1] if self.replicas else ""
 
     async def __aiter__(self) -> AsyncIterator[Delta]:

@@ -1,0 +1,1 @@
+"""The compile service: the compiler and its config, worker processes, one attempt's steps, probes, auto planning."""
