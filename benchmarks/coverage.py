@@ -3,7 +3,7 @@
 Over the JSONSchemaBench sample (MaskBench, ``$THINKSTRUCT_MASKBENCH``) and the official
 JSON-Schema-Test-Suite (draft 2020-12 and 7, ``$THINKSTRUCT_JSON_SCHEMA_SUITE``), for
 each backend and for ``auto`` (strict and lenient), through the real compile service
-(:class:`~thinkstruct.grammar.compiler.GrammarCompiler`: xgrammar and outlines-core in
+(:class:`~thinkstruct.grammar.service.compiler.GrammarCompiler`: xgrammar and outlines-core in
 killable worker processes, one time limit per compile), prints per suite and mode:
 
 - compile success rate;
@@ -104,8 +104,8 @@ class Tally:
 def run_mode(mode: str, cases: list[Case], *, timeout_s: float, max_fill_tokens: int) -> Tally:
     from thinkstruct import CompileTimeout, Constraint, InvalidConstraint, Tokenizer
     from thinkstruct.grammar.api import first_rejected
-    from thinkstruct.grammar.bitmask import allocate_bitmask
-    from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+    from thinkstruct.grammar.runtime.bitmask import allocate_bitmask
+    from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
     tok = Tokenizer.default()
     backend, strict = MODES[mode]
@@ -200,10 +200,10 @@ def report(suite: str, rows: dict[str, Tally]) -> None:
 
 
 def skip_probes() -> None:
-    """Switch off :func:`thinkstruct.grammar.probe.probe` and
-    :func:`thinkstruct.grammar.validation.check_instances_exist` in this process."""
-    import thinkstruct.grammar.probe as probe
-    import thinkstruct.grammar.validation as validation
+    """Switch off :func:`thinkstruct.grammar.service.probe.probe` and
+    :func:`thinkstruct.grammar.schema.validation.check_instances_exist` in this process."""
+    import thinkstruct.grammar.schema.validation as validation
+    import thinkstruct.grammar.service.probe as probe
 
     probe.probe = lambda compiled, *, witness=True: None
     validation.check_instances_exist = lambda schema, **_: None

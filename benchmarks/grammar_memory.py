@@ -1,6 +1,6 @@
 """What compiled grammars really hold, against what the compile cache accounts for them.
 
-For each backend, a :class:`~thinkstruct.grammar.compiler.GrammarCompiler` (its real
+For each backend, a :class:`~thinkstruct.grammar.service.compiler.GrammarCompiler` (its real
 workers: xgrammar and outlines-core compile in worker processes and are loaded here) is
 filled with distinct heavy grammars, first with a budget that holds them all, then with a
 small byte budget. Printed per backend: the process's RSS growth and glibc's in-use heap
@@ -84,7 +84,7 @@ def _rss() -> int:
 
 def fill(backend: str, count: int, budget: int) -> dict[str, float]:
     from thinkstruct import Constraint, Tokenizer
-    from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+    from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
     _, make = SHAPES[backend]
     config = CompilerConfig(backend=backend, cache_bytes=budget, timeout_s=600.0)

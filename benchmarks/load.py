@@ -125,7 +125,7 @@ class Result:
 def pick_schemas(count: int) -> list[dict]:
     """``count`` schemas of the sample that compile exactly (strict) and quickly."""
     from thinkstruct import Constraint, Tokenizer
-    from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+    from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
     from thinkstruct.tokenizer import smollm2_gguf_path
 
     tok = Tokenizer.from_pretrained(smollm2_gguf_path())

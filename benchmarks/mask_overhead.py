@@ -203,7 +203,7 @@ def _rows_equal(bitmask: torch.Tensor) -> bool:
 
 
 def _stop_allowed(bitmask: torch.Tensor, row: int, eos_ids: Sequence[int]) -> bool:
-    from thinkstruct.grammar.bitmask import is_allowed
+    from thinkstruct.grammar.runtime.bitmask import is_allowed
 
     return any(is_allowed(bitmask, row, e) for e in eos_ids)
 
@@ -299,7 +299,7 @@ def walk_schema(
 ) -> SchemaWalk:
     """Time every instance of one compiled schema, raw against ours, ``walks`` times each
     (fresh matchers every walk, the side that goes first alternating between walks)."""
-    from thinkstruct.grammar.bitmask import allocate_bitmask
+    from thinkstruct.grammar.runtime.bitmask import allocate_bitmask
 
     tok = compiled.tokenizer
     eos_ids = tok.eos_token_ids

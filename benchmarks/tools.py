@@ -48,7 +48,7 @@ from thinkstruct.engine import (
     SamplingParams,
     load_model,
 )
-from thinkstruct.grammar.compiler import CompilerConfig
+from thinkstruct.grammar.service.compiler import CompilerConfig
 from thinkstruct.parsers import render_chat
 from thinkstruct.parsers.tool_calls import ToolCallParser, get_tool_call_syntax, tool_call_structural_tag
 

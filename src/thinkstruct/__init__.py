@@ -7,10 +7,10 @@ to a JSON Schema, a regex, an EBNF grammar or a structural tag.
 from thinkstruct.errors import CompileTimeout, InvalidConstraint, ThinkstructError, UnsupportedConstraint
 from thinkstruct.grammar.api import accepts, compile
 from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend, GrammarMatcher, InvalidGrammar
-from thinkstruct.grammar.compiler import CompilerConfig, CompilerStats, GrammarCompiler
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import JsonFormat
-from thinkstruct.grammar.reasoning import ReasoningGrammar
+from thinkstruct.grammar.runtime.reasoning import ReasoningGrammar
+from thinkstruct.grammar.service.compiler import CompilerConfig, CompilerStats, GrammarCompiler
 from thinkstruct.parsers import (
     ChatPrompt,
     ChatTemplate,

@@ -24,7 +24,7 @@ from thinkstruct.engine.engine import EngineConfig
 from thinkstruct.engine.free_text import DEFAULT_REASONING_SHARE, check_reasoning_share
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.backends import BACKEND_NAMES
-from thinkstruct.grammar.compiler_config import CompilerConfig
+from thinkstruct.grammar.service.config import CompilerConfig
 from thinkstruct.server.settings import ServerSettings
 
 # Every default below is read from the config it sets (one place for each): the engine's,
@@ -356,7 +356,7 @@ def _positive_float(text: str) -> float:
 def _load_model_and_compiler(args: argparse.Namespace, *, progress: bool = True) -> tuple[Any, Any]:
     """The model and a grammar compiler for it, as the options say."""
     from thinkstruct.engine import load_model
-    from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+    from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
     model = load_model(
         args.model,
@@ -407,7 +407,7 @@ def _build_engine(args: argparse.Namespace, *, progress: bool = True, warm_up: b
 
 
 def _usage_problem(args: argparse.Namespace) -> str | None:
-    from thinkstruct.grammar.compiler_config import check_backend_name
+    from thinkstruct.grammar.service.config import check_backend_name
 
     try:
         check_backend_name(args.backend)

@@ -172,7 +172,7 @@ def test_sample_names_a_row_with_nothing_allowed(kernels) -> None:
     seed=st.integers(0, 2**16),
 )
 def test_apply_bitmask_matches_the_grammar_layers(kernels, vocab, words, rows, seed) -> None:
-    from thinkstruct.grammar.bitmask import apply_bitmask_inplace
+    from thinkstruct.grammar.runtime.bitmask import apply_bitmask_inplace
 
     generator = torch.Generator().manual_seed(seed)
     logits = torch.randn(4, vocab, generator=generator)

@@ -30,7 +30,7 @@ from thinkstruct.engine import (
     SamplingParams,
     load_model,
 )
-from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 from thinkstruct.parsers import render_chat
 
 BOUNDED_SCHEMA = {

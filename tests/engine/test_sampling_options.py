@@ -17,8 +17,13 @@ from thinkstruct.engine.logit_adjustments import LogitAdjustments, adjust_logits
 from thinkstruct.engine.logprobs import LogprobTable
 from thinkstruct.engine.request import InvalidSamplingParam
 from thinkstruct.engine.sampler import apply_min_p, new_generator, sample
-from thinkstruct.grammar.bitmask import allocate_bitmask, allow_only, apply_bitmask_inplace, is_allowed
-from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+from thinkstruct.grammar.runtime.bitmask import (
+    allocate_bitmask,
+    allow_only,
+    apply_bitmask_inplace,
+    is_allowed,
+)
+from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
 VOCAB = 2048
 #: The sampling-path fixture patches the module once per test, the same for every example.

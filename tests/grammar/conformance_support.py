@@ -175,7 +175,7 @@ class WorkerPool:
 
     def compiler(self, backend: str, tokenizer: str, limit: float) -> Any:
         """The started compiler for ``backend`` with time limit ``limit``."""
-        from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+        from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
         key = (backend, tokenizer, limit)
         with self._lock:

@@ -7,8 +7,8 @@ import torch
 
 from thinkstruct import CompiledGrammar, Constraint, InvalidGrammar, Tokenizer
 from thinkstruct.grammar.api import get_backend
-from thinkstruct.grammar.bitmask import allocate_bitmask
-from thinkstruct.grammar.matcher import GrammarMatcher
+from thinkstruct.grammar.runtime.bitmask import allocate_bitmask
+from thinkstruct.grammar.runtime.matcher import GrammarMatcher
 
 BACKENDS = ("xgrammar", "llguidance", "outlines")
 

@@ -9,7 +9,7 @@ import pytest
 import thinkstruct
 from thinkstruct import CompiledGrammar, Constraint, InvalidConstraint, JsonFormat, Tokenizer
 from thinkstruct.grammar.api import can_stop, first_rejected
-from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_token_ids, is_allowed
+from thinkstruct.grammar.runtime.bitmask import allocate_bitmask, allowed_token_ids, is_allowed
 
 from .conftest import BACKENDS, PERSON_SCHEMA, compiled
 

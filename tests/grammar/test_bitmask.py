@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from thinkstruct import Constraint, Tokenizer
-from thinkstruct.grammar.bitmask import (
+from thinkstruct.grammar.runtime.bitmask import (
     TokenBitmask,
     allocate_bitmask,
     allowed_token_ids,

@@ -16,7 +16,7 @@ import pytest
 from thinkstruct import CompileTimeout, Constraint, InvalidConstraint, Tokenizer
 from thinkstruct.errors import InternalCompileError
 from thinkstruct.grammar.api import first_rejected
-from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
 pytestmark = [pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import pytest
 
 from thinkstruct import CompileTimeout, Constraint, InvalidConstraint, Tokenizer
 from thinkstruct.grammar.api import first_rejected
-from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
 # outlines-core needs over a minute for this (a free-form value under a 129k vocabulary).
 PATHOLOGICAL = {"type": "object", "properties": {"x": {}, "y": {"type": "array"}}, "required": ["x", "y"]}

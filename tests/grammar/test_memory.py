@@ -7,7 +7,7 @@ import gc
 import psutil
 
 from thinkstruct import Constraint, Tokenizer
-from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
 #: What RSS may exceed the budget by: allocator slack and the interpreter's own garbage.
 MARGIN_BYTES = 32 << 20

@@ -13,8 +13,13 @@ from hypothesis import strategies as st
 import thinkstruct
 from thinkstruct import CompiledGrammar, Constraint, InvalidConstraint, Tokenizer
 from thinkstruct.grammar.api import first_rejected
-from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_bounds, allowed_token_ids, set_allowed
-from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+from thinkstruct.grammar.runtime.bitmask import (
+    allocate_bitmask,
+    allowed_bounds,
+    allowed_token_ids,
+    set_allowed,
+)
+from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
 ANYOF_2010 = Constraint.json_schema(
     {

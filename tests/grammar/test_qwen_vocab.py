@@ -12,9 +12,9 @@ import pytest
 
 from thinkstruct import CompiledGrammar, Constraint, InvalidGrammar, Tokenizer
 from thinkstruct.grammar.api import get_backend
-from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_token_ids
-from thinkstruct.grammar.matcher import GrammarMatcher
-from thinkstruct.grammar.reasoning import ReasoningGrammar
+from thinkstruct.grammar.runtime.bitmask import allocate_bitmask, allowed_token_ids
+from thinkstruct.grammar.runtime.matcher import GrammarMatcher
+from thinkstruct.grammar.runtime.reasoning import ReasoningGrammar
 from thinkstruct.parsers import reasoning_families
 from thinkstruct.vocabularies import QWEN3
 

@@ -13,8 +13,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 import thinkstruct
 from thinkstruct import CompiledGrammar, Constraint, Tokenizer
 from thinkstruct.grammar.api import can_stop
-from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_token_ids, is_allowed
-from thinkstruct.grammar.reasoning import ReasoningGrammar
+from thinkstruct.grammar.runtime.bitmask import allocate_bitmask, allowed_token_ids, is_allowed
+from thinkstruct.grammar.runtime.reasoning import ReasoningGrammar
 from thinkstruct.tokenizer import smollm2_gguf_path
 
 from .conftest import BACKENDS

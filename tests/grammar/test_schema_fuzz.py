@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from thinkstruct import CompiledGrammar, Constraint, InvalidConstraint, Tokenizer
-from thinkstruct.grammar.bitmask import allocate_bitmask
-from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
-from thinkstruct.grammar.repetition import CAP as REPETITION_CAP
-from thinkstruct.grammar.repetition import unrolled_size
-from thinkstruct.grammar.schema_merges import CAP, merge_combinations
+from thinkstruct.grammar.runtime.bitmask import allocate_bitmask
+from thinkstruct.grammar.schema.merges import CAP, merge_combinations
+from thinkstruct.grammar.schema.repetition import CAP as REPETITION_CAP
+from thinkstruct.grammar.schema.repetition import unrolled_size
+from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
 TIMEOUT_S = 2.0
 

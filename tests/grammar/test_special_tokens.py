@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from thinkstruct import CompiledGrammar, Constraint, Tokenizer
-from thinkstruct.grammar.bitmask import allocate_bitmask, allowed_token_ids
+from thinkstruct.grammar.runtime.bitmask import allocate_bitmask, allowed_token_ids
 
 from .conftest import compiled
 

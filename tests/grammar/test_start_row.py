@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from thinkstruct import CompiledGrammar, Constraint, Tokenizer
 from thinkstruct.grammar.api import get_backend
-from thinkstruct.grammar.bitmask import allocate_bitmask
-from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+from thinkstruct.grammar.runtime.bitmask import allocate_bitmask
+from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
 from .conftest import BACKENDS, PERSON_SCHEMA, compiled, mask_of
 

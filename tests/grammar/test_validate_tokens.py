@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from thinkstruct import Constraint, Tokenizer
-from thinkstruct.grammar.bitmask import allocate_bitmask
+from thinkstruct.grammar.runtime.bitmask import allocate_bitmask
 
 from .conftest import BACKENDS, PERSON_SCHEMA, compiled
 

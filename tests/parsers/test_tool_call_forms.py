@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 
 from thinkstruct import Constraint, GrammarCompiler
-from thinkstruct.grammar.bitmask import TokenBitmask
-from thinkstruct.grammar.compiler import CompilerConfig
+from thinkstruct.grammar.runtime.bitmask import TokenBitmask
+from thinkstruct.grammar.service.compiler import CompilerConfig
 from thinkstruct.parsers.tool_calls import ToolCallParser, tool_call_structural_tag, tool_call_syntaxes
 
 WEATHER = {

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from playground_harness import PREFIX
 from server_harness import API_KEY, RunningServer
 
-from thinkstruct.grammar.bitmask import allowed_count
+from thinkstruct.grammar.runtime.bitmask import allowed_count
 
 TAGS = {
     "type": "object",

@@ -65,7 +65,7 @@ def short_timeout_server(tiny_model_dir: Path) -> Iterator[RunningServer]:
     the default 8 MiB body limit, so large constraints reach the compiler's own limits.
     Its failure memory runs on a :class:`ManualClock` (``compiler.clock``)."""
     from thinkstruct.engine import Engine, EngineConfig, load_model
-    from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+    from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
     model = load_model(tiny_model_dir, dtype="float32", progress=False)
     compiler = GrammarCompiler(

@@ -82,7 +82,7 @@ def serving(engine: Any, settings: ServerSettings | None = None) -> Iterator[Run
 
 def start_engine(model: Any, *, warm: bool = True, **config: Any) -> Any:
     from thinkstruct.engine import Engine, EngineConfig
-    from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
+    from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
     # Generous: a loaded 2-core CI machine takes seconds to start a compile worker; the
     # workers are started up front so no test's first compile pays for that.

@@ -26,7 +26,7 @@ from server_harness import RunningServer
 
 from thinkstruct.cli import main
 from thinkstruct.engine.free_text import default_thinking_budget
-from thinkstruct.grammar.end_tag import end_tag_matcher
+from thinkstruct.grammar.runtime.end_tag import end_tag_matcher
 from thinkstruct.server import ServerSettings
 
 pytestmark = pytest.mark.slow

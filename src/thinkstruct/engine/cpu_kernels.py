@@ -285,7 +285,7 @@ class CpuKernels:
         """Set ``logits [batch, vocab]`` (float32) to ``-inf`` in place where ``bitmask
         [batch, words]`` (int32, bit ``j % 32`` of word ``j / 32``, 1 = allowed) disallows,
         in the listed ``rows`` (the same row of both); columns past ``32 * words`` are
-        disallowed. What :func:`thinkstruct.grammar.bitmask.apply_bitmask_inplace` does."""
+        disallowed. What :func:`thinkstruct.grammar.runtime.bitmask.apply_bitmask_inplace` does."""
         if logits.dtype != torch.float32 or logits.stride(-1) != 1:
             raise ValueError("apply_bitmask takes float32 logits with contiguous rows")
         if bitmask.dtype != torch.int32 or bitmask.stride(-1) != 1:

@@ -50,12 +50,12 @@ from thinkstruct.engine.runner import ModelRunner, TransformersRunner
 from thinkstruct.engine.sampler import sample
 from thinkstruct.engine.sequence import Sequence
 from thinkstruct.engine.speculation import NgramDrafter, SpeculationConfig
-from thinkstruct.grammar.bitmask import TokenBitmask, allowed_count, apply_bitmask_inplace
+from thinkstruct.grammar.runtime.bitmask import TokenBitmask, allowed_count, apply_bitmask_inplace
 
 if TYPE_CHECKING:
     from thinkstruct.engine.models import LoadedModel
     from thinkstruct.grammar.base import GrammarMatcher
-    from thinkstruct.grammar.compiler import GrammarCompiler
+    from thinkstruct.grammar.service.compiler import GrammarCompiler
     from thinkstruct.tokenizer import Tokenizer
 
 log = logging.getLogger("thinkstruct.engine")
@@ -273,7 +273,7 @@ class Engine:
     def compiler(self) -> GrammarCompiler:
         """The grammar compiler for this model's tokenizer (created on first use)."""
         if self._compiler is None:
-            from thinkstruct.grammar.compiler import GrammarCompiler
+            from thinkstruct.grammar.service.compiler import GrammarCompiler
 
             self._compiler = GrammarCompiler(self.tokenizer)
         return self._compiler

@@ -2,7 +2,7 @@
 holds one without a constraint (:func:`thinking_budget_matcher`).
 
 ``max_reasoning_tokens`` must hold for plain chat too, not only under a grammar. The
-grammar layer's :class:`~thinkstruct.grammar.reasoning.ReasoningGrammar` already forces
+grammar layer's :class:`~thinkstruct.grammar.runtime.reasoning.ReasoningGrammar` already forces
 the end of a thought once its budget is spent; here it wraps a matcher that allows any
 answer, so the same code enforces the budget with or without a constraint.
 
@@ -17,10 +17,10 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from thinkstruct.grammar.bitmask import allow_all
-from thinkstruct.grammar.end_tag import end_tag_matcher
-from thinkstruct.grammar.matcher import GrammarMatcher, StopTokenMatcher
-from thinkstruct.grammar.reasoning import ReasoningGrammar
+from thinkstruct.grammar.runtime.bitmask import allow_all
+from thinkstruct.grammar.runtime.end_tag import end_tag_matcher
+from thinkstruct.grammar.runtime.matcher import GrammarMatcher, StopTokenMatcher
+from thinkstruct.grammar.runtime.reasoning import ReasoningGrammar
 
 if TYPE_CHECKING:
     import torch

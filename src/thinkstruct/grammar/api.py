@@ -7,11 +7,11 @@ import threading
 import weakref
 from typing import TYPE_CHECKING
 
-from thinkstruct.grammar.answers import can_stop, first_rejected
 from thinkstruct.grammar.backends import create_backend
 from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend
-from thinkstruct.grammar.compiler import CompilerConfig, GrammarCompiler
 from thinkstruct.grammar.json_format import JsonFormat
+from thinkstruct.grammar.runtime.answers import can_stop, first_rejected
+from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
 if TYPE_CHECKING:
     from thinkstruct.grammar.constraint import Constraint

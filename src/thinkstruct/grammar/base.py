@@ -7,7 +7,7 @@ Everything else in thinkstruct hangs off three small types:
   user-facing :class:`~thinkstruct.InvalidConstraint`. It never raises for bad input.
 - :class:`CompiledGrammar` is immutable and shared; :meth:`CompiledGrammar.matcher`
   makes a fresh, cheap per-request :class:`GrammarMatcher`.
-- :class:`GrammarMatcher` (:mod:`thinkstruct.grammar.matcher`) follows one request's
+- :class:`GrammarMatcher` (:mod:`thinkstruct.grammar.runtime.matcher`) follows one request's
   tokens and fills its row of the token bitmask.
 
 Token bitmasks are int32 tensors of shape ``[batch, ceil(vocab_size / 32)]``: bit ``j``
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import COMPACT, JsonFormat
-from thinkstruct.grammar.matcher import GrammarMatcher, StopTokenMatcher
-from thinkstruct.grammar.reasoning import ReasoningGrammar
+from thinkstruct.grammar.runtime.matcher import GrammarMatcher, StopTokenMatcher
+from thinkstruct.grammar.runtime.reasoning import ReasoningGrammar
 
 if TYPE_CHECKING:
     import torch
@@ -70,7 +70,7 @@ class CompiledGrammar(abc.ABC):
 
         Args:
             reasoning: the model thinks first; the grammar applies after its end tag
-                (see :class:`~thinkstruct.grammar.reasoning.ReasoningGrammar`). With
+                (see :class:`~thinkstruct.grammar.runtime.reasoning.ReasoningGrammar`). With
                 ``False`` the answer starts at once and the plain backend matcher is
                 returned.
             max_reasoning_tokens: thinking budget in tokens; once spent, only the end tag
@@ -239,7 +239,7 @@ class GrammarBackend(abc.ABC):
         """Compile, or return an :class:`InvalidGrammar` naming what is wrong.
 
         Args:
-            checked: the caller already ran :func:`~thinkstruct.grammar.validation.check_constraint`
+            checked: the caller already ran :func:`~thinkstruct.grammar.schema.validation.check_constraint`
                 on this constraint (the compile service does, once for all backends).
         """
         if constraint.kind not in self.kinds:
@@ -251,8 +251,8 @@ class GrammarBackend(abc.ABC):
                     kind=constraint.kind.value,
                 ),
             )
-        from thinkstruct.grammar.probe import probe
-        from thinkstruct.grammar.validation import check_constraint
+        from thinkstruct.grammar.schema.validation import check_constraint
+        from thinkstruct.grammar.service.probe import probe
 
         try:
             if not checked:

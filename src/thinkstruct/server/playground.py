@@ -8,7 +8,7 @@ endpoints it calls besides ``/v1/chat/completions``.
 - ``GET /playground/config`` — public: whether the server wants an API key, and the share
   of ``max_tokens`` a thought gets without a budget (the page's default budget).
 - ``POST /playground/lint`` — compiles a constraint exactly as a chat request would (the
-  engine's own :class:`~thinkstruct.grammar.compiler.GrammarCompiler`, its cache, backend
+  engine's own :class:`~thinkstruct.grammar.service.compiler.GrammarCompiler`, its cache, backend
   choice and strict mode — the compile ``thinkstruct check`` runs per backend) and answers
   the verdict: backend chosen, compile time, ignored keywords with their JSON pointers, or
   the error with its pointer / position. An invalid constraint is a 200 with

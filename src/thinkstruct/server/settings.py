@@ -18,7 +18,7 @@ class ServerSettings:
 
     The model, dtype, batch size and queue length belong to the engine
     (:class:`~thinkstruct.engine.EngineConfig`), the default grammar backend and strict
-    mode to its compiler (:class:`~thinkstruct.grammar.compiler.CompilerConfig`); these
+    mode to its compiler (:class:`~thinkstruct.grammar.service.compiler.CompilerConfig`); these
     are the HTTP layer's own.
 
     Attributes:

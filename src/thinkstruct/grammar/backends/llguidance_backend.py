@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
+from thinkstruct.grammar.backends.library_errors import describe_library_error, describe_message
+from thinkstruct.grammar.backends.regex_text import alternation
 from thinkstruct.grammar.base import (
     NO_BACKEND_ENFORCES,
     CompiledGrammar,
@@ -18,10 +20,8 @@ from thinkstruct.grammar.base import (
 )
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import COMPACT, JsonFormat
-from thinkstruct.grammar.library_errors import describe_library_error, describe_message
-from thinkstruct.grammar.matcher import StopTokenMatcher
-from thinkstruct.grammar.regex_text import alternation
-from thinkstruct.grammar.row_pointer import row_address
+from thinkstruct.grammar.runtime.matcher import StopTokenMatcher
+from thinkstruct.grammar.runtime.row_pointer import row_address
 
 if TYPE_CHECKING:
     import llguidance
@@ -98,8 +98,8 @@ class LLGuidanceBackend(GrammarBackend):
         ``$ref`` beside other keywords) intersect more than :data:`INLINE_MERGE_COMBINATIONS`
         alternatives (see :mod:`..schema_merges`), or a regex, pattern or grammar whose
         counted repetitions unroll past :data:`INLINE_UNROLLED_ATOMS` (see :mod:`..repetition`)."""
-        from thinkstruct.grammar.repetition import unrolled_size
-        from thinkstruct.grammar.schema_merges import merge_combinations
+        from thinkstruct.grammar.schema.merges import merge_combinations
+        from thinkstruct.grammar.schema.repetition import unrolled_size
 
         kind = constraint.kind
         if kind is ConstraintKind.REGEX or kind is ConstraintKind.EBNF:
@@ -215,7 +215,7 @@ INLINE_UNROLLED_ATOMS = 50_000
 
 def _patterns(schema: Any) -> Iterator[str]:
     """Every regex of a schema: its ``pattern`` values and ``patternProperties`` keys."""
-    from thinkstruct.grammar.schema_walk import subschemas
+    from thinkstruct.grammar.schema.walk import subschemas
 
     for node, _ in subschemas(schema):
         if isinstance(node.get("pattern"), str):

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
+from thinkstruct.grammar.backends.library_errors import describe_library_error
+from thinkstruct.grammar.backends.regex_text import alternation
 from thinkstruct.grammar.base import NO_BACKEND_ENFORCES, CompiledGrammar, GrammarBackend, schema_text
-from thinkstruct.grammar.bitmask import set_allowed
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind, escape_pointer
-from thinkstruct.grammar.library_errors import describe_library_error
-from thinkstruct.grammar.matcher import StopTokenMatcher
-from thinkstruct.grammar.regex_text import alternation
-from thinkstruct.grammar.row_pointer import row_address
-from thinkstruct.grammar.schema_walk import subschemas
+from thinkstruct.grammar.runtime.bitmask import set_allowed
+from thinkstruct.grammar.runtime.matcher import StopTokenMatcher
+from thinkstruct.grammar.runtime.row_pointer import row_address
+from thinkstruct.grammar.schema.walk import subschemas
 
 if TYPE_CHECKING:
     import outlines_core

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from thinkstruct.errors import InvalidConstraint
+from thinkstruct.grammar.backends.library_errors import describe_library_error
 from thinkstruct.grammar.base import NO_BACKEND_ENFORCES, CompiledGrammar, GrammarBackend, schema_text
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import COMPACT, JsonFormat
-from thinkstruct.grammar.library_errors import describe_library_error
-from thinkstruct.grammar.matcher import StopTokenMatcher
+from thinkstruct.grammar.runtime.matcher import StopTokenMatcher
 
 if TYPE_CHECKING:
     import torch

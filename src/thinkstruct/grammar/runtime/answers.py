@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from thinkstruct.grammar.base import CompiledGrammar
-    from thinkstruct.grammar.matcher import GrammarMatcher
+    from thinkstruct.grammar.runtime.matcher import GrammarMatcher
     from thinkstruct.tokenizer import Tokenizer
 
 

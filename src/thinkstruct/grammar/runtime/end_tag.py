@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from thinkstruct.grammar.bitmask import allocate_bitmask, clear_allowed
+from thinkstruct.grammar.runtime.bitmask import allocate_bitmask, clear_allowed
 
 if TYPE_CHECKING:
     from thinkstruct.tokenizer import Tokenizer

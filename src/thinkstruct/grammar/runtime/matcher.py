@@ -20,7 +20,7 @@ import abc
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from thinkstruct.grammar.bitmask import allow_only
+from thinkstruct.grammar.runtime.bitmask import allow_only
 
 if TYPE_CHECKING:
     import torch

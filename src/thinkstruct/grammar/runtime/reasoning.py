@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from thinkstruct.grammar.bitmask import allow_only
-from thinkstruct.grammar.end_tag import RUNS_ON, EndTagMatcher, end_tag_matcher
-from thinkstruct.grammar.matcher import GrammarMatcher
+from thinkstruct.grammar.runtime.bitmask import allow_only
+from thinkstruct.grammar.runtime.end_tag import RUNS_ON, EndTagMatcher, end_tag_matcher
+from thinkstruct.grammar.runtime.matcher import GrammarMatcher
 
 if TYPE_CHECKING:
     import torch

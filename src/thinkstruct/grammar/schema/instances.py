@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from thinkstruct.grammar.constraint import escape_pointer
-from thinkstruct.grammar.schema_walk import local_ref, subschemas
+from thinkstruct.grammar.schema.walk import local_ref, subschemas
 
 #: ``$ref`` depth followed for the length bound (deeper refs count as one character).
 _REF_DEPTH = 8

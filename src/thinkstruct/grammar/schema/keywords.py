@@ -31,7 +31,7 @@ import json
 from typing import Any
 
 from thinkstruct.grammar.constraint import escape_pointer
-from thinkstruct.grammar.schema_walk import children, local_ref, subschemas
+from thinkstruct.grammar.schema.walk import children, local_ref, subschemas
 
 #: Formats llguidance enforces (also known to xgrammar and outlines-core).
 KNOWN_FORMATS = frozenset(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from thinkstruct.grammar.schema_walk import local_ref, walk
+from thinkstruct.grammar.schema.walk import local_ref, walk
 
 #: Estimates are capped here (the products grow exponentially).
 CAP = 1 << 40

@@ -16,7 +16,7 @@ from urllib.parse import urldefrag, urljoin
 
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind, escape_pointer
-from thinkstruct.grammar.schema_walk import JSON_TYPES, MISSING, SCHEMA_MAPS, resolve, walk
+from thinkstruct.grammar.schema.walk import JSON_TYPES, MISSING, SCHEMA_MAPS, resolve, walk
 
 # (lower keyword, upper keyword, strict): the schema is unsatisfiable if lower > upper
 # (or lower >= upper when strict).
@@ -212,7 +212,7 @@ def check_instances_exist(
     """Refuse a schema no finite answer satisfies (``{"$ref": "#"}``, a recursion without
     a base case), or whose shortest instance needs more than ``max_answer_tokens`` tokens
     (counted generously: every token as long as the longest in any vocabulary)."""
-    from thinkstruct.grammar.schema_instances import shortest_instance
+    from thinkstruct.grammar.schema.instances import shortest_instance
 
     length, pointer = shortest_instance(schema, text)
     if length is None:

@@ -24,16 +24,16 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from thinkstruct.errors import CompileTimeout, InternalCompileError, InvalidConstraint, UnsupportedConstraint
-from thinkstruct.grammar.auto import Candidate, plan
 from thinkstruct.grammar.base import CompiledGrammar, InvalidGrammar
-from thinkstruct.grammar.compile_workers import WorkerCrashed, WorkTimeout
-from thinkstruct.grammar.validation import check_constraint
+from thinkstruct.grammar.schema.validation import check_constraint
+from thinkstruct.grammar.service.auto import Candidate, plan
+from thinkstruct.grammar.service.workers import WorkerCrashed, WorkTimeout
 
 if TYPE_CHECKING:
     from thinkstruct.grammar.base import GrammarBackend
-    from thinkstruct.grammar.compile_workers import Reply, WorkerPool
-    from thinkstruct.grammar.compiler_config import CompilerConfig
     from thinkstruct.grammar.constraint import Constraint
+    from thinkstruct.grammar.service.config import CompilerConfig
+    from thinkstruct.grammar.service.workers import Reply, WorkerPool
 
 #: Seconds past the deadline the watchdog waits before ending an attempt itself, so the
 #: worker pools' own, more precise timeouts (which kill the worker) are reported first.

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from thinkstruct.errors import UnsupportedConstraint
 from thinkstruct.grammar.backends import backend_classes
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
-from thinkstruct.grammar.schema_keywords import assertions, normalize
-from thinkstruct.grammar.schema_walk import subschemas
+from thinkstruct.grammar.schema.keywords import assertions, normalize
+from thinkstruct.grammar.schema.walk import subschemas
 
 # Every table below is derived from the backends' own declarations (the registry in
 # thinkstruct.grammar.backends), which are measured by tests/grammar/test_conformance.py

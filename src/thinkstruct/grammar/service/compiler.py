@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Self, cast
 from thinkstruct.errors import CompileTimeout, InvalidConstraint, ThinkstructError
 from thinkstruct.grammar.backends import BACKEND_NAMES, backend_class, backend_classes
 from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend
-from thinkstruct.grammar.compile_attempt import CompileAttempt, Deadlines
-from thinkstruct.grammar.compile_workers import STARTUP_ALLOWANCE_S, WorkerPool
-from thinkstruct.grammar.compiler_config import CompilerConfig, check_backend_name
+from thinkstruct.grammar.service.attempt import CompileAttempt, Deadlines
+from thinkstruct.grammar.service.config import CompilerConfig, check_backend_name
+from thinkstruct.grammar.service.workers import STARTUP_ALLOWANCE_S, WorkerPool
 
 if TYPE_CHECKING:
     from thinkstruct.grammar.constraint import Constraint

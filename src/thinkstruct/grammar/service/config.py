@@ -1,4 +1,4 @@
-"""How a :class:`~thinkstruct.grammar.compiler.GrammarCompiler` compiles: :class:`CompilerConfig`.
+"""How a :class:`~thinkstruct.grammar.service.compiler.GrammarCompiler` compiles: :class:`CompilerConfig`.
 
 Every limit of the compile service is a field here (none is a hidden constant), so the
 server can build one from its command line. The limits and why they have these values:
@@ -28,10 +28,10 @@ from thinkstruct.grammar.json_format import JsonFormat
 
 @dataclass(frozen=True, kw_only=True)
 class CompilerConfig:
-    """How a :class:`~thinkstruct.grammar.compiler.GrammarCompiler` compiles.
+    """How a :class:`~thinkstruct.grammar.service.compiler.GrammarCompiler` compiles.
 
     Args:
-        backend: ``"auto"`` (per constraint, see :mod:`thinkstruct.grammar.auto`) or one of
+        backend: ``"auto"`` (per constraint, see :mod:`thinkstruct.grammar.service.auto`) or one of
             ``xgrammar``, ``llguidance``, ``outlines``; a call may ask for another.
         strict: with ``auto``, refuse a constraint that no backend enforces exactly,
             listing every keyword none can enforce with its JSON pointer; without it, fall

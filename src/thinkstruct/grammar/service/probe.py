@@ -33,15 +33,15 @@ import numpy as np
 import torch
 
 from thinkstruct.errors import InvalidConstraint
-from thinkstruct.grammar.answers import can_stop, first_rejected
-from thinkstruct.grammar.bitmask import allowed_bounds, bitmask_words, is_allowed
 from thinkstruct.grammar.constraint import ConstraintKind
-from thinkstruct.grammar.matcher import StopTokenMatcher
-from thinkstruct.grammar.schema_instances import integral, witnesses
+from thinkstruct.grammar.runtime.answers import can_stop, first_rejected
+from thinkstruct.grammar.runtime.bitmask import allowed_bounds, bitmask_words, is_allowed
+from thinkstruct.grammar.runtime.matcher import StopTokenMatcher
+from thinkstruct.grammar.schema.instances import integral, witnesses
 
 if TYPE_CHECKING:
     from thinkstruct.grammar.base import CompiledGrammar
-    from thinkstruct.grammar.matcher import GrammarMatcher
+    from thinkstruct.grammar.runtime.matcher import GrammarMatcher
 
 _JSON_KINDS = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
 _ROW_LIMIT = re.compile(r"Current row has (\d+) items; max is (\d+)")

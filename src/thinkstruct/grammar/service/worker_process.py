@@ -1,6 +1,6 @@
-"""The compile worker process: ``python -m thinkstruct.grammar.compile_worker_process``.
+"""The compile worker process: ``python -m thinkstruct.grammar.service.worker_process``.
 
-Started by :class:`~thinkstruct.grammar.compile_workers.WorkerPool`; reads the tokenizer,
+Started by :class:`~thinkstruct.grammar.service.workers.WorkerPool`; reads the tokenizer,
 the JSON format and the one backend it serves, builds that backend's vocabulary view
 (only that one), says it is ready, then compiles requests until stdin closes. Kept apart
 from ``compile_workers`` so that running it does not re-run a module the package has
@@ -16,7 +16,7 @@ import time
 from typing import IO, TYPE_CHECKING, Any
 
 from thinkstruct.errors import InvalidConstraint
-from thinkstruct.grammar.compile_workers import read_message, write_message
+from thinkstruct.grammar.service.workers import read_message, write_message
 
 if TYPE_CHECKING:
     from thinkstruct.grammar.base import CompileResult, GrammarBackend

@@ -15,7 +15,7 @@ is dropped without running. A worker that dies (out of memory, a native crash) i
 internal error, not the constraint's fault: the job is retried once on a fresh worker and
 the crash is counted.
 
-Workers are plain ``python -m thinkstruct.grammar.compile_worker_process`` subprocesses
+Workers are plain ``python -m thinkstruct.grammar.service.worker_process`` subprocesses
 speaking length-prefixed pickles over stdin/stdout, so they never re-import the parent's
 ``__main__`` (as multiprocessing's spawn would). What the libraries print to stderr (C++
 warnings, Rust panics) is forwarded line by line to the ``thinkstruct.grammar`` logger.
@@ -96,7 +96,7 @@ class _Worker:
         self.backend = backend
         self.started = time.monotonic()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "thinkstruct.grammar.compile_worker_process"],
+            [sys.executable, "-m", "thinkstruct.grammar.service.worker_process"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
 
     from thinkstruct.engine import Engine, LoadedModel
-    from thinkstruct.grammar.compiler import GrammarCompiler
+    from thinkstruct.grammar.service.compiler import GrammarCompiler
     from thinkstruct.server.settings import ServerSettings
 
 

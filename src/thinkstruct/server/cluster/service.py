@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ray.serve import Application
 
     from thinkstruct.engine import Engine, LoadedModel
-    from thinkstruct.grammar.compiler import GrammarCompiler
+    from thinkstruct.grammar.service.compiler import GrammarCompiler
     from thinkstruct.server.settings import ServerSettings
 
 log = logging.getLogger("thinkstruct.cluster")
