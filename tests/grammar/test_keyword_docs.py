@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from thinkstruct.grammar.service import auto
 from thinkstruct.grammar.backends import backend_classes
 from thinkstruct.grammar.base import NO_BACKEND_ENFORCES
 from thinkstruct.grammar.constraint import ConstraintKind
+from thinkstruct.grammar.service import auto
 
 from .conformance_support import capability_table
 
