@@ -26,17 +26,14 @@ length; cached tokens >= 90 % of the previous turn's prompt.
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from typing import Any
 
-import httpx
 import openai
+
+from serve_process import free_port, start_serve, wait_healthy
 
 _FACTS = (
     "The harbour city of Veloria was founded by salt traders in the year {y}.",
@@ -66,34 +63,6 @@ def document(tokens: int = 1500) -> str:
     for i in range(tokens // 20):
         lines.append(_FACTS[i % len(_FACTS)].format(y=1200 + 7 * i, n=3 + i % 40))
     return " ".join(lines)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(port: int) -> subprocess.Popen[bytes]:
-    exe = os.path.join(os.path.dirname(sys.executable), "thinkstruct")
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-    return subprocess.Popen(
-        [exe, "serve", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("the server did not become healthy")
 
 
 def _ask(
@@ -195,11 +164,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--workloads", nargs="+", default=["chat", "agent"], choices=["chat", "agent"])
     args = parser.parse_args()
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _start(port)
+    proc = start_serve(port)
     try:
-        _wait_healthy(url, proc)
+        wait_healthy(url, proc)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
         model = client.models.list().data[0].id
         _ask(client, model, [{"role": "user", "content": "hi"}], 2)  # warm-up

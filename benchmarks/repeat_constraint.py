@@ -18,50 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
+from serve_process import free_port, start_serve, wait_healthy
+
 SIZES = (100, 10_000, 100_000)  # enum members: about 1 KB, 130 KB and 1.3 MB of schema
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(port: int) -> subprocess.Popen[bytes]:
-    cmd = [
-        os.path.join(os.path.dirname(sys.executable), "thinkstruct"),
-        "serve",
-        "--port",
-        str(port),
-        "--compile-timeout",
-        "5",
-    ]
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("the server did not become healthy")
 
 
 def _body(model: str, schema: dict[str, Any], **extra: Any) -> bytes:
@@ -99,12 +65,12 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _start(port)
+    proc = start_serve(port, "--compile-timeout", "5")
     tag = f"r{os.getpid()}"  # constraints no earlier run cached
     try:
-        _wait_healthy(url, proc)
+        wait_healthy(url, proc)
         with httpx.Client(base_url=url, timeout=120) as client:
             model = client.get("/v1/models").json()["data"][0]["id"]
             print(
