@@ -253,7 +253,7 @@ def load_model(
         path=source,
         dtype=compute_dtype,
         quantize=quantize,
-        context_length=_context_length(config, shown=source),
+        context_length=_exact_context(model, _context_length(config, shown=source), shown=source),
         chat_template=chat_template,
         completion_template=completion_template_for(tokenizer, choice.family),
         family_reason=choice.reason,
@@ -407,6 +407,39 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def _exact_context(model: Any, context_length: int, *, shown: Path) -> int:
+    """``context_length``, or the model's sliding window where only transformers' modules
+    run it: the transformers runner gives every layer one causal mask, so past the window
+    its sliding layers would attend to tokens the model never sees; within the window the
+    two are the same (the decoder runner applies windows per layer and keeps the context)."""
+    from thinkstruct.engine.decoder_runner import supports
+
+    window = attention_window(model.config)
+    if window is None or window >= context_length or supports(model, context_length=context_length) is None:
+        return context_length
+    log.warning(
+        "%s: runs on transformers' modules, which apply no sliding window: context limited to its "
+        "window of %d tokens (the config says %d)",
+        shown,
+        window,
+        context_length,
+    )
+    return window
+
+
+def attention_window(config: Any) -> int | None:
+    """The sliding window (tokens) some attention layers of a model with this config use,
+    or ``None`` when every layer attends to the whole context."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    window = getattr(text, "sliding_window", None)
+    if not isinstance(window, int) or window <= 0:
+        return None
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types is not None:
+        return window if "sliding_attention" in layer_types else None
+    return window if getattr(text, "use_sliding_window", True) else None
 
 
 def _context_length(config: Any, *, shown: Path) -> int:
