@@ -15,6 +15,7 @@ import ctypes
 import gc
 import json
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -320,10 +321,17 @@ def _simple_request_succeeds(client: openai.OpenAI, model: str) -> None:
 
 
 def _workers_ready(server: RunningServer) -> None:
-    """Wait until the llguidance and xgrammar workers run (at once when they do): one that
-    a case before killed at its deadline takes seconds to start again on a loaded machine,
-    and a compile that meets it still starting is a timeout, whatever its constraint."""
-    server.state.engine.compiler.warm_up(("llguidance", "xgrammar"), timeout_s=120.0)
+    """Wait until the llguidance and xgrammar workers run (at once when they do) and the
+    compiler's in-process threads are free: a worker that a case before killed at its
+    deadline takes seconds to start again on a loaded machine, and a case's checks of a
+    megabyte constraint may still hold the thread for large ones; a compile that meets
+    either waits in a queue, which is load, whatever its constraint."""
+    compiler = server.state.engine.compiler
+    compiler.warm_up(("llguidance", "xgrammar"), timeout_s=120.0)
+    for large in (False, True):
+        free = threading.Event()
+        compiler.run_inline(free.set, large=large)
+        assert free.wait(120.0), "the compiler's threads stayed busy for two minutes"
 
 
 def _run_case(

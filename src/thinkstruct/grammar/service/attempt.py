@@ -97,6 +97,8 @@ class CompileAttempt:
         self._done = False
         #: Seconds it waited in a queue before its checks ran (load, not the constraint).
         self._queued_s = 0.0
+        #: The worker job of the candidate being compiled out of process, if any.
+        self._job: concurrent.futures.Future[Reply] | None = None
         #: Where the attempt is (for the watchdog's message).
         self._phase = "checking the constraint"
         self._backend_name: str | None = None
@@ -139,6 +141,7 @@ class CompileAttempt:
         if self._tried:
             self.host.count("fallbacks")
         self._tried += 1
+        self._job = None
         self._backend_name = candidate.backend
         try:
             backend = self.host.backend(candidate.backend, candidate.lenient)
@@ -158,6 +161,7 @@ class CompileAttempt:
         except BaseException as error:  # noqa: BLE001 - reported on the future, never lost
             self._finish(error, remember=False)
             return
+        self._job = job
         # Loading a backend's grammar that does not serialize builds it again here, as
         # long as the worker took: never on the threads small compiles share.
         large = self.large or not backend.isolated
@@ -199,10 +203,7 @@ class CompileAttempt:
             # queues ate half the time: waiting for a thread, a free worker or one
             # starting is load, and not remembered. A load-free repeat is answered from
             # memory however slow the machine is.
-            waited = self._queued_s + error.waited_s if isinstance(error, WorkTimeout) else 0.0
-            self._give_up(
-                remember=isinstance(error, WorkTimeout) and waited < 0.5 * self.host.config.timeout_s
-            )
+            self._give_up(remember=self._constraints_own(error))
             return
         except WorkerCrashed as error:
             self._errors.append(
@@ -257,17 +258,31 @@ class CompileAttempt:
 
     # ---- the end -----------------------------------------------------------------------
 
+    def _constraints_own(self, error: BaseException | None) -> bool:
+        """Whether a timeout is the constraint's doing: the worker compiled it to the
+        deadline and queues (a thread, a free worker, one starting) took less than half
+        the time."""
+        if not isinstance(error, WorkTimeout):
+            return False
+        return self._queued_s + error.waited_s < 0.5 * self.host.config.timeout_s
+
     def expire(self) -> None:
-        """Called by the watchdog at the deadline: end the attempt if it has not ended."""
+        """Called by the watchdog at the deadline: end the attempt if it has not ended.
+
+        A worker that ran the compile to the deadline has already answered; its answer
+        may only be waiting for a thread (a busy machine), so it is judged as the reply
+        itself would be, not as load."""
         if self._done:
             return
+        job = self._job
+        worker_timeout = job.exception() if job is not None and job.done() else None
         self._finish(
             CompileTimeout(
                 f"compiling took longer than {self.host.config.timeout_s:g} s (while {self._phase})",
                 backend=self._backend_name,
                 kind=self.constraint.kind.value,
             ),
-            remember=False,
+            remember=self._constraints_own(worker_timeout),
         )
 
     def _finish(self, outcome: CompiledGrammar | BaseException, *, remember: bool) -> None:
