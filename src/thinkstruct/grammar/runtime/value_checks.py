@@ -1,0 +1,496 @@
+"""Checked keywords while decoding: :class:`ValueChecker`.
+
+The grammar holds an answer to what its backend enforces; the keywords it cannot
+(:mod:`thinkstruct.grammar.schema.checks`) are checked here, on the answer's text as it
+is decoded. The checker follows the JSON structure (strings and their escapes, numbers,
+literals, objects, arrays, keys, hence each value's instance location) and, when a value
+at a checked location closes, validates it with ``jsonschema`` (format checker on)
+against its subschema. It never looks at a model's thought: it is fed answer text only.
+
+Units: every offset is a character offset (Python ``str`` index) into the answer text
+fed so far, the first character of the answer being 0; a *piece* is one call's text,
+normally one token's decoded text (possibly empty).
+
+What the engine calls, and when:
+
+1. ``ValueChecker(compiled.checks)`` once the answer starts (the thought, if any, closed),
+   for a grammar with a :class:`~thinkstruct.grammar.schema.checks.CheckPlan`
+   (``compiled.checks is not None``).
+2. ``failure = checker.feed(text)`` once per answer token accepted by the grammar, with
+   that token's decoded text (``""`` for a token whose bytes end mid-character: one piece
+   per token keeps :meth:`~ValueChecker.rollback` in tokens).
+3. On a failure: ``k = checker.pieces_since(failure.start)``; roll the grammar and the KV
+   back ``k`` tokens and call ``checker.rollback(k)``; forbid the token that followed at
+   that position and sample again (bounded tries; an exhausted value ends the choice with
+   ``failure.describe()``). A rollback of the grammar for any other reason (speculation)
+   rolls the checker back by the same number of tokens.
+4. Stream only ``text[:checker.held_from()]`` (everything when it is ``None``): the rest
+   belongs to an open value that may still be undone.
+5. At the end of the answer (a stop token the grammar allows): ``checker.finish()``,
+   which checks a number at the root (it closes only there); on a failure, as in 3.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+import weakref
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from thinkstruct.grammar.constraint import escape_pointer
+from thinkstruct.grammar.schema.checks import CheckPlan, Wildcard
+
+# Where the scanner is.
+_OBJECT_FIRST = 0  # after "{": a key or "}"
+_KEY_NEXT = 1  # after "," in an object: a key
+_KEY = 2  # inside a key
+_COLON = 3  # after a key
+_VALUE = 4  # a value starts next
+_ARRAY_FIRST = 5  # after "[": a value or "]"
+_STRING = 6  # inside a string value
+_NUMBER = 7
+_LITERAL = 8  # true, false, null
+_AFTER = 9  # after a value: ",", "}", "]" (only whitespace after the root value)
+
+_SCALAR_MODES = frozenset({_STRING, _NUMBER, _LITERAL})
+_WHITESPACE = frozenset(" \t\n\r")
+_STRING_STOP = re.compile(r'["\\]')
+_NUMBER_CHARS = re.compile(r"[0-9eE+\-.]*")
+_LITERALS = {"t": "true", "f": "false", "n": "null"}
+
+
+@dataclass(frozen=True, slots=True)
+class CheckFailure:
+    """A value that closed and broke a checked keyword.
+
+    Attributes:
+        start: offset of the failed value's first character in the answer text: roll
+            back to the token that holds it.
+        end: offset just past its last character.
+        value_pointer: the failed value's instance JSON pointer (``""``: the whole answer).
+        pointer: the instance JSON pointer where the keyword failed (the value itself or
+            a part of it).
+        keyword: the keyword that failed (``"uniqueItems"``).
+        schema_pointer: the failed keyword's place in the schema, as the validator took
+            it (through ``$ref``s, the path inside the referenced subschema).
+        message: the validator's message.
+    """
+
+    start: int
+    end: int
+    value_pointer: str
+    pointer: str
+    keyword: str
+    schema_pointer: str
+    message: str
+
+    def describe(self) -> str:
+        """One line for an error naming the keyword and the JSON pointer."""
+        return (
+            f"{self.keyword} at {self.pointer or '/'} (schema {self.schema_pointer or '/'}): {self.message}"
+        )
+
+
+class _Node:
+    """A node of the check locations' trie: the checks at one location pattern."""
+
+    __slots__ = ("checks", "indexes", "item", "keys", "property")
+
+    def __init__(self) -> None:
+        self.keys: dict[str, _Node] = {}
+        self.indexes: dict[int, _Node] = {}
+        self.item: _Node | None = None
+        self.property: _Node | None = None
+        self.checks: tuple[int, ...] = ()
+
+    def child(self, step: object) -> _Node:
+        if step is Wildcard.ITEM:
+            self.item = self.item or _Node()
+            return self.item
+        if step is Wildcard.PROPERTY:
+            self.property = self.property or _Node()
+            return self.property
+        if isinstance(step, int):
+            return self.indexes.setdefault(step, _Node())
+        assert isinstance(step, str)  # a Location's steps, built by checks.py
+        return self.keys.setdefault(step, _Node())
+
+
+_tries: weakref.WeakKeyDictionary[CheckPlan, _Node] = weakref.WeakKeyDictionary()
+
+
+def _trie(plan: CheckPlan) -> _Node:
+    root = _tries.get(plan)
+    if root is None:
+        root = _Node()
+        for index, check in enumerate(plan.checks):
+            node = root
+            for step in check.location:
+                node = node.child(step)
+            node.checks = (*node.checks, index)
+        _tries[plan] = root
+    return root
+
+
+def _children(nodes: tuple[_Node, ...], step: str | int) -> tuple[_Node, ...]:
+    found: list[_Node] = []
+    for node in nodes:
+        if isinstance(step, str):
+            named = node.keys.get(step)
+            wild = node.property
+        else:
+            named = node.indexes.get(step)
+            wild = node.item
+        if named is not None:
+            found.append(named)
+        if wild is not None:
+            found.append(wild)
+    return tuple(found)
+
+
+class _Frame(NamedTuple):
+    """An open object or array (immutable: a snapshot shares it)."""
+
+    parent: _Frame | None
+    is_object: bool
+    start: int
+    nodes: tuple[_Node, ...]
+    #: Where the held text starts: this value's start if it or an enclosing one is checked.
+    held: int | None
+    #: The current child's key (``None`` before the first key) or index.
+    step: str | int | None
+
+
+class _State(NamedTuple):
+    mode: int
+    frame: _Frame | None
+    length: int
+    value_start: int
+    value_nodes: tuple[_Node, ...]
+    value_held: int | None
+    escape: bool
+    key_start: int
+    literal_end: int
+    root_done: bool
+
+
+class ValueChecker:
+    """Follows one answer's JSON text and checks each value at a checked location as it
+    closes (see the module doc for what the engine calls when).
+
+    Args:
+        plan: the compiled grammar's checks (``CompiledGrammar.checks``).
+    """
+
+    def __init__(self, plan: CheckPlan) -> None:
+        self._plan = plan
+        self._root: tuple[_Node, ...] = (_trie(plan),)
+        self._text = ""
+        self._mode = _VALUE
+        self._frame: _Frame | None = None
+        self._value_start = 0
+        self._value_nodes: tuple[_Node, ...] = ()
+        self._value_held: int | None = None
+        self._escape = False
+        self._key_start = 0
+        self._literal_end = 0
+        self._root_done = False
+        self._failed = False
+        #: The state before each piece fed (``_snapshots[i]``: before piece ``i``).
+        self._snapshots: list[_State] = []
+        self._lengths: list[int] = []
+
+    # ---- the engine's calls -------------------------------------------------------------
+
+    @property
+    def pieces(self) -> int:
+        """Pieces fed so far (and not rolled back)."""
+        return len(self._snapshots)
+
+    @property
+    def text(self) -> str:
+        """The answer text fed so far."""
+        return self._text
+
+    def feed(self, piece: str) -> CheckFailure | None:
+        """Take the next piece of answer text; the first checked value it closes that
+        fails, or ``None``. After a failure, :meth:`rollback` (at least the piece that
+        failed) before feeding again.
+
+        Raises:
+            ValueError: the text is not JSON (the grammar lets only JSON through, so
+                this is a caller's mistake), or a failure was not rolled back.
+        """
+        if self._failed:
+            raise ValueError("a failed value must be rolled back before feeding more text")
+        self._snapshots.append(self._state())
+        self._lengths.append(len(self._text))
+        start = len(self._text)
+        self._text += piece
+        failure = self._scan(start)
+        self._failed = failure is not None
+        return failure
+
+    def finish(self) -> CheckFailure | None:
+        """The answer ended here: a number at the root closes (and is checked). Changes
+        nothing, so a failure rolls back as one from :meth:`feed`."""
+        if self._frame is None and self._mode == _NUMBER and not self._failed:
+            return self._validate(self._value_nodes, self._value_start, len(self._text), None)
+        return None
+
+    def rollback(self, pieces: int) -> None:
+        """Undo the last ``pieces`` pieces (a failure among them included).
+
+        Raises:
+            ValueError: more pieces than were fed, or a negative count.
+        """
+        if not 0 <= pieces <= len(self._snapshots):
+            raise ValueError(f"cannot roll back {pieces} pieces: {len(self._snapshots)} were fed")
+        if pieces == 0:
+            return
+        state = self._snapshots[-pieces]
+        del self._snapshots[-pieces:]
+        del self._lengths[-pieces:]
+        self._restore(state)
+
+    def pieces_since(self, offset: int) -> int:
+        """How many of the last pieces to undo so that the text kept ends at or before
+        character ``offset`` (a failure's ``start``)."""
+        if len(self._text) <= offset:
+            return 0
+        kept = bisect.bisect_right(self._lengths, offset) - 1
+        return len(self._snapshots) - max(kept, 0)
+
+    def held_from(self) -> int | None:
+        """Offset from which the text belongs to an open value that holds checked
+        keywords (it may still be undone: do not stream it), or ``None``."""
+        if self._mode in _SCALAR_MODES:
+            return self._value_held
+        return None if self._frame is None else self._frame.held
+
+    # ---- state ----------------------------------------------------------------------------
+
+    def _state(self) -> _State:
+        return _State(
+            self._mode,
+            self._frame,
+            len(self._text),
+            self._value_start,
+            self._value_nodes,
+            self._value_held,
+            self._escape,
+            self._key_start,
+            self._literal_end,
+            self._root_done,
+        )
+
+    def _restore(self, state: _State) -> None:
+        self._mode = state.mode
+        self._frame = state.frame
+        self._text = self._text[: state.length]
+        self._value_start = state.value_start
+        self._value_nodes = state.value_nodes
+        self._value_held = state.value_held
+        self._escape = state.escape
+        self._key_start = state.key_start
+        self._literal_end = state.literal_end
+        self._root_done = state.root_done
+        self._failed = False
+
+    # ---- scanning -------------------------------------------------------------------------
+
+    def _scan(self, i: int) -> CheckFailure | None:
+        text = self._text
+        n = len(text)
+        while i < n:
+            mode = self._mode
+            if mode in (_STRING, _KEY):
+                if self._escape:
+                    self._escape = False
+                    i += 1
+                    continue
+                found = _STRING_STOP.search(text, i)
+                if found is None:
+                    return None
+                j = found.start()
+                if text[j] == "\\":
+                    self._escape = True
+                    i = j + 1
+                    continue
+                i = j + 1
+                if mode == _KEY:
+                    frame = self._frame
+                    assert frame is not None  # a key is inside an object
+                    self._frame = frame._replace(step=json.loads(text[self._key_start : i]))
+                    self._mode = _COLON
+                    continue
+                failure = self._close_scalar(i)
+                if failure is not None:
+                    return failure
+                continue
+            if mode == _NUMBER:
+                i = _NUMBER_CHARS.match(text, i).end()  # type: ignore[union-attr]
+                if i == n:
+                    return None
+                failure = self._close_scalar(i)
+                if failure is not None:
+                    return failure
+                continue
+            if mode == _LITERAL:
+                i = min(n, self._literal_end)
+                if i < self._literal_end:
+                    return None
+                if text[self._value_start : i] not in _LITERALS.values():
+                    raise self._malformed(self._value_start)
+                failure = self._close_scalar(i)
+                if failure is not None:
+                    return failure
+                continue
+            c = text[i]
+            if c in _WHITESPACE:
+                i += 1
+                continue
+            if mode in (_VALUE, _ARRAY_FIRST):
+                if mode == _ARRAY_FIRST and c == "]":
+                    failure = self._close_container(i + 1)
+                    if failure is not None:
+                        return failure
+                    i += 1
+                    continue
+                self._open_value(c, i)
+                i += 1
+            elif mode in (_OBJECT_FIRST, _KEY_NEXT):
+                if c == '"':
+                    self._key_start = i
+                    self._mode = _KEY
+                elif c == "}" and mode == _OBJECT_FIRST:
+                    failure = self._close_container(i + 1)
+                    if failure is not None:
+                        return failure
+                else:
+                    raise self._malformed(i)
+                i += 1
+            elif mode == _COLON:
+                if c != ":":
+                    raise self._malformed(i)
+                self._mode = _VALUE
+                i += 1
+            else:  # _AFTER
+                frame = self._frame
+                if frame is None:
+                    raise self._malformed(i)  # text after the root value
+                if c == ",":
+                    if frame.is_object:
+                        self._mode = _KEY_NEXT
+                    else:
+                        assert isinstance(frame.step, int)  # arrays count items
+                        self._frame = frame._replace(step=frame.step + 1)
+                        self._mode = _VALUE
+                elif c == ("}" if frame.is_object else "]"):
+                    failure = self._close_container(i + 1)
+                    if failure is not None:
+                        return failure
+                else:
+                    raise self._malformed(i)
+                i += 1
+        return None
+
+    def _open_value(self, c: str, i: int) -> None:
+        frame = self._frame
+        if frame is None:
+            if self._root_done:
+                raise self._malformed(i)
+            nodes = self._root
+            held = None
+        else:
+            assert frame.step is not None  # a value follows a key or in an array
+            nodes = _children(frame.nodes, frame.step)
+            held = frame.held
+        if held is None and any(node.checks for node in nodes):
+            held = i
+        if c == "{" or c == "[":
+            self._frame = _Frame(frame, c == "{", i, nodes, held, None if c == "{" else 0)
+            self._mode = _OBJECT_FIRST if c == "{" else _ARRAY_FIRST
+            return
+        self._value_start = i
+        self._value_nodes = nodes
+        self._value_held = held
+        if c == '"':
+            self._mode = _STRING
+        elif c == "-" or c.isdigit():
+            self._mode = _NUMBER
+        elif c in _LITERALS:
+            self._mode = _LITERAL
+            self._literal_end = i + len(_LITERALS[c])
+        else:
+            raise self._malformed(i)
+
+    def _close_scalar(self, end: int) -> CheckFailure | None:
+        self._mode = _AFTER
+        if self._frame is None:
+            self._root_done = True
+        return self._validate(self._value_nodes, self._value_start, end, self._frame)
+
+    def _close_container(self, end: int) -> CheckFailure | None:
+        frame = self._frame
+        assert frame is not None  # only an open container closes
+        self._frame = frame.parent
+        self._mode = _AFTER
+        if frame.parent is None:
+            self._root_done = True
+        return self._validate(frame.nodes, frame.start, end, frame.parent)
+
+    def _validate(
+        self, nodes: tuple[_Node, ...], start: int, end: int, parent: _Frame | None
+    ) -> CheckFailure | None:
+        """Check the value ``text[start:end]`` (a child of ``parent``) against the checks
+        at its location."""
+        checks = [index for node in nodes for index in node.checks]
+        if not checks:
+            return None
+        value = json.loads(self._text[start:end])
+        for index in checks:
+            error = self._plan.first_error(index, value)
+            if error is not None:
+                value_pointer = _pointer(parent)
+                return CheckFailure(
+                    start=start,
+                    end=end,
+                    value_pointer=value_pointer,
+                    pointer=value_pointer
+                    + "".join(f"/{escape_pointer(str(p))}" for p in error.absolute_path),
+                    keyword=str(error.validator),
+                    schema_pointer=self._plan.checks[index].schema_pointer
+                    + "".join(f"/{escape_pointer(str(p))}" for p in error.absolute_schema_path),
+                    message=error.message,
+                )
+        return None
+
+    def _malformed(self, offset: int) -> ValueError:
+        return ValueError(
+            f"the answer is not JSON at character {offset}: {self._text[offset : offset + 20]!r}"
+        )
+
+
+def _pointer(frame: _Frame | None) -> str:
+    """The instance pointer of the child value ``frame`` is at (``""``: the root)."""
+    steps: list[str] = []
+    while frame is not None:
+        steps.append(f"/{escape_pointer(str(frame.step))}")
+        frame = frame.parent
+    return "".join(reversed(steps))
+
+
+def first_failed_check(plan: CheckPlan, text: str) -> CheckFailure | None:
+    """The first failure of a whole answer ``text`` (JSON) under ``plan``, or ``None``.
+
+    Raises:
+        ValueError: ``text`` is not JSON.
+    """
+    checker = ValueChecker(plan)
+    return checker.feed(text) or checker.finish()
+
+
+__all__ = ["CheckFailure", "ValueChecker", "first_failed_check"]
