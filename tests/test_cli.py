@@ -22,7 +22,26 @@ def test_every_backend_compiles_the_example_and_accepts_the_answer(
     assert code == 0
     for backend in ("xgrammar", "llguidance", "outlines"):
         assert f"{backend}: compiles in " in out
-    assert out.count("person.json: accepted") == 3
+    assert "auto (strict): compiles with llguidance in " in out
+    assert "checked" not in out  # the grammar enforces all of it
+    assert out.count("person.json: accepted") == 4
+
+
+def test_auto_lists_checked_keywords_and_applies_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema = tmp_path / "tags.schema.json"
+    schema.write_text(
+        json.dumps({"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}})
+    )
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text('{"tags":[1,2]}')
+    bad.write_text('{"tags":[1,1]}')
+    assert main(["check", str(schema), str(good), str(bad), "--backend", "auto"]) == 1
+    out = capsys.readouterr().out
+    assert "checked as values close: uniqueItems at /properties/tags/uniqueItems on /tags" in out
+    assert "good.json: accepted" in out
+    assert "bad.json: fails a check at character 8: uniqueItems at /tags" in out
 
 
 def test_rejection_names_the_character(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -43,14 +43,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=(
             "For each backend: whether SCHEMA_FILE compiles and how long it took; then, for "
             "each TEXT_FILE, whether it is accepted as a complete answer or the character "
-            "offset where it is rejected. Exit status 0 if every backend asked for compiles "
+            "offset where it is rejected. auto is the server's strict choice: the backend it "
+            "picks and each keyword no grammar enforces, checked as values close (a text "
+            "must pass those checks too). Exit status 0 if every backend asked for compiles "
             "and every text is accepted, 1 otherwise, 2 for a usage error."
         ),
     )
     check.add_argument("schema_file", type=Path)
     check.add_argument("text_files", type=Path, nargs="*")
     check.add_argument(
-        "--backend", default="all", help="xgrammar, llguidance, outlines or all (default: all)"
+        "--backend",
+        default="all",
+        help="xgrammar, llguidance, outlines, auto (strict) or all of them (default: all)",
     )
     check.add_argument("--tokenizer", type=Path, help="tokenizer directory or .gguf (default: DeepSeek-V4)")
     check.add_argument(
@@ -627,11 +631,11 @@ def _check(args: argparse.Namespace) -> int:
     from thinkstruct.grammar.json_format import JsonFormat
     from thinkstruct.tokenizer import Tokenizer
 
-    names = list(BACKEND_NAMES) if args.backend == "all" else [args.backend]
+    names = [*BACKEND_NAMES, "auto"] if args.backend == "all" else [args.backend]
     for name in names:
-        if name not in BACKEND_NAMES:
+        if name not in (*BACKEND_NAMES, "auto"):
             print(
-                f"error: unknown backend {name!r}; choose from {', '.join(BACKEND_NAMES)} or all",
+                f"error: unknown backend {name!r}; choose from {', '.join(BACKEND_NAMES)}, auto or all",
                 file=sys.stderr,
             )
             return 2
@@ -650,6 +654,9 @@ def _check(args: argparse.Namespace) -> int:
     fmt = JsonFormat(args.max_whitespace) if args.max_whitespace is not None else JsonFormat()
     ok = True
     for name in names:
+        if name == "auto":
+            ok = _check_auto(constraint, texts, tokenizer, fmt) and ok
+            continue
         backend = get_backend(tokenizer, name, json_format=fmt)
         start = time.perf_counter()
         result = backend.compile(constraint)
@@ -667,6 +674,42 @@ def _check(args: argparse.Namespace) -> int:
                 ok = False
                 print(f"  {path}: rejected at character {offset}: {_context(text, offset)}")
     return 0 if ok else 1
+
+
+def _check_auto(constraint: Any, texts: list[tuple[Path, str]], tokenizer: Any, fmt: Any) -> bool:
+    """``auto`` as a strict server compiles: the backend, what is checked, the texts."""
+    from thinkstruct.errors import ThinkstructError
+    from thinkstruct.grammar.api import default_compiler, first_rejected
+    from thinkstruct.grammar.runtime.value_checks import first_failed_check
+
+    start = time.perf_counter()
+    try:
+        compiled = default_compiler(tokenizer, json_format=fmt).compile(
+            constraint, backend="auto", strict=True
+        )
+    except ThinkstructError as e:
+        print(f"auto (strict): does not compile ({(time.perf_counter() - start) * 1000:.1f} ms): {e}")
+        return False
+    print(f"auto (strict): compiles with {compiled.backend} in {(time.perf_counter() - start) * 1000:.1f} ms")
+    for kept in compiled.enforcement():
+        if kept.enforcement == "checked":
+            print(f"  checked as values close: {kept.keyword} at {kept.pointer} on {kept.location or '/'}")
+    ok = True
+    for path, text in texts:
+        offset = first_rejected(compiled, text)
+        failure = (
+            None
+            if offset is not None or compiled.checks is None
+            else first_failed_check(compiled.checks, text)
+        )
+        if offset is not None:
+            print(f"  {path}: rejected at character {offset}: {_context(text, offset)}")
+        elif failure is not None:
+            print(f"  {path}: fails a check at character {failure.start}: {failure.describe()}")
+        else:
+            print(f"  {path}: accepted")
+        ok = ok and offset is None and failure is None
+    return ok
 
 
 def _context(text: str, offset: int) -> str:

@@ -11,6 +11,7 @@ import pytest
 
 from thinkstruct import CompileTimeout, Constraint, InvalidConstraint, Tokenizer
 from thinkstruct.grammar.api import first_rejected
+from thinkstruct.grammar.runtime.value_checks import first_failed_check
 from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
 # outlines-core needs over a minute for this (a free-form value under a 129k vocabulary).
@@ -171,13 +172,27 @@ UNENFORCEABLE = {
 }
 
 
-def test_strict_refuses_listing_every_unenforceable_keyword(tokenizer: Tokenizer) -> None:
+def test_strict_checks_what_no_grammar_enforces(tokenizer: Tokenizer) -> None:
     with GrammarCompiler(tokenizer, CompilerConfig(strict=True, worker_processes=0)) as c:
-        with pytest.raises(InvalidConstraint) as info:
-            c.compile(Constraint.json_schema(UNENFORCEABLE))
-    message = str(info.value)
-    assert "uniqueItems at /properties/ids/uniqueItems" in message
-    assert "not at /properties/kind/not" in message
+        compiled = c.compile(Constraint.json_schema(UNENFORCEABLE))
+    assert compiled.backend == "llguidance" and compiled.ignored_keywords == ()
+    assert compiled.checks is not None
+    checked = {
+        (e.keyword, e.pointer, e.location) for e in compiled.enforcement() if e.enforcement == "checked"
+    }
+    assert checked == {
+        ("uniqueItems", "/properties/ids/uniqueItems", "/ids"),
+        ("not", "/properties/kind/not", "/kind"),
+    }
+    # The grammar lets both through; the checks do not.
+    assert first_rejected(compiled, '{"ids":[1,1],"kind":"x"}') is None
+    failure = first_failed_check(compiled.checks, '{"ids":[1,1],"kind":"x"}')
+    assert failure is not None and (failure.keyword, failure.pointer, failure.start) == (
+        "uniqueItems",
+        "/ids",
+        7,
+    )
+    assert first_failed_check(compiled.checks, '{"ids":[1,2],"kind":"y"}') is None
 
 
 def test_lenient_falls_back_and_says_what_it_ignores(compiler: GrammarCompiler) -> None:
@@ -209,11 +224,16 @@ def test_strict_compiles_disjoint_one_of_exactly(tokenizer: Tokenizer) -> None:
     assert first_rejected(compiled, '{"kind":"circle","side":1}') is not None
 
 
-def test_strict_refuses_overlapping_one_of(tokenizer: Tokenizer) -> None:
+def test_strict_checks_overlapping_one_of(tokenizer: Tokenizer) -> None:
     schema = {"oneOf": [{"type": "integer"}, {"minimum": 2}]}
     with GrammarCompiler(tokenizer, CompilerConfig(strict=True, worker_processes=0)) as c:
-        with pytest.raises(InvalidConstraint, match="oneOf at /oneOf"):
-            c.compile(Constraint.json_schema(schema))
+        compiled = c.compile(Constraint.json_schema(schema))
+    assert [(e.keyword, e.location) for e in compiled.enforcement() if e.enforcement == "checked"] == [
+        ("oneOf", "")
+    ]
+    assert compiled.checks is not None
+    assert first_failed_check(compiled.checks, "5") is not None  # both branches match
+    assert first_failed_check(compiled.checks, "1") is None
 
 
 def test_unknown_format_is_an_annotation(compiler: GrammarCompiler) -> None:
@@ -254,8 +274,8 @@ def test_per_call_backend_and_strict_are_part_of_the_key(compiler: GrammarCompil
     constraint = Constraint.json_schema(UNENFORCEABLE)
     lenient = compiler.compile(constraint)
     assert lenient.ignored_keywords  # the config's lenient auto
-    with pytest.raises(InvalidConstraint, match="uniqueItems"):
-        compiler.compile(constraint, strict=True)  # not answered by the lenient entry
+    strict = compiler.compile(constraint, strict=True)  # not answered by the lenient entry
+    assert strict.checks is not None and not strict.ignored_keywords
     assert compiler.compile(constraint) is lenient
     regex = Constraint.regex("[a-c]+")
     assert compiler.compile(regex).backend == "llguidance"

@@ -105,9 +105,17 @@ def test_lint_and_validate(server: RunningServer) -> None:
         strict = http.post(
             "/playground/lint", json={"kind": "json_schema", "value": json.dumps(TAGS), "strict": True}
         ).json()
-        assert not strict["ok"]
-        assert strict["error"]["code"] == "unsupported_constraint"
-        assert strict["error"]["pointer"] == "/properties/tags/uniqueItems"
+        assert strict["ok"] and strict["ignored_keywords"] == []
+        checked = [e for e in strict["enforcement"] if e["enforcement"] == "checked"]
+        assert checked == [
+            {
+                "keyword": "uniqueItems",
+                "pointer": "/properties/tags/uniqueItems",
+                "enforcement": "checked",
+                "location": "/tags",
+            }
+        ]
+        assert {e["enforcement"] for e in lenient["enforcement"]} == {"grammar", "ignored"}
         ebnf = http.post("/playground/lint", json={"kind": "ebnf", "value": 'root ::= "a" missing'}).json()
         assert not ebnf["ok"] and "missing" in ebnf["error"]["message"], ebnf
 

@@ -11,6 +11,7 @@ from thinkstruct.grammar.backends import create_backend
 from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend
 from thinkstruct.grammar.json_format import JsonFormat
 from thinkstruct.grammar.runtime.answers import can_stop, first_rejected
+from thinkstruct.grammar.runtime.value_checks import first_failed_check
 from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
 if TYPE_CHECKING:
@@ -68,7 +69,9 @@ def compile(
 
     Args:
         backend: ``"auto"`` or a backend name (see :class:`CompilerConfig`).
-        strict: with ``auto``, refuse what no backend enforces exactly.
+        strict: with ``auto``, every keyword enforced: by the grammar or, where no
+            backend's grammar can, checked as each value closes (``compiled.checks``);
+            otherwise such keywords are ignored (``compiled.ignored_keywords``).
 
     Raises:
         InvalidConstraint: the constraint is malformed, or no backend asked for can enforce
@@ -95,13 +98,17 @@ def accepts(
 
     ``text`` is tokenized as plain text (no BOS; special tokens' texts stay characters),
     fed token by token, and accepted if every token is and a stop token would be allowed
-    next.
+    next; then, where the compiled grammar has checked keywords (a strict compile's
+    fallback), every checked value must validate (``jsonschema``, format checker on), as
+    in decoding.
 
     Raises:
         InvalidConstraint: as :func:`compile`.
     """
     compiled = compile(constraint, tokenizer, backend, strict=strict, json_format=json_format)
-    return first_rejected(compiled, text) is None
+    if first_rejected(compiled, text) is not None:
+        return False
+    return compiled.checks is None or first_failed_check(compiled.checks, text) is None
 
 
 __all__ = ["accepts", "can_stop", "compile", "default_compiler", "first_rejected", "get_backend"]

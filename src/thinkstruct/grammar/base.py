@@ -28,6 +28,8 @@ from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import COMPACT, JsonFormat
 from thinkstruct.grammar.runtime.matcher import GrammarMatcher, StopTokenMatcher
 from thinkstruct.grammar.runtime.reasoning import ReasoningGrammar
+from thinkstruct.grammar.schema.checks import CheckPlan, KeywordEnforcement
+from thinkstruct.grammar.schema.keywords import assertions
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +50,11 @@ class CompiledGrammar(abc.ABC):
     #: JSON Schema keywords this grammar does not enforce (JSON pointers), when a
     #: lenient compile ignored them; empty when the constraint is enforced exactly.
     ignored_keywords: tuple[str, ...] = ()
+
+    #: The keywords this grammar does not enforce and which are checked as each value
+    #: closes instead (a strict compile's fallback; see
+    #: :mod:`thinkstruct.grammar.runtime.value_checks`); ``None`` when nothing is checked.
+    checks: CheckPlan | None = None
 
     #: The grammar's first mask (int32 ``[ceil(vocab_size / 32)]``), kept by the compile
     #: probe so that a fresh matcher's first fill is a 16 KB copy, not a recompute.
@@ -114,14 +121,37 @@ class CompiledGrammar(abc.ABC):
             spare.adopt_start_row(row)
             self._spare[:] = [spare]
 
-    def renamed(self, constraint: Constraint, *, ignored_keywords: tuple[str, ...]) -> CompiledGrammar:
+    def renamed(
+        self, constraint: Constraint, *, ignored_keywords: tuple[str, ...], checks: CheckPlan | None = None
+    ) -> CompiledGrammar:
         """This grammar under another name for its constraint (the one a request asked
         for, where a backend compiled a rewrite), its spare matcher moved along."""
-        named = dataclasses.replace(self, constraint=constraint, ignored_keywords=ignored_keywords)
+        named = dataclasses.replace(
+            self, constraint=constraint, ignored_keywords=ignored_keywords, checks=checks
+        )
         spare = self._take_spare()
         if spare is not None:
             named._spare.append(spare)
         return named
+
+    def enforcement(self) -> tuple[KeywordEnforcement, ...]:
+        """How each assertion keyword of a JSON schema is enforced: by this grammar,
+        checked as values close, or ignored (a lenient compile); ``()`` for other kinds."""
+        if self.checks is not None:
+            return self.checks.enforcement
+        if self.constraint.kind is not ConstraintKind.JSON_SCHEMA:
+            return ()
+        ignored = set(self.ignored_keywords)
+        found = [
+            KeywordEnforcement(keyword, pointer, "ignored" if pointer in ignored else "grammar")
+            for keyword, pointer in assertions(self.constraint.document)
+        ]
+        # Pointers into auto's rewrite of the schema that the schema as asked lacks.
+        found += [
+            KeywordEnforcement(pointer.rsplit("/", 1)[-1], pointer, "ignored")
+            for pointer in sorted(ignored - {e.pointer for e in found})
+        ]
+        return tuple(found)
 
     def _take_spare(self) -> GrammarMatcher | None:
         try:

@@ -10,8 +10,9 @@ endpoints it calls besides ``/v1/chat/completions``.
 - ``POST /playground/lint`` — compiles a constraint exactly as a chat request would (the
   engine's own :class:`~thinkstruct.grammar.service.compiler.GrammarCompiler`, its cache, backend
   choice and strict mode — the compile ``thinkstruct check`` runs per backend) and answers
-  the verdict: backend chosen, compile time, ignored keywords with their JSON pointers, or
-  the error with its pointer / position. An invalid constraint is a 200 with
+  the verdict: backend chosen, compile time, how each schema keyword is enforced (by the
+  grammar, checked as values close, or ignored) with its JSON pointer, or the error with
+  its pointer / position. An invalid constraint is a 200 with
   ``ok: false``: linting it is the point, not a client error.
 - ``POST /playground/validate`` — checks a finished answer: the whole text against the
   compiled grammar (the check ``thinkstruct check`` runs on answer files: accepted, or the
@@ -90,6 +91,25 @@ class LintError(BaseModel):
     backend: str | None = None
 
 
+class KeywordEnforcementInfo(BaseModel):
+    """How one assertion keyword of a JSON schema is enforced.
+
+    Attributes:
+        keyword: the keyword (``"uniqueItems"``).
+        pointer: its JSON pointer in the schema as compiled (after ``auto``'s rewrites).
+        enforcement: ``grammar`` (held token by token), ``checked`` (validated as each
+            value it applies to closes, and undone when it fails) or ``ignored``
+            (lenient mode).
+        location: for a checked keyword, the values checked, as an instance JSON
+            pointer (``*``: every item or property value; ``""``: the whole answer).
+    """
+
+    keyword: str
+    pointer: str
+    enforcement: Literal["grammar", "checked", "ignored"]
+    location: str | None = None
+
+
 class LintResult(BaseModel):
     """The verdict on a constraint.
 
@@ -99,6 +119,7 @@ class LintResult(BaseModel):
         compile_ms: milliseconds the backend spent compiling it (when first compiled).
         waited_ms: milliseconds this lint waited (about zero from the cache).
         ignored_keywords: JSON pointers of keywords the backend does not enforce (lenient).
+        enforcement: each assertion keyword of a JSON schema and how it is enforced.
         error: why it does not compile.
     """
 
@@ -108,6 +129,7 @@ class LintResult(BaseModel):
     compile_ms: float | None = None
     waited_ms: float
     ignored_keywords: list[str] = Field(default_factory=list)
+    enforcement: list[KeywordEnforcementInfo] = Field(default_factory=list)
     error: LintError | None = None
 
 
@@ -213,6 +235,12 @@ async def lint_constraint(state: ServerState, body: LintRequest) -> LintResult:
         compile_ms=compiled.compile_seconds * 1000,
         waited_ms=(time.perf_counter() - start) * 1000,
         ignored_keywords=list(compiled.ignored_keywords),
+        enforcement=[
+            KeywordEnforcementInfo(
+                keyword=e.keyword, pointer=e.pointer, enforcement=e.enforcement, location=e.location
+            )
+            for e in compiled.enforcement()
+        ],
     )
 
 

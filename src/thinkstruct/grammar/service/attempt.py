@@ -241,7 +241,10 @@ class CompileAttempt:
             self._next()
             return
         # The key and the result name the constraint as asked, not as rewritten.
-        self._finish(result.renamed(self.constraint, ignored_keywords=candidate.ignored), remember=True)
+        self._finish(
+            result.renamed(self.constraint, ignored_keywords=candidate.ignored, checks=candidate.checks),
+            remember=True,
+        )
 
     def _give_up(self, *, remember: bool = True) -> None:
         if not self._errors:

@@ -7,11 +7,14 @@ xgrammar masks faster per token but silently ignores several keywords and compil
 slowly, so it is tried only for schemas whose every keyword it enforces; outlines-core is
 exact for a smaller set still and compiles slowest of all.
 
-A backend is used for a JSON schema only if it enforces every assertion keyword in it
-(see :data:`INEXACT`). In lenient mode (``strict=False``) a schema no backend enforces
-exactly falls back to llguidance's lenient mode and then xgrammar, and the keywords they
-skip are listed on the compiled grammar's ``ignored_keywords``; in strict mode it is
-refused with those keywords and their JSON pointers.
+A backend is used for a JSON schema as exact only if it enforces every assertion keyword
+in it (see :data:`INEXACT`). A schema no backend enforces exactly falls back to
+llguidance's lenient mode and then xgrammar (where it is typed throughout), whose grammars
+hold the answer to a superset of the schema. In strict mode (``strict=True``) the keywords
+they skip are *checked*: the candidate carries a
+:class:`~thinkstruct.grammar.schema.checks.CheckPlan` (what to validate where as each
+value closes, :mod:`thinkstruct.grammar.runtime.value_checks`). In lenient mode they are
+ignored and listed on the compiled grammar's ``ignored_keywords``.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from thinkstruct.errors import UnsupportedConstraint
 from thinkstruct.grammar.backends import backend_classes
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind
+from thinkstruct.grammar.schema.checks import CheckPlan, plan_checks
 from thinkstruct.grammar.schema.keywords import assertions, normalize
 from thinkstruct.grammar.schema.walk import subschemas
 
@@ -53,8 +56,9 @@ KIND_ORDER: dict[ConstraintKind, tuple[str, ...]] = {
     kind: _order(kind) for kind in ConstraintKind if kind is not ConstraintKind.JSON_SCHEMA
 }
 
-#: Backends that may compile a schema they do not enforce exactly, in lenient mode: with
-#: a lenient mode, or ignoring such keywords by themselves.
+#: Backends that may compile a schema they do not enforce exactly (its other keywords
+#: ignored in lenient mode, checked in strict mode): with a lenient mode, or ignoring such
+#: keywords by themselves.
 LENIENT_ORDER = tuple(
     name
     for name in JSON_ORDER
@@ -65,22 +69,24 @@ _HAS_LENIENT_MODE = frozenset(cls.name for cls in backend_classes() if cls.lenie
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One attempt: a backend, its mode, the constraint it gets and what it will skip."""
+    """One attempt: a backend, its mode, the constraint it gets and what its grammar skips."""
 
     backend: str
     constraint: Constraint
     lenient: bool = False
     #: JSON pointers of keywords this attempt does not enforce (lenient fallbacks only).
     ignored: tuple[str, ...] = ()
+    #: What is checked as values close, for the keywords its grammar skips (strict
+    #: fallbacks only).
+    checks: CheckPlan | None = None
 
 
 def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Candidate]:
     """The backends to try for ``constraint``, in order, worked out lazily: the common
     case (llguidance enforces the schema as it is) costs a scan of the schema text.
 
-    Raises:
-        UnsupportedConstraint: ``strict`` and some keyword no backend enforces (raised
-            when the first candidate is asked for).
+    In strict mode the fallbacks whose grammars skip keywords carry the checks of those
+    keywords; in lenient mode they list them as ignored.
     """
     if backend != "auto":
         yield Candidate(backend, constraint)
@@ -104,19 +110,23 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
             )
         )
         used = assertions(schema)
-        if strict:
-            _refuse_unenforceable(used)
         if not any(keyword in INEXACT[first] for keyword, _ in used):
             yield Candidate(first, rewritten)
     for name in JSON_ORDER[1:]:
         if not any(keyword in INEXACT[name] for keyword, _ in used) and _typed_throughout(rewritten.document):
             yield Candidate(name, rewritten)
-    if strict:
-        return
     for name in LENIENT_ORDER:
         ignored = tuple(p for k, p in used if k in INEXACT[name])
-        if ignored:
-            yield Candidate(name, rewritten, lenient=name in _HAS_LENIENT_MODE, ignored=ignored)
+        if not ignored:
+            continue
+        lenient = name in _HAS_LENIENT_MODE
+        if not strict:
+            yield Candidate(name, rewritten, lenient=lenient, ignored=ignored)
+        elif lenient or _typed_throughout(rewritten.document):
+            # A backend that ignores keywords by itself guesses types where they are
+            # missing (see _typed_throughout): checked only where it does not.
+            checks = plan_checks(rewritten.document, inexact=INEXACT[name])
+            yield Candidate(name, rewritten, lenient=lenient, checks=checks)
 
 
 # Keywords that apply to one type of value only.
@@ -168,21 +178,6 @@ def _typed_throughout(schema: object) -> bool:
         if isinstance(ref, str) and ref != "#" and not ref.startswith("#/"):
             return False  # xgrammar lets anchor references ("#name") through unchecked
     return True
-
-
-def _refuse_unenforceable(used: list[tuple[str, str]]) -> None:
-    unenforceable = [
-        (keyword, pointer)
-        for keyword, pointer in used
-        if all(keyword in INEXACT[name] for name in JSON_ORDER)
-    ]
-    if unenforceable:
-        listed = ", ".join(f"{k} at {p}" for k, p in unenforceable)
-        raise UnsupportedConstraint(
-            f"no backend enforces these keywords exactly: {listed}",
-            pointer=unenforceable[0][1],
-            kind="json_schema",
-        )
 
 
 # Besides llguidance's inexact keywords, what normalize() must see to help llguidance

@@ -33,10 +33,10 @@ class CompilerConfig:
     Args:
         backend: ``"auto"`` (per constraint, see :mod:`thinkstruct.grammar.service.auto`) or one of
             ``xgrammar``, ``llguidance``, ``outlines``; a call may ask for another.
-        strict: with ``auto``, refuse a constraint that no backend enforces exactly,
-            listing every keyword none can enforce with its JSON pointer; without it, fall
-            back to a backend that ignores those keywords (named on the result's
-            ``ignored_keywords``).
+        strict: with ``auto``, enforce every keyword: where no backend's grammar can,
+            fall back to one whose grammar skips them and check them as each value
+            closes (the result's ``checks``); without it, such a fallback ignores them
+            (named on the result's ``ignored_keywords``).
         json_format: the JSON text format every backend is configured to.
         cache_entries: most compiled grammars kept.
         cache_bytes: most bytes of compiled grammars kept, as measured per backend (each

@@ -379,9 +379,18 @@
       if (r.compile_ms !== null) parts.push(text(` in ${fmtMs(r.compile_ms)}`));
       if (r.compile_ms !== null && r.waited_ms < r.compile_ms / 2) parts.push(text(" (cached)"));
       if (r.ignored_keywords.length) {
-        parts.push(el("div", "warn-text", "Not enforced by this backend (lenient mode; strict would refuse them):"));
+        parts.push(el("div", "warn-text", "Not enforced by this backend (lenient mode; strict mode checks them):"));
         const ul = el("ul", "ignored");
         for (const p of r.ignored_keywords) ul.appendChild(li([el("code", "pointer", p)]));
+        parts.push(ul);
+      }
+      const checked = (r.enforcement || []).filter((e) => e.enforcement === "checked");
+      if (checked.length) {
+        parts.push(el("div", "note-text", "Checked as each value closes (no grammar enforces them; a value that fails is sampled again):"));
+        const ul = el("ul", "checked");
+        for (const e of checked) {
+          ul.appendChild(li([el("code", "keyword", e.keyword), text(" at "), el("code", "pointer", e.pointer), text(" on "), el("code", "location", e.location || "/")]));
+        }
         parts.push(ul);
       }
       setLint("ok", parts);

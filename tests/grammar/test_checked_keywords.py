@@ -1,0 +1,273 @@
+"""Checked keywords: the split between what a backend's grammar enforces and what is checked
+as values close, per keyword and per backend; strict ``auto`` compiling checked schemas;
+``accepts`` applying the checks."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from thinkstruct import Constraint, Tokenizer
+from thinkstruct.grammar.api import accepts, first_rejected
+from thinkstruct.grammar.backends import backend_classes
+from thinkstruct.grammar.base import NO_BACKEND_ENFORCES
+from thinkstruct.grammar.runtime.value_checks import first_failed_check
+from thinkstruct.grammar.schema.checks import location_text, plan_checks
+from thinkstruct.grammar.schema.walk import resolve
+from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
+
+# (keyword, schema, the keyword's pointer, where it is checked, a valid and an invalid
+# answer that differ only in that keyword).
+CASES: list[tuple[str, dict[str, Any], str, str, str, str]] = [
+    (
+        "uniqueItems",
+        {
+            "type": "object",
+            "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True}},
+        },
+        "/properties/tags/uniqueItems",
+        "/tags",
+        '{"tags":["a","b"]}',
+        '{"tags":["a","a"]}',
+    ),
+    (
+        "not",
+        {"type": "object", "properties": {"n": {"type": "integer", "not": {"const": 3}}}},
+        "/properties/n/not",
+        "/n",
+        '{"n":4}',
+        '{"n":3}',
+    ),
+    (
+        "oneOf",
+        {
+            "type": "object",
+            "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 2}]}},
+        },
+        "/properties/v/oneOf",
+        "/v",
+        '{"v":1}',
+        '{"v":5}',
+    ),
+    (
+        "if",
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "if": {"properties": {"a": {"const": 1}}, "required": ["a"]},
+            "then": {"required": ["b"]},
+        },
+        "/if",
+        "",
+        '{"a":1,"b":2}',
+        '{"a":1}',
+    ),
+    (
+        "contains",
+        {
+            "type": "object",
+            "properties": {
+                "xs": {
+                    "type": "array",
+                    "items": {"type": "integer"},
+                    "contains": {"const": 1},
+                    "minContains": 2,
+                }
+            },
+        },
+        "/properties/xs/contains",
+        "/xs",
+        '{"xs":[1,1]}',
+        '{"xs":[1,2]}',
+    ),
+    (
+        "maxContains",
+        {"type": "array", "items": {"type": "integer"}, "contains": {"const": 1}, "maxContains": 1},
+        "/maxContains",
+        "",
+        "[1,2]",
+        "[1,1]",
+    ),
+    (
+        "propertyNames",
+        {"type": "object", "additionalProperties": {"type": "integer"}, "propertyNames": {"maxLength": 2}},
+        "/propertyNames",
+        "",
+        '{"ab":1}',
+        '{"abc":1}',
+    ),
+    (
+        "unevaluatedProperties",
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "unevaluatedProperties": False},
+        "/unevaluatedProperties",
+        "",
+        '{"a":1}',
+        '{"a":1,"b":2}',
+    ),
+    (
+        "uniqueItems",  # every value of a map
+        {
+            "type": "object",
+            "additionalProperties": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+        },
+        "/additionalProperties/uniqueItems",
+        "/*",
+        '{"x":[1,2],"y":[1]}',
+        '{"x":[1,2],"y":[3,3]}',
+    ),
+    (
+        "uniqueItems",  # inside a conditional branch: checked with the whole value there
+        {
+            "type": "object",
+            "properties": {"v": {"anyOf": [{"type": "array", "uniqueItems": True}, {"type": "string"}]}},
+        },
+        "/properties/v/anyOf/0/uniqueItems",
+        "/v",
+        '{"v":[1,2]}',
+        '{"v":[2,2]}',
+    ),
+]
+
+# Keywords some backend's grammar enforces (the split differs per backend).
+PER_BACKEND: list[tuple[str, dict[str, Any], str, str, str, str]] = [
+    (
+        "multipleOf",
+        {"type": "object", "properties": {"p": {"type": "number", "multipleOf": 0.25}}},
+        "/properties/p/multipleOf",
+        "/p",
+        '{"p":0.75}',
+        '{"p":0.8}',
+    ),
+    (
+        "format",
+        {"type": "array", "items": {"type": "string", "format": "date"}},
+        "/items/format",
+        "/*",
+        '["2024-02-29"]',
+        '["2023-02-29"]',
+    ),
+]
+
+
+def _split(schema: dict[str, Any], inexact: frozenset[str]) -> dict[str, tuple[str, str | None]]:
+    plan = plan_checks(schema, inexact=inexact)
+    return {e.pointer: (e.enforcement, e.location) for e in plan.enforcement}
+
+
+@pytest.mark.parametrize(
+    ("keyword", "schema", "pointer", "location", "valid", "invalid"), CASES + PER_BACKEND
+)
+def test_each_backend_checks_what_it_declares_inexact(
+    keyword: str, schema: dict[str, Any], pointer: str, location: str, valid: str, invalid: str
+) -> None:
+    for cls in backend_classes():
+        split = _split(schema, cls.inexact_keywords)
+        if keyword in cls.inexact_keywords:
+            assert split[pointer] == ("checked", location), cls.name
+        else:
+            assert split[pointer] == ("grammar", None), cls.name
+        # Nothing is listed twice, and every keyword has one fate.
+        plan = plan_checks(schema, inexact=cls.inexact_keywords)
+        assert len({e.pointer for e in plan.enforcement}) == len(plan.enforcement)
+    plan = plan_checks(schema, inexact=NO_BACKEND_ENFORCES | {"format", "multipleOf"})
+    assert first_failed_check(plan, valid) is None
+    failure = first_failed_check(plan, invalid)
+    assert failure is not None
+
+
+def test_the_facts_behind_the_split() -> None:
+    """Spot checks of the declarations the split reads (measured in keyword_support.md)."""
+    by_name = {cls.name: cls.inexact_keywords for cls in backend_classes()}
+    for name in ("llguidance", "xgrammar", "outlines"):
+        assert {"uniqueItems", "not", "if", "contains", "propertyNames"} <= by_name[name]
+    assert "format" not in by_name["llguidance"] and "format" in by_name["xgrammar"]
+    assert "multipleOf" not in by_name["llguidance"] and "multipleOf" in by_name["outlines"]
+
+
+def test_a_referenced_subschema_is_checked_where_each_reference_applies() -> None:
+    schema = {
+        "$defs": {"u": {"type": "array", "uniqueItems": True}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/u"}, "b": {"type": "array", "items": {"$ref": "#/$defs/u"}}},
+    }
+    plan = plan_checks(schema, inexact=NO_BACKEND_ENFORCES)
+    assert {location_text(c.location) for c in plan.checks} == {"/a", "/b/*"}
+    failure = first_failed_check(plan, '{"a":[1],"b":[[2],[3,3]]}')
+    assert failure is not None and failure.value_pointer == "/b/1" and failure.keyword == "uniqueItems"
+
+
+def test_recursion_is_checked_at_its_first_value() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "uniqueItems": True},
+            "kids": {"type": "array", "items": {"$ref": "#"}},
+        },
+    }
+    plan = plan_checks(schema, inexact=NO_BACKEND_ENFORCES)
+    assert "" in {location_text(c.location) for c in plan.checks}  # covers every level
+    deep = '{"kids":[{"kids":[{"tags":[1,1]}]}]}'
+    failure = first_failed_check(plan, deep)
+    assert failure is not None and failure.pointer == "/kids/0/kids/0/tags"
+
+
+def test_references_the_walk_does_not_follow_check_the_whole_document() -> None:
+    schema = {"$defs": {"u": {"$anchor": "u", "uniqueItems": True}}, "properties": {"a": {"$ref": "#u"}}}
+    plan = plan_checks(schema, inexact=NO_BACKEND_ENFORCES)
+    assert [location_text(c.location) for c in plan.checks] == [""]
+    assert first_failed_check(plan, '{"a":[1,1]}') is not None
+
+
+@pytest.fixture(scope="module")
+def strict() -> Any:
+    with GrammarCompiler(Tokenizer.default(), CompilerConfig(strict=True, worker_processes=0)) as compiler:
+        yield compiler
+
+
+@pytest.mark.parametrize(("keyword", "schema", "pointer", "location", "valid", "invalid"), CASES)
+def test_strict_auto_compiles_checked_schemas(
+    strict: GrammarCompiler,
+    keyword: str,
+    schema: dict[str, Any],
+    pointer: str,
+    location: str,
+    valid: str,
+    invalid: str,
+) -> None:
+    compiled = strict.compile(Constraint.json_schema(schema))
+    assert compiled.checks is not None and compiled.ignored_keywords == ()
+    checked = {(e.keyword, e.location) for e in compiled.enforcement() if e.enforcement == "checked"}
+    assert (keyword, location) in checked
+    # The grammar holds the shape; the check tells the two answers apart.
+    assert first_rejected(compiled, valid) is None
+    assert first_rejected(compiled, invalid) is None
+    assert first_failed_check(compiled.checks, valid) is None
+    failure = first_failed_check(compiled.checks, invalid)
+    assert failure is not None
+    # It names the value that failed and where it starts (where decoding rolls back to).
+    assert json.loads(invalid[failure.start : failure.end]) == resolve(
+        json.loads(invalid), failure.value_pointer
+    )
+    assert failure.value_pointer.startswith(location.split("*")[0].rstrip("/"))
+
+
+def test_accepts_applies_the_checks() -> None:
+    schema = CASES[0][1]
+    constraint = Constraint.json_schema(schema)
+    assert accepts(constraint, '{"tags":["a","b"]}', strict=True)
+    assert not accepts(constraint, '{"tags":["a","a"]}', strict=True)
+    # Lenient mode ignores the keyword, as it says.
+    assert accepts(constraint, '{"tags":["a","a"]}')
+    date = Constraint.json_schema({"type": "string", "format": "date-time"})
+    assert accepts(date, '"2024-01-01T00:00:00Z"', strict=True)
+    assert not accepts(date, '"2024-01-01"', strict=True)
+
+
+def test_exact_schemas_carry_no_checks(strict: GrammarCompiler) -> None:
+    compiled = strict.compile(
+        Constraint.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
+    )
+    assert compiled.checks is None
+    assert {e.enforcement for e in compiled.enforcement()} == {"grammar"}
