@@ -1,4 +1,4 @@
-"""Read a few metadata values from a GGUF file's header.
+"""Read a few metadata values, and the tensors' table, from a GGUF file's header.
 
 The chat template and the special-token ids sit in the key/value header at the start of
 the file. ``gguf.GGUFReader`` maps and indexes the whole file, tensors and the full
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Collection
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 _MAGIC = b"GGUF"
 # GGUF value types: id -> struct format of one item (strings and arrays are handled apart).
@@ -64,6 +64,51 @@ def read_gguf_metadata(path: str | os.PathLike[str], keys: Collection[str]) -> d
             else:
                 _skip_value(f, value_type, path)
     return found
+
+
+class GGUFTensorInfo(NamedTuple):
+    """One tensor of a GGUF file: its name, ggml type id, dimensions as the file lists
+    them (innermost first: ``[inputs, outputs]`` for a weight) and the absolute byte
+    offset of its data in the file."""
+
+    name: str
+    type_id: int
+    dims: tuple[int, ...]
+    offset: int
+
+
+def read_gguf_tensors(path: str | os.PathLike[str]) -> list[GGUFTensorInfo]:
+    """The tensor table of the GGUF at ``path`` (the header's key/values skipped, but
+    ``general.alignment``), without reading any tensor data.
+
+    Raises:
+        GGUFFormatError: not a GGUF file, or a header that ends early.
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as f:
+        if f.read(4) != _MAGIC:
+            raise GGUFFormatError(f"{path}: not a GGUF file (bad magic)")
+        (version,) = _unpack(f, "<I", path)
+        if version < 2:
+            raise GGUFFormatError(f"{path}: GGUF version {version} is not supported")
+        n_tensors, n_kv = _unpack(f, "<QQ", path)
+        alignment = 32
+        for _ in range(n_kv):
+            key = _read_string(f, path)
+            (value_type,) = _unpack(f, "<I", path)
+            if key == "general.alignment":
+                alignment = int(_read_value(f, value_type, path))
+            else:
+                _skip_value(f, value_type, path)
+        table = []
+        for _ in range(n_tensors):
+            name = _read_string(f, path)
+            (n_dims,) = _unpack(f, "<I", path)
+            dims = _unpack(f, f"<{n_dims}Q", path)
+            type_id, offset = _unpack(f, "<IQ", path)
+            table.append((name, type_id, tuple(int(d) for d in dims), int(offset)))
+        start = -(-f.tell() // alignment) * alignment
+    return [GGUFTensorInfo(name, type_id, dims, start + offset) for name, type_id, dims, offset in table]
 
 
 def _unpack(f: BinaryIO, fmt: str, path: Any) -> tuple[Any, ...]:

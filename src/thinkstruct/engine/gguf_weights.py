@@ -1,0 +1,269 @@
+"""GGUF weights as the file ships them (``--quantize gguf``): :class:`GGUFLinear` and
+:func:`quantize_gguf`.
+
+A GGUF's Q4_0, Q4_1 and Q8_0 tensors are multiplied by the compiled kernels block by block
+(:data:`~thinkstruct.engine.cpu_kernels.GGUF_FORMATS`, ``gguf_blocks.c``): the model
+computes what its file says, where dequantizing to float and re-quantizing to int8
+(``--quantize int8-weights``) rounds every weight a second time and reads more bytes a
+step (int8 is 1.03 bytes a weight with its scales, Q4_1 0.625, Q8_0 1.06). Activations
+stay float32: each block's 16 or 32 quants are widened to float32 in registers and
+multiplied into float32 activations, then scaled by the block's ``d`` (and ``m``), so a
+result is the file's weights' up to float summation order.
+
+The raw blocks are read from the file's tensor table (memory-mapped; ``gguf``'s own reader
+parses the whole vocabulary first, 4 s for SmolLM2), mapped to the model's ``nn.Linear``
+modules by the ``gguf`` package's tensor name map (as transformers maps them), and their rows permuted where
+transformers' tensor processor permutes the dequantized rows (llama.cpp's conversion
+interleaves the rotary halves of q and k; whole rows of blocks move, exactly). Each
+tensor's blocks are repacked once (16 output rows side by side, the same bytes) at load.
+A Linear whose tensor is of another type (F16, Q4_K...) or of sizes the blocks do not fit
+is quantized to int8 rows instead (:class:`~thinkstruct.engine.int8_weights.Int8Linear`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from thinkstruct.engine.cpu_kernels import GGUF_FORMATS, CpuKernels, cpu_kernels
+from thinkstruct.engine.int8_weights import Int8Linear
+from thinkstruct.parsers.gguf_metadata import GGUFTensorInfo, read_gguf_metadata, read_gguf_tensors
+
+
+class GGUFLinear(torch.nn.Module):
+    """``y = x @ W.T + bias`` for ``W [out, in]`` held as GGUF blocks of format ``fmt``
+    (a :data:`GGUF_FORMATS` name), packed for the kernels (``packed``, uint8); float32
+    ``x [..., in]`` -> float32 ``[..., out]``.
+
+    Args:
+        fmt: the blocks' ggml type name.
+        packed: the blocks, as :func:`pack_blocks` lays them out.
+        out_features, in_features: ``W``'s shape (``% 16`` and ``% 32``).
+        kernels: the compiled kernels.
+        bias: the float bias added to each output (kept float32), or ``None``.
+    """
+
+    packed: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(
+        self,
+        fmt: str,
+        packed: torch.Tensor,
+        *,
+        out_features: int,
+        in_features: int,
+        kernels: CpuKernels,
+        bias: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        if fmt not in GGUF_FORMATS or packed.numel() != GGUF_FORMATS[fmt].packed_bytes(
+            out_features, in_features
+        ):
+            raise ValueError(
+                f"{fmt} blocks of [{out_features}, {in_features}] do not fit {packed.numel()} bytes"
+            )
+        self.fmt = fmt
+        self.out_features = out_features
+        self.in_features = in_features
+        self._kernels = kernels
+        self.register_buffer("packed", packed.contiguous(), persistent=False)
+        stored_bias = None if bias is None else bias.detach().float().contiguous()
+        self.register_buffer("bias", stored_bias, persistent=False)
+
+    @property
+    def code(self) -> int:
+        """The format's code in ``gguf_blocks.c`` (``LayerPointers.*_format``)."""
+        return GGUF_FORMATS[self.fmt].code
+
+    @classmethod
+    def stacked(cls, parts: Sequence[GGUFLinear]) -> GGUFLinear:
+        """One layer computing ``parts`` over the same input, outputs concatenated in order
+        (exact: packed row groups end to end). Raises ValueError for parts of different
+        formats or input sizes."""
+        first = parts[0]
+        if any(p.fmt != first.fmt or p.in_features != first.in_features for p in parts):
+            raise ValueError("stacked GGUF layers must share their block format and input size")
+        bias = None
+        if any(p.bias is not None for p in parts):
+            bias = torch.cat([torch.zeros(p.out_features) if p.bias is None else p.bias for p in parts])
+        return cls(
+            first.fmt,
+            torch.cat([p.packed for p in parts]),
+            out_features=sum(p.out_features for p in parts),
+            in_features=first.in_features,
+            kernels=first._kernels,
+            bias=bias,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.dtype != torch.float32 or rows.stride(-1) != 1:
+            rows = rows.float().contiguous()
+        out = self._kernels.gguf_linear(rows, self.fmt, self.packed, self.out_features, self.bias)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight ``[out, in]`` the blocks hold (as ggml dequantizes them)."""
+        return self._kernels.gguf_dequantize(self.fmt, self.packed, self.out_features, self.in_features)
+
+    def extra_repr(self) -> str:
+        bias = self.bias is not None
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}, {self.fmt} blocks"
+
+
+def pack_blocks(fmt: str, raw: np.ndarray[Any, Any]) -> torch.Tensor:
+    """A GGUF tensor's blocks ``raw [out, row bytes]`` (uint8, each row its blocks of 32
+    weights in order) laid out for the kernels: ``[out / 16][in / 32]`` groups, each the
+    16 rows' float16 fields, then their quants with the rows side by side (``gguf_blocks.c``)."""
+    spec = GGUF_FORMATS[fmt]
+    block = 2 * spec.halves + spec.quant_bytes
+    rows = raw.shape[0]
+    nb = raw.shape[1] // block
+    blocks = np.ascontiguousarray(raw).reshape(rows // 16, 16, nb, block)
+    parts = [
+        blocks[..., 2 * i : 2 * i + 2].transpose(0, 2, 1, 3).reshape(rows // 16, nb, 32)
+        for i in range(spec.halves)
+    ]
+    quants = blocks[..., 2 * spec.halves :].transpose(0, 2, 3, 1)  # [groups, nb, quant byte, row]
+    parts.append(quants.reshape(rows // 16, nb, 16 * spec.quant_bytes))
+    return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=-1)).reshape(-1))
+
+
+@dataclass(frozen=True)
+class GGUFResult:
+    """What :func:`quantize_gguf` did.
+
+    Attributes:
+        blocks: Linear layers now on the file's blocks (module name -> ggml type name).
+        int8: Linear layers whose tensor the kernels do not run (another type, sizes the
+            blocks do not fit), now int8 rows.
+        seconds: wall time.
+    """
+
+    blocks: dict[str, str]
+    int8: tuple[str, ...]
+    seconds: float
+
+
+def runs_blocks(path: Path) -> bool:
+    """Whether every quantized tensor of the GGUF at ``path`` is of a block format the
+    kernels run (and the kernels build here): ``--quantize``'s default then is ``gguf``."""
+    if cpu_kernels() is None:
+        return False
+    from gguf.constants import GGMLQuantizationType as T
+
+    unquantized = {T.F32, T.F16, T.BF16}
+    types = {T(t.type_id) for t in read_gguf_tensors(path)} - unquantized
+    return bool(types) and all(t.name in GGUF_FORMATS for t in types)
+
+
+def quantize_gguf(model: torch.nn.Module, path: Path) -> GGUFResult:
+    """Replace every ``nn.Linear`` of the float32 ``model`` (loaded from the GGUF at
+    ``path``) by a :class:`GGUFLinear` over the file's own blocks where the kernels run
+    its type, otherwise by an int8-row :class:`Int8Linear`, in place.
+
+    Raises:
+        ValueError: the compiled kernels do not build here (the blocks run on them only).
+    """
+    started = time.perf_counter()
+    kernels = cpu_kernels()
+    if kernels is None:
+        from thinkstruct.engine.cpu_kernels import unavailable_reason
+
+        raise ValueError(
+            f"--quantize gguf runs on the compiled kernels, which are off here ({unavailable_reason()})"
+        )
+    tensors = {t.name: t for t in read_gguf_tensors(path)}
+    architecture = str(read_gguf_metadata(path, ["general.architecture"])["general.architecture"])
+    names, processor = _name_map(model, architecture)
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    blocks: dict[str, str] = {}
+    int8: list[str] = []
+    for name, module in list(model.named_modules()):
+        if type(module) is not torch.nn.Linear:
+            continue
+        gguf_name = names.get(name)
+        tensor = tensors.get(f"{gguf_name}.weight") if gguf_name is not None else None
+        replacement: torch.nn.Module | None = None
+        if tensor is not None:
+            replacement = _block_linear(module, tensor, data, processor, kernels)
+        if isinstance(replacement, GGUFLinear):
+            blocks[name] = replacement.fmt
+        else:
+            replacement = Int8Linear.from_linear(module, kernels=kernels)
+            int8.append(name)
+        parent_name, _, attribute = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attribute, replacement)
+    return GGUFResult(blocks, tuple(int8), time.perf_counter() - started)
+
+
+def _name_map(model: Any, architecture: str) -> tuple[dict[str, str], Any]:
+    """``{model module name: GGUF tensor name without .weight}`` for the ``model``'s Linear
+    layers (a tied output layer maps to the token embeddings, the file holding no output
+    tensor) and the tensor processor transformers dequantizes ``architecture``'s tensors
+    with."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    config = model.config
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(  # type: ignore[no-untyped-call]
+        config={
+            "num_attention_heads": config.num_attention_heads,
+            "num_key_value_heads": getattr(config, "num_key_value_heads", config.num_attention_heads),
+        }
+    )
+    arch = next((key for key, value in MODEL_ARCH_NAMES.items() if value == architecture), None)
+    if arch is None:
+        return {}, processor
+    name_map = get_tensor_name_map(arch, int(config.num_hidden_layers))
+    names = {}
+    output, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    for name, module in model.named_modules():
+        if type(module) is torch.nn.Linear:
+            gguf_name = name_map.get_name(name)
+            if module is output and output.weight is embeddings.weight:
+                gguf_name = name_map.get_name(next(n for n, m in model.named_modules() if m is embeddings))
+            if gguf_name is not None:
+                names[name] = gguf_name
+    return names, processor
+
+
+def _block_linear(
+    linear: torch.nn.Linear,
+    tensor: GGUFTensorInfo,
+    data: np.ndarray[Any, Any],
+    processor: Any,
+    kernels: CpuKernels,
+) -> GGUFLinear | None:
+    """The GGUF tensor's blocks as a layer computing ``linear``, its rows in the model's
+    order; ``None`` where its type is not one the kernels run, its sizes do not fit the
+    blocks or transformers' processing of it is not a row permutation."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    fmt = GGMLQuantizationType(tensor.type_id).name
+    rows, inputs = int(linear.out_features), int(linear.in_features)
+    if fmt not in GGUF_FORMATS or rows % 16 or inputs % 32 or tensor.dims != (inputs, rows):
+        return None
+    block_size, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.type_id)]
+    row_bytes = inputs // block_size * block_bytes
+    raw = data[tensor.offset : tensor.offset + rows * row_bytes].reshape(rows, row_bytes)
+    order = processor.process(
+        weights=np.arange(rows, dtype=np.float64).reshape(rows, 1),
+        name=tensor.name,
+        tensor_key_mapping={},
+        parsed_parameters={"config": processor.config, "tensors": {}},
+    ).weights
+    order = np.asarray(order).reshape(-1)
+    if order.shape != (rows,) or not np.array_equal(np.sort(order), np.arange(rows)):
+        return None
+    bias = None if linear.bias is None else linear.bias.detach()
+    packed = pack_blocks(fmt, raw[order.astype(np.int64)])
+    return GGUFLinear(fmt, packed, out_features=rows, in_features=inputs, kernels=kernels, bias=bias)

@@ -1,0 +1,128 @@
+"""GGUF blocks on the compiled kernels (``gguf_blocks.c``) against the ``gguf`` package.
+
+The packed blocks must hold exactly the weights ``gguf.quants`` dequantizes from the same
+bytes; the multiply must be that float32 matrix's product up to summation order; and a
+row's result must not depend on the other rows of the call or on the AVX2 / AVX-512 path,
+bit for bit (a seeded request's tokens would otherwise change with its batch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from thinkstruct.engine.cpu_kernels import GGUF_FORMATS, CpuKernels, cpu_kernels, unavailable_reason
+from thinkstruct.engine.gguf_weights import GGUFLinear, pack_blocks
+
+FORMATS = sorted(GGUF_FORMATS)
+
+
+@pytest.fixture(scope="module")
+def kernels() -> CpuKernels:
+    built = cpu_kernels()
+    assert built is not None, unavailable_reason()
+    return built
+
+
+def _blocks(fmt: str, rows: int, inputs: int, seed: int) -> tuple[np.ndarray, torch.Tensor]:
+    """Random weights quantized by the ``gguf`` package to ``fmt``: the file's bytes
+    ``[rows, row bytes]`` and what ``gguf.quants`` dequantizes them to."""
+    generator = np.random.default_rng(seed)
+    weights = generator.standard_normal((rows, inputs)).astype(np.float32)
+    weights += generator.standard_normal((rows, 1)).astype(np.float32)  # rows with an offset (Q4_1's m)
+    raw = quantize(weights, GGMLQuantizationType[fmt])
+    return raw, torch.from_numpy(dequantize(raw, GGMLQuantizationType[fmt]).astype(np.float32))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_packed_blocks_hold_what_gguf_dequantizes(kernels, fmt: str) -> None:
+    raw, reference = _blocks(fmt, 48, 96, seed=1)
+    packed = pack_blocks(fmt, raw)
+    assert packed.numel() == raw.size  # the file's bytes, reordered
+    assert torch.equal(kernels.gguf_dequantize(fmt, packed, 48, 96), reference)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    fmt=st.sampled_from(FORMATS),
+    rows=st.integers(1, 19),
+    groups=st.integers(1, 9),
+    blocks=st.integers(1, 6),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_multiply_matches_the_dequantized_weights(kernels, fmt, rows, groups, blocks, bias, seed) -> None:
+    """Any number of rows (the 1-2 row wide tiles, 8-row tiles and their remainders) and of
+    16-output groups (whole and partial runs of four)."""
+    outputs, inputs = 16 * groups, 32 * blocks
+    raw, weight = _blocks(fmt, outputs, inputs, seed)
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, inputs, generator=generator) * 3
+    b = torch.randn(outputs, generator=generator) if bias else None
+    got = kernels.gguf_linear(x, fmt, pack_blocks(fmt, raw), outputs, b)
+    expected = x.double() @ weight.double().T + (0 if b is None else b.double())
+    # Float32 summation in another order: bounded by a few ulps of sum |x| |w| per output.
+    bound = 1e-5 * (x.double().abs() @ weight.double().abs().T) + 1e-5
+    assert bool(((got.double() - expected).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_row_gets_the_same_bits_in_any_batch_and_on_both_paths(kernels, fmt: str) -> None:
+    raw, _ = _blocks(fmt, 16 * 7, 32 * 5, seed=3)
+    packed = pack_blocks(fmt, raw)
+    x = torch.randn(21, 160, generator=torch.Generator().manual_seed(4))
+    bias = torch.randn(112, generator=torch.Generator().manual_seed(5))
+    alone = torch.cat([kernels.gguf_linear(x[i : i + 1], fmt, packed, 112, bias) for i in range(21)])
+    for width in (2, 3, 8, 9, 21):
+        batched = torch.cat(
+            [kernels.gguf_linear(x[i : i + width], fmt, packed, 112, bias) for i in range(0, 21, width)]
+        )
+        assert torch.equal(batched, alone), width
+    try:
+        kernels.use_avx512(False)
+        assert torch.equal(kernels.gguf_linear(x, fmt, packed, 112, bias), alone)
+        assert torch.equal(kernels.gguf_linear(x[:1], fmt, packed, 112, bias), alone[:1])
+    finally:
+        kernels.use_avx512(True)
+
+
+def test_stacked_layers_compute_their_parts(kernels) -> None:
+    parts = []
+    for seed, outputs in enumerate((64, 32, 32)):
+        raw, _ = _blocks("Q4_1", outputs, 64, seed)
+        parts.append(
+            GGUFLinear(
+                "Q4_1", pack_blocks("Q4_1", raw), out_features=outputs, in_features=64, kernels=kernels
+            )
+        )
+    x = torch.randn(3, 64)
+    stacked = GGUFLinear.stacked(parts)
+    assert torch.equal(stacked(x), torch.cat([p(x) for p in parts], dim=-1))
+    other = GGUFLinear(
+        "Q8_0",
+        pack_blocks("Q8_0", _blocks("Q8_0", 16, 64, 9)[0]),
+        out_features=16,
+        in_features=64,
+        kernels=kernels,
+    )
+    with pytest.raises(ValueError, match="share their block format"):
+        GGUFLinear.stacked([parts[0], other])
+
+
+def test_sizes_and_formats_it_cannot_take_are_refused(kernels) -> None:
+    raw, _ = _blocks("Q4_0", 32, 64, seed=0)
+    packed = pack_blocks("Q4_0", raw)
+    x = torch.randn(2, 64)
+    with pytest.raises(ValueError, match="not Q6_K"):
+        kernels.gguf_linear(x, "Q6_K", packed, 32)
+    with pytest.raises(ValueError, match="a multiple of 16"):
+        kernels.gguf_linear(x, "Q4_0", packed, 24)
+    with pytest.raises(ValueError, match="is 1280 contiguous uint8"):
+        kernels.gguf_linear(x, "Q4_1", packed, 32)  # Q4_1 blocks are longer
+    with pytest.raises(ValueError, match="of 32"):
+        kernels.gguf_linear(torch.randn(2, 48), "Q4_0", packed, 32)
