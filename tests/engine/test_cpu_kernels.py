@@ -65,6 +65,7 @@ def test_rope_store_and_attention_match_torch(kernels, data) -> None:
     rotate = data.draw(st.booleans(), label="rotate")
     qk_norm = data.draw(st.booleans(), label="q/k norm")
     window = data.draw(st.sampled_from([0, 1, 3, 9]), label="window")
+    block = data.draw(st.sampled_from([1, 4, 8, 32]), label="block tokens")
     slots, capacity = 3, 24
     # Each token: a slot and a position; a slot's positions are filled without holes.
     lengths = data.draw(st.lists(st.integers(0, 8), min_size=slots, max_size=slots), label="new tokens")
@@ -77,6 +78,11 @@ def test_rope_store_and_attention_match_torch(kernels, data) -> None:
     generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="seed"))
     keys = torch.randn(slots, kv_heads, capacity, dim, generator=generator)
     values = torch.randn(slots, kv_heads, capacity, dim, generator=generator)
+    # The same cache in blocks, each slot's blocks scattered over the pool in random order.
+    per_slot = -(-capacity // block)
+    order = torch.randperm(slots * per_slot + 2, generator=generator)  # two blocks no slot uses
+    table = order[: slots * per_slot].view(slots, per_slot).contiguous()
+    pool_keys, pool_values = _paged(keys, table, block, len(order)), _paged(values, table, block, len(order))
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=generator) * 3
     angles = pos_of[:, None].float() * (1e4 ** (-torch.arange(0, 2 * rot_half, 2).float() / (2 * rot_half)))
     cos, sin = angles.cos().contiguous(), angles.sin().contiguous()
@@ -101,17 +107,17 @@ def test_rope_store_and_attention_match_torch(kernels, data) -> None:
     want_values[slot_of, :, pos_of] = new_values
 
     kernels.rope_store(
-        qkv, heads=heads, kv_heads=kv_heads, cos=cos, sin=sin,
-        slot_of=slot_of, pos_of=pos_of, keys=keys, values=values, layout=layout,
+        qkv, heads=heads, kv_heads=kv_heads, cos=cos, sin=sin, slot_of=slot_of, pos_of=pos_of,
+        keys=pool_keys, values=pool_values, table=table, layout=layout,
     )  # fmt: skip
     torch.testing.assert_close(qkv[:, : heads * dim].view(tokens, heads, dim), queries, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(keys, want_keys, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(values, want_values)
+    torch.testing.assert_close(_unpaged(pool_keys, table, capacity), want_keys, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(_unpaged(pool_values, table, capacity), want_values)
 
     span = int(pos_of.max()) + 1
     got = kernels.attention(
-        qkv, heads=heads, kv_heads=kv_heads, slot_of=slot_of, pos_of=pos_of,
-        span=span, keys=keys, values=values, scale=dim**-0.5, window=window,
+        qkv, heads=heads, kv_heads=kv_heads, slot_of=slot_of, pos_of=pos_of, span=span,
+        keys=pool_keys, values=pool_values, table=table, scale=dim**-0.5, window=window,
     )  # fmt: skip
     group = heads // kv_heads
     for t in range(tokens):
@@ -124,10 +130,61 @@ def test_rope_store_and_attention_match_torch(kernels, data) -> None:
 
     # The first token alone, with the span of its own position: the same bits.
     alone = kernels.attention(
-        qkv[:1], heads=heads, kv_heads=kv_heads, slot_of=slot_of[:1], pos_of=pos_of[:1],
-        span=int(pos_of[0]) + 1, keys=keys, values=values, scale=dim**-0.5, window=window,
+        qkv[:1], heads=heads, kv_heads=kv_heads, slot_of=slot_of[:1], pos_of=pos_of[:1], span=int(pos_of[0]) + 1,
+        keys=pool_keys, values=pool_values, table=table, scale=dim**-0.5, window=window,
     )  # fmt: skip
     assert torch.equal(alone[0], got[0])
+    # One block for the whole slot (contiguous, as the slot buffers were): the same bits.
+    one = torch.arange(slots)[:, None].contiguous()
+    whole = _paged(_unpaged(pool_keys, table, capacity), one, capacity, slots)
+    whole_values = _paged(_unpaged(pool_values, table, capacity), one, capacity, slots)
+    contiguous = kernels.attention(
+        qkv, heads=heads, kv_heads=kv_heads, slot_of=slot_of, pos_of=pos_of, span=span,
+        keys=whole, values=whole_values, table=one, scale=dim**-0.5, window=window,
+    )  # fmt: skip
+    assert torch.equal(contiguous, got)
+
+
+def _paged(slotted: torch.Tensor, table: torch.Tensor, block: int, blocks: int) -> torch.Tensor:
+    """``slotted [slots, kv_heads, capacity, dim]`` laid out as a pool ``[blocks, kv_heads,
+    block, dim]`` where ``table[slot, i]`` holds positions ``i * block...`` of ``slot``
+    (zeros past the capacity and in blocks no slot uses)."""
+    slots, kv_heads, _, dim = slotted.shape
+    pool = torch.zeros(blocks, kv_heads, block, dim)
+    for s in range(slots):
+        for i, b in enumerate(table[s].tolist()):
+            part = slotted[s, :, i * block : (i + 1) * block]
+            pool[b, :, : part.shape[1]] = part
+    return pool
+
+
+def _unpaged(pool: torch.Tensor, table: torch.Tensor, capacity: int) -> torch.Tensor:
+    """The pool's blocks back in slot order: ``[slots, kv_heads, capacity, dim]``."""
+    slots = table.shape[0]
+    rows = pool[table].transpose(1, 2).reshape(slots, pool.shape[1], -1, pool.shape[3])
+    return rows[:, :, :capacity]
+
+
+def test_a_block_table_that_misses_a_position_is_refused(kernels) -> None:
+    """A table entry missing (-1) or outside the pool below a token's position: a
+    ValueError, nothing written."""
+    keys, values = torch.zeros(4, 1, 8, 8), torch.zeros(4, 1, 8, 8)
+    qkv = torch.ones(1, 3 * 8)
+    cos, sin = torch.ones(1, 0), torch.zeros(1, 0)
+    pos = torch.tensor([9])  # the second block
+    for bad in ([0, -1], [0, 4], [-1, 1]):
+        table = torch.tensor([bad])
+        with pytest.raises(ValueError, match="block table"):
+            kernels.rope_store(
+                qkv, heads=1, kv_heads=1, cos=cos, sin=sin, slot_of=torch.tensor([0]), pos_of=pos,
+                keys=keys, values=values, table=table, layout=RopeLayout(rotate=False),
+            )  # fmt: skip
+        with pytest.raises(ValueError, match="block table"):
+            kernels.attention(
+                qkv, heads=1, kv_heads=1, slot_of=torch.tensor([0]), pos_of=pos, span=10,
+                keys=keys, values=values, table=table, scale=1.0,
+            )  # fmt: skip
+    assert not keys.any() and not values.any()
 
 
 @settings(max_examples=40, deadline=None)
@@ -212,22 +269,32 @@ def test_the_switch_turns_them_off(monkeypatch) -> None:
 def test_the_stacked_pass_refuses_sizes_it_cannot_take(kernels) -> None:
     """Hidden 24 (the o and down projections' outputs are not multiples of 16): an error
     naming the sizes, nothing computed."""
-    from thinkstruct.engine.cpu_kernels import LayerPointers
+    from thinkstruct.engine.cpu_kernels import LayerPointers, Pages
 
     h = torch.ones(2, 24)
     cos = torch.zeros(2, 8)
     positions = torch.arange(2)
+    pages = Pages(torch.zeros(1, 1, dtype=torch.long), block_tokens=8, num_blocks=1)
     with pytest.raises(ValueError, match="hidden 24"):
         kernels.decoder_layers(
             h, (LayerPointers * 1)(), heads=2, kv_heads=1, dim=16, inter=32, rot_half=8, cos=cos, sin=cos,
-            slot_of=torch.zeros(2, dtype=torch.long), pos_of=positions, capacity=8, span=2,
+            slot_of=torch.zeros(2, dtype=torch.long), pos_of=positions, pages=pages, span=2,
         )  # fmt: skip
     assert torch.equal(h, torch.ones(2, 24))
     with pytest.raises(ValueError, match="cos/sin"):
         kernels.decoder_layers(
             h, (LayerPointers * 1)(), heads=2, kv_heads=1, dim=16, inter=32, rot_half=4, cos=cos, sin=cos,
-            slot_of=torch.zeros(2, dtype=torch.long), pos_of=positions, capacity=8, span=2,
+            slot_of=torch.zeros(2, dtype=torch.long), pos_of=positions, pages=pages, span=2,
         )  # fmt: skip
+    # Sizes it takes, a block table whose entry lies outside the pool: refused before any layer.
+    h = torch.ones(2, 32)
+    outside = Pages(torch.full((1, 1), 5, dtype=torch.long), block_tokens=8, num_blocks=1)
+    with pytest.raises(ValueError, match="block table"):
+        kernels.decoder_layers(
+            h, (LayerPointers * 1)(), heads=2, kv_heads=1, dim=16, inter=32, rot_half=8, cos=cos, sin=cos,
+            slot_of=torch.zeros(2, dtype=torch.long), pos_of=positions, pages=outside, span=2,
+        )  # fmt: skip
+    assert torch.equal(h, torch.ones(2, 32))
 
 
 def test_the_single_kernels_refuse_what_they_cannot_take(kernels) -> None:

@@ -10,7 +10,11 @@
  *             sits at position pos_of[t] of it (int64).
  *   qkv       [T, ld]: per token heads*dim query values, then kv_heads*dim keys, then
  *             kv_heads*dim values.
- *   cache     keys/values buffers [slots, kv_heads, capacity, dim].
+ *   cache     keys/values pools [num_blocks, kv_heads, block_tokens, dim], one a layer, in
+ *             blocks of block_tokens positions; a block table (ts_pages) says which block
+ *             holds position p of slot s: table[s * max_blocks + p / block_tokens], at
+ *             offset p % block_tokens. Blocks are shared between slots (the caller never
+ *             lets a kernel write a shared one).
  *
  * Every result of a token depends on that token's inputs and its slot's cache only, in a
  * fixed order of operations: never on the other tokens of the pass or how many there are.
@@ -111,14 +115,41 @@ typedef struct {
     int64_t rotate;   /* 0: a layer without rotary positions (SmolLM3's every fourth) */
 } ts_qk;
 
+/* The block table of a pass: block of position p of slot s is table[s * max_blocks +
+ * p / block_tokens], an index below num_blocks. */
+typedef struct {
+    const int64_t *table;
+    int64_t max_blocks, block_tokens, num_blocks;
+} ts_pages;
+
+/* The first key/value row of the block holding position p of slot s, for kv head kvh:
+ * block_tokens rows of dim follow it (offset p % block_tokens is the position's). */
+static inline int64_t page_row(const ts_pages *pg, int64_t s, int64_t p, int64_t kv_heads, int64_t kvh) {
+    return (pg->table[s * pg->max_blocks + p / pg->block_tokens] * kv_heads + kvh) * pg->block_tokens;
+}
+
+/* 0 when every position 0..pos_of[t] of every token's slot has a block in the pool;
+ * -3 otherwise (a table entry missing or outside the pool, or a position past the table). */
+static int pages_check(const ts_pages *pg, int64_t tokens, const int64_t *slot_of, const int64_t *pos_of) {
+    if (pg->block_tokens < 1 || pg->max_blocks < 1) return -3;
+    for (int64_t t = 0; t < tokens; t++) {
+        if (slot_of[t] < 0 || pos_of[t] < 0 || pos_of[t] / pg->block_tokens >= pg->max_blocks) return -3;
+        const int64_t *row = pg->table + slot_of[t] * pg->max_blocks;
+        for (int64_t b = 0; b <= pos_of[t] / pg->block_tokens; b++)
+            if (row[b] < 0 || row[b] >= pg->num_blocks) return -3;
+    }
+    return 0;
+}
+
 /* Each token's query and key heads normalized (where q_norm / k_norm), then rotated by
  * its position (cos/sin [T, rot_half], rotate-half layout over the head's first
  * 2 * rot_half values) in place, and the keys and values written into the cache at
- * (slot_of[t], pos_of[t]); tokens t_lo <= t < t_hi. dim % 8 == 0, rot_half % 8 == 0. */
+ * (slot_of[t], pos_of[t]) through the block table; tokens t_lo <= t < t_hi. dim % 8 == 0,
+ * rot_half % 8 == 0. */
 static void rope_store_rows(float *qkv, int64_t t_lo, int64_t t_hi, int64_t ld, int64_t heads, int64_t kv_heads,
                             int64_t dim, const ts_qk *qk, const float *cos_t, const float *sin_t,
                             const int64_t *slot_of, const int64_t *pos_of, float *keys, float *values,
-                            int64_t capacity) {
+                            const ts_pages *pg) {
     const int64_t half = qk->rot_half;
     for (int64_t t = t_lo; t < t_hi; t++) {
         float *row = qkv + t * ld;
@@ -136,10 +167,11 @@ static void rope_store_rows(float *qkv, int64_t t_lo, int64_t t_hi, int64_t ld, 
                 _mm256_storeu_ps(x + half + i, _mm256_add_ps(_mm256_mul_ps(b, cv), _mm256_mul_ps(a, sv)));
             }
         }
-        const int64_t base = slot_of[t] * kv_heads * capacity + pos_of[t];
+        const int64_t off = pos_of[t] % pg->block_tokens;
         for (int64_t h = 0; h < kv_heads; h++) {
-            float *kd = keys + (base + h * capacity) * dim;
-            float *vd = values + (base + h * capacity) * dim;
+            const int64_t at = page_row(pg, slot_of[t], pos_of[t], kv_heads, h) + off;
+            float *kd = keys + at * dim;
+            float *vd = values + at * dim;
             const float *ks = row + (heads + h) * dim;
             const float *vs = row + (heads + kv_heads + h) * dim;
             for (int64_t i = 0; i < dim; i += 8) {
@@ -150,47 +182,59 @@ static void rope_store_rows(float *qkv, int64_t t_lo, int64_t t_hi, int64_t ld, 
     }
 }
 
-void ts_rope_store(float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
-                   const float *q_norm, const float *k_norm, float qk_eps, int64_t rot_half, int64_t rotate,
-                   const float *cos_t, const float *sin_t, const int64_t *slot_of, const int64_t *pos_of,
-                   float *keys, float *values, int64_t capacity) {
+/* Returns 0; -2 for sizes it cannot take, -3 for a block table that does not cover every
+ * token's position (ts_pages): nothing computed. */
+int ts_rope_store(float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
+                  const float *q_norm, const float *k_norm, float qk_eps, int64_t rot_half, int64_t rotate,
+                  const float *cos_t, const float *sin_t, const int64_t *slot_of, const int64_t *pos_of,
+                  float *keys, float *values, const int64_t *table, int64_t max_blocks, int64_t block_tokens,
+                  int64_t num_blocks) {
+    const ts_pages pg = {table, max_blocks, block_tokens, num_blocks};
+    if (tokens < 0 || kv_heads < 1 || dim % 8 || rot_half % 8 || 2 * rot_half > dim || ld < (heads + 2 * kv_heads) * dim)
+        return -2;
+    if (pages_check(&pg, tokens, slot_of, pos_of)) return -3;
     const ts_qk qk = {q_norm, k_norm, qk_eps, rot_half, rotate};
 #pragma omp parallel for schedule(static) if (tokens >= 16)
     for (int64_t t = 0; t < tokens; t++)
         rope_store_rows(qkv, t, t + 1, ld, heads, kv_heads, dim, &qk, cos_t, sin_t, slot_of, pos_of, keys, values,
-                        capacity);
+                        &pg);
+    return 0;
 }
 
 /* One unit of attention: token t = unit / heads, query head h = unit % heads (its
  * key/value head h / (heads / kv_heads)): out[t, h*dim:(h+1)*dim] = softmax(q . K[lo..pos]
  * * scale) V[lo..pos] over its own slot's cache, lo = 0, or pos + 1 - window for a sliding
- * window (window > 0: the positions p > pos - window, as transformers masks them).
- * scores: scratch of pos + 1 floats rounded up to 8 (32-byte aligned). dim % 8 == 0,
- * dim <= 256. */
+ * window (window > 0: the positions p > pos - window, as transformers masks them),
+ * read block by block through the table. scores: scratch of pos + 1 floats rounded up to
+ * 8 (32-byte aligned). dim % 8 == 0, dim <= 256. The same operations in the same order
+ * wherever the blocks lie. */
 static void attend_unit(const float *qkv, int64_t unit, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
                         const int64_t *slot_of, const int64_t *pos_of, const float *keys, const float *values,
-                        int64_t capacity, int64_t window, float scale, float *scores, float *out,
+                        const ts_pages *pg, int64_t window, float scale, float *scores, float *out,
                         int64_t ld_out) {
     const int64_t group = heads / kv_heads;
     const int64_t t = unit / heads, h = unit % heads, kvh = h / group;
     const int64_t lo = window > 0 && pos_of[t] + 1 > window ? pos_of[t] + 1 - window : 0;
-    const int64_t n = pos_of[t] + 1 - lo;
+    const int64_t n = pos_of[t] + 1 - lo, end = pos_of[t] + 1, B = pg->block_tokens, s = slot_of[t];
     const float *q = qkv + t * ld + h * dim;
-    const float *k = keys + ((slot_of[t] * kv_heads + kvh) * capacity + lo) * dim;
-    const float *v = values + ((slot_of[t] * kv_heads + kvh) * capacity + lo) * dim;
     float peak = -INFINITY;
-    for (int64_t j = 0; j < n; j++) {
-        const float *kj = k + j * dim;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        int64_t i = 0;
-        for (; i + 16 <= dim; i += 16) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(kj + i + 8), a1);
+    for (int64_t p = lo; p < end;) {
+        const int64_t off = p % B, run = B - off < end - p ? B - off : end - p;
+        const float *kb = keys + (page_row(pg, s, p, kv_heads, kvh) + off) * dim;
+        for (int64_t r = 0; r < run; r++) {
+            const float *kj = kb + r * dim;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            int64_t i = 0;
+            for (; i + 16 <= dim; i += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(kj + i + 8), a1);
+            }
+            if (i < dim) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
+            float sj = hsum256(_mm256_add_ps(a0, a1)) * scale;
+            scores[p - lo + r] = sj;
+            if (sj > peak) peak = sj;
         }
-        if (i < dim) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
-        float sj = hsum256(_mm256_add_ps(a0, a1)) * scale;
-        scores[j] = sj;
-        if (sj > peak) peak = sj;
+        p += run;
     }
     for (int64_t j = n; j < ((n + 7) & ~(int64_t)7); j++) scores[j] = -INFINITY;
     __m256 total = _mm256_setzero_ps();
@@ -204,10 +248,15 @@ static void attend_unit(const float *qkv, int64_t unit, int64_t ld, int64_t head
     __m256 acc[32];
     const int64_t lanes = dim / 8;
     for (int64_t l = 0; l < lanes; l++) acc[l] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; j++) {
-        const __m256 w = _mm256_set1_ps(scores[j]);
-        const float *vj = v + j * dim;
-        for (int64_t l = 0; l < lanes; l++) acc[l] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * l), acc[l]);
+    for (int64_t p = lo; p < end;) {
+        const int64_t off = p % B, run = B - off < end - p ? B - off : end - p;
+        const float *vb = values + (page_row(pg, s, p, kv_heads, kvh) + off) * dim;
+        for (int64_t r = 0; r < run; r++) {
+            const __m256 w = _mm256_set1_ps(scores[p - lo + r]);
+            const float *vj = vb + r * dim;
+            for (int64_t l = 0; l < lanes; l++) acc[l] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * l), acc[l]);
+        }
+        p += run;
     }
     float *o = out + t * ld_out + h * dim;
     const __m256 iv = _mm256_set1_ps(inv);
@@ -215,20 +264,36 @@ static void attend_unit(const float *qkv, int64_t unit, int64_t ld, int64_t head
 }
 
 /* Every token t's queries (in qkv) attend to its slot's positions up to pos_of[t] (see
- * attend_unit; window 0: all of them). span: 1 + the largest pos_of (scratch size). */
-void ts_attention(const float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
-                  const int64_t *slot_of, const int64_t *pos_of, const float *keys, const float *values,
-                  int64_t capacity, int64_t span, int64_t window, float scale, float *out, int64_t ld_out) {
+ * attend_unit; window 0: all of them), through the block table (table, max_blocks,
+ * block_tokens, num_blocks: ts_pages). span: more than every pos_of (scratch size).
+ * Returns 0; -2 for sizes it cannot take, -3 for a table that does not cover every
+ * token's positions (nothing computed); -1 when a thread's scratch could not be
+ * allocated (out is not all written). */
+int ts_attention(const float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
+                 const int64_t *slot_of, const int64_t *pos_of, const float *keys, const float *values,
+                 const int64_t *table, int64_t max_blocks, int64_t block_tokens, int64_t num_blocks, int64_t span,
+                 int64_t window, float scale, float *out, int64_t ld_out) {
+    const ts_pages pg = {table, max_blocks, block_tokens, num_blocks};
+    if (tokens < 0 || kv_heads < 1 || heads % kv_heads || dim % 8 || dim > 256 || ld < (heads + 2 * kv_heads) * dim ||
+        ld_out < heads * dim)
+        return -2;
+    for (int64_t t = 0; t < tokens; t++)
+        if (pos_of[t] >= span) return -2;
+    if (pages_check(&pg, tokens, slot_of, pos_of)) return -3;
     const int64_t padded = (span + 7) & ~(int64_t)7;
-#pragma omp parallel if (tokens * heads >= 4)
+    int failed = 0;
+#pragma omp parallel if (tokens * heads >= 4) reduction(| : failed)
     {
         float *scores = (float *)aligned_alloc(32, (size_t)padded * sizeof(float));
+        if (scores == NULL) failed = 1;
 #pragma omp for schedule(static, 1)
         for (int64_t unit = 0; unit < tokens * heads; unit++)
-            attend_unit(qkv, unit, ld, heads, kv_heads, dim, slot_of, pos_of, keys, values, capacity, window, scale,
-                        scores, out, ld_out);
+            if (scores != NULL)
+                attend_unit(qkv, unit, ld, heads, kv_heads, dim, slot_of, pos_of, keys, values, &pg, window, scale,
+                            scores, out, ld_out);
         free(scores);
     }
+    return failed ? -1 : 0;
 }
 
 /* ---- int8 weights, float32 activations ----------------------------------------------
@@ -463,6 +528,8 @@ int ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_
     return failed ? -1 : 0;
 }
 
+#include "gguf_blocks.c"
+
 /* ---- a whole decoder stack in one parallel region ------------------------------------
  * Small torch operations and separate parallel regions cost more than their arithmetic
  * at decoding sizes: every region wakes the sleeping OpenMP threads (about 100 us each
@@ -496,36 +563,48 @@ static void ts_barrier_wait(ts_barrier *b, int threads) {
 /* Passes of at most this many tokens compute their norms and gated SiLU on every thread. */
 #define TS_OWN_GLUE 16
 
-/* One decoder layer's parameters: int8-weight projections packed as above (q/k/v stacked
- * into qkv, gate/up into gate_up) with their biases (NULL: none), the norms' weights, the
+/* One decoder layer's parameters: projections (q/k/v stacked into qkv, gate/up into
+ * gate_up) of format *_format: int8 rows packed as above with their scales (TS_INT8), or
+ * GGUF blocks packed as gguf_blocks.c says (scales unused); their biases (NULL: none), the norms' weights, the
  * per-head q/k norms (NULL: none), whether it rotates, its sliding window (0: none) and
- * its cache buffers. */
+ * its cache pools (ts_pages says which block holds which position). */
 typedef struct {
     const float *attn_norm, *mlp_norm;
-    const int8_t *qkv, *out, *gate_up, *down;
+    const void *qkv, *out, *gate_up, *down;
     const float *qkv_scale, *out_scale, *gate_up_scale, *down_scale;
     const float *qkv_bias, *out_bias, *gate_up_bias, *down_bias;
     const float *q_norm, *k_norm;
     float *keys, *values;
     int64_t rotate, window;
+    int64_t qkv_format, out_format, gate_up_format, down_format;
     float attn_eps, mlp_eps, qk_eps, scaling;
 } ts_layer;
 
 /* h [T, hidden] (the residual stream, updated in place) through layers[0..n_layers):
  * per layer h += o(attention(rope(qk_norm(qkv(norm(h)))))), h += down(silu_mul(gate_up(norm(h)))).
- * cos/sin [T, rot_half], slot_of/pos_of [T] and the cache as for ts_rope_store and
- * ts_attention; span: 1 + the largest pos_of. hidden, dim, rot_half, heads*dim, inter:
- * % 8 == 0; every projection's outputs % 16 == 0, dim <= 256. Returns 0; -2 for sizes
- * outside these (nothing computed); -1 when a buffer could not be allocated (nothing
- * computed). */
+ * cos/sin [T, rot_half], slot_of/pos_of [T] and the cache's block table (table,
+ * max_blocks, block_tokens, num_blocks) as for ts_rope_store and ts_attention; span:
+ * more than every pos_of. hidden, dim, rot_half, heads*dim, inter: % 8 == 0; every
+ * projection's outputs % 16 == 0, dim <= 256. Returns 0; -2 for sizes outside these,
+ * -3 for a table that does not cover every token's positions (nothing computed); -1 when
+ * a buffer could not be allocated (nothing computed). */
 int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t dim,
                       int64_t inter, int64_t rot_half, const ts_layer *layers, int64_t n_layers,
                       const float *cos_t, const float *sin_t, const int64_t *slot_of, const int64_t *pos_of,
-                      int64_t capacity, int64_t span) {
+                      const int64_t *table, int64_t max_blocks, int64_t block_tokens, int64_t num_blocks,
+                      int64_t span) {
     const int64_t qkv_n = (heads + 2 * kv_heads) * dim, att_n = heads * dim;
     if (T < 1 || kv_heads < 1 || heads % kv_heads || hidden % 16 || dim % 8 || dim > 256 || rot_half % 8 ||
-        2 * rot_half > dim || qkv_n % 16 || inter % 8 || span < 1 || capacity < span)
+        2 * rot_half > dim || qkv_n % 16 || inter % 8 || span < 1)
         return -2;
+    for (int64_t t = 0; t < T; t++)
+        if (pos_of[t] >= span) return -2;
+    for (int64_t i = 0; i < n_layers; i++)
+        if (!ts_projection_fits(layers[i].qkv_format, hidden) || !ts_projection_fits(layers[i].out_format, att_n) ||
+            !ts_projection_fits(layers[i].gate_up_format, hidden) || !ts_projection_fits(layers[i].down_format, inter))
+            return -2;
+    const ts_pages pages = {table, max_blocks, block_tokens, num_blocks};
+    if (pages_check(&pages, T, slot_of, pos_of)) return -3;
     float *x = (float *)malloc((size_t)T * hidden * sizeof(float));
     float *qkv = (float *)malloc((size_t)T * qkv_n * sizeof(float));
     float *att = (float *)malloc((size_t)T * att_n * sizeof(float));
@@ -541,6 +620,7 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
         const int64_t t_lo = T * id / nt, t_hi = T * (id + 1) / nt, t_n = t_hi - t_lo;
         float *wf = w8_scratch(T, k_max);
+        float *xs = (float *)malloc((size_t)gguf_scratch_floats(T, k_max) * sizeof(float)); /* GGUF blocks' */
         float *scores = (float *)aligned_alloc(32, (size_t)padded * sizeof(float));
         /* A decoding pass (few tokens): each thread computes the norms and the gated SiLU
          * of every token itself, into its own buffers (the same values), so the phases
@@ -551,7 +631,7 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
         float *act_own = own ? (float *)malloc((size_t)T * inter * sizeof(float)) : NULL;
         float *const x_in = own ? x_own : x, *const act_in = own ? act_own : act;
         /* Every thread learns whether any lacks its scratch before the first phase. */
-        if (scores == NULL || (wf == NULL && w8_needs_scratch(T)) || (own && (x_own == NULL || act_own == NULL))) {
+        if (scores == NULL || xs == NULL || (wf == NULL && w8_needs_scratch(T)) || (own && (x_own == NULL || act_own == NULL))) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -570,17 +650,18 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
                                  x + t_lo * hidden, hidden);
                 ts_barrier_wait(&barrier, nt);
             }
-            w8_blocks(x_in, T, hidden, hidden, L->qkv, L->qkv_scale, L->qkv_bias, qkv, qkv_n, TS_BLOCKS(qkv_n), wf,
-                      0);
+            ts_projection(L->qkv_format, x_in, T, hidden, hidden, L->qkv, L->qkv_scale, L->qkv_bias, qkv, qkv_n,
+                          TS_BLOCKS(qkv_n), wf, xs, 0);
             ts_barrier_wait(&barrier, nt);
             rope_store_rows(qkv, t_lo, t_hi, qkv_n, heads, kv_heads, dim, &qk, cos_t, sin_t, slot_of, pos_of,
-                            L->keys, L->values, capacity);
+                            L->keys, L->values, &pages);
             ts_barrier_wait(&barrier, nt);
             for (int64_t unit = id; unit < T * heads; unit += nt)
                 attend_unit(qkv, unit, qkv_n, heads, kv_heads, dim, slot_of, pos_of, L->keys, L->values,
-                            capacity, L->window, L->scaling, scores, att, att_n);
+                            &pages, L->window, L->scaling, scores, att, att_n);
             ts_barrier_wait(&barrier, nt);
-            w8_blocks(att, T, att_n, att_n, L->out, L->out_scale, L->out_bias, h, hidden, TS_BLOCKS(hidden), wf, 1);
+            ts_projection(L->out_format, att, T, att_n, att_n, L->out, L->out_scale, L->out_bias, h, hidden,
+                          TS_BLOCKS(hidden), wf, xs, 1);
             ts_barrier_wait(&barrier, nt);
             if (own) {
                 ts_rms_norm_rows(h, T, hidden, hidden, L->mlp_norm, L->mlp_eps, x_own, hidden);
@@ -589,8 +670,8 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
                                  x + t_lo * hidden, hidden);
                 ts_barrier_wait(&barrier, nt);
             }
-            w8_blocks(x_in, T, hidden, hidden, L->gate_up, L->gate_up_scale, L->gate_up_bias, gate_up, 2 * inter,
-                      TS_BLOCKS(2 * inter), wf, 0);
+            ts_projection(L->gate_up_format, x_in, T, hidden, hidden, L->gate_up, L->gate_up_scale, L->gate_up_bias,
+                          gate_up, 2 * inter, TS_BLOCKS(2 * inter), wf, xs, 0);
             ts_barrier_wait(&barrier, nt);
             if (own) {
                 silu_mul_rows(gate_up, T, inter, act_own);
@@ -598,12 +679,13 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
                 silu_mul_rows(gate_up + t_lo * 2 * inter, t_n, inter, act + t_lo * inter);
                 ts_barrier_wait(&barrier, nt);
             }
-            w8_blocks(act_in, T, inter, inter, L->down, L->down_scale, L->down_bias, h, hidden, TS_BLOCKS(hidden),
-                      wf, 1);
+            ts_projection(L->down_format, act_in, T, inter, inter, L->down, L->down_scale, L->down_bias, h, hidden,
+                          TS_BLOCKS(hidden), wf, xs, 1);
             ts_barrier_wait(&barrier, nt);
         }
 #undef TS_BLOCKS
         free(wf);
+        free(xs);
         free(scores);
         free(x_own);
         free(act_own);

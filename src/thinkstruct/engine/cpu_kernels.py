@@ -44,11 +44,41 @@ from thinkstruct.tokenizer import cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
+#: The files ``cpu_kernels.c`` includes (part of the build's hash).
+INCLUDED = (Path(__file__).with_name("gguf_blocks.c"),)
 #: ``-ffp-contract=off``: a multiply and an add stay two roundings (never fused into one
 #: FMA by the compiler), so the AVX2 and AVX-512 tiles give the same bits.
-FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 #: Set to ``0`` to run the decoder runner on torch operations only.
 DISABLE_ENV = "THINKSTRUCT_CPU_KERNELS"
+
+#: The weight format code of int8 rows with per-row scales (``TS_INT8``).
+INT8 = 0
+
+
+class BlockFormat(NamedTuple):
+    """A GGUF block format the kernels run: its code in ``gguf_blocks.c``, the float16
+    fields a block of 32 weights starts with (``d``, or ``d`` and ``m``) and its bytes of
+    quants after them."""
+
+    code: int
+    halves: int
+    quant_bytes: int
+
+    @property
+    def group_bytes(self) -> int:
+        """Bytes of one packed group of 16 output rows x 32 inputs (the file's bytes of
+        16 blocks, reordered)."""
+        return 16 * (2 * self.halves + self.quant_bytes)
+
+    def packed_bytes(self, outputs: int, inputs: int) -> int:
+        """Bytes of a packed ``[outputs, inputs]`` weight."""
+        return outputs // 16 * (inputs // 32) * self.group_bytes
+
+
+#: The GGUF block formats the kernels run, by ggml type name: the one list (``--quantize
+#: gguf`` and its default follow it).
+GGUF_FORMATS = {"Q4_0": BlockFormat(1, 1, 16), "Q4_1": BlockFormat(2, 2, 16), "Q8_0": BlockFormat(3, 1, 32)}
 
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p
@@ -58,7 +88,9 @@ _f32 = ctypes.c_float
 class LayerPointers(ctypes.Structure):
     """``ts_layer`` of ``cpu_kernels.c``: one decoder layer's parameters, by address (the
     tensors must outlive every call that reads them; 0 for an absent bias or q/k norm),
-    ``rotate`` (0: no rotary positions) and ``window`` (a sliding window; 0: none)."""
+    ``rotate`` (0: no rotary positions), ``window`` (a sliding window; 0: none) and each
+    projection's weight format (``*_format``: :data:`INT8` or a
+    :data:`~thinkstruct.engine.gguf_weights.KERNEL_FORMATS` code)."""
 
     _fields_ = [
         *((name, _ptr) for name in ("attn_norm", "mlp_norm", "qkv", "out", "gate_up", "down")),
@@ -70,11 +102,48 @@ class LayerPointers(ctypes.Structure):
         ("values", _ptr),
         ("rotate", _i64),
         ("window", _i64),
+        *((f"{name}_format", _i64) for name in ("qkv", "out", "gate_up", "down")),
         ("attn_eps", _f32),
         ("mlp_eps", _f32),
         ("qk_eps", _f32),
         ("scaling", _f32),
     ]
+
+
+class Pages(NamedTuple):
+    """The block table of a paged KV cache, as the kernels read it: ``table`` (int64
+    ``[slots, max_blocks]``, contiguous) holds the block of position ``p`` of slot ``s`` at
+    ``[s, p // block_tokens]``; every layer's pools are ``[num_blocks, kv_heads,
+    block_tokens, dim]``."""
+
+    table: torch.Tensor
+    block_tokens: int
+    num_blocks: int
+
+    @staticmethod
+    def of(keys: torch.Tensor, values: torch.Tensor, table: torch.Tensor) -> Pages:
+        """The table over one layer's pools ``keys``/``values``.
+
+        Raises:
+            ValueError: pools that are not contiguous float32 of one shape.
+        """
+        if (
+            keys.dim() != 4
+            or keys.shape != values.shape
+            or keys.dtype != torch.float32
+            or values.dtype != torch.float32
+            or not keys.is_contiguous()
+            or not values.is_contiguous()
+        ):
+            raise ValueError(
+                "the key/value pools must be contiguous float32 [num_blocks, kv_heads, block_tokens, dim], "
+                f"got {list(keys.shape)} and {list(values.shape)}"
+            )
+        return Pages(table, int(keys.shape[2]), int(keys.shape[0]))
+
+    def arguments(self) -> tuple[int, int, int, int]:
+        """``table, max_blocks, block_tokens, num_blocks`` for a kernel call."""
+        return self.table.data_ptr(), int(self.table.shape[1]), self.block_tokens, self.num_blocks
 
 
 class RopeLayout(NamedTuple):
@@ -94,28 +163,17 @@ _SIGNATURES: dict[str, list[type]] = {
     "ts_rope_store": [
         *(_ptr, _i64, _i64, _i64, _i64, _i64),  # qkv, tokens, ld, heads, kv_heads, dim
         *(_ptr, _ptr, _f32, _i64, _i64),  # q_norm, k_norm, qk_eps, rot_half, rotate
-        *(_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64),  # cos, sin, slot_of, pos_of, keys, values, capacity
+        *(_ptr, _ptr, _ptr, _ptr, _ptr, _ptr),  # cos, sin, slot_of, pos_of, keys, values
+        *(_ptr, _i64, _i64, _i64),  # table, max_blocks, block_tokens, num_blocks
     ],
     "ts_w8_linear": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _i64],
     "ts_sample": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr],
     "ts_apply_bitmask": [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64],
     "ts_attention": [
-        _ptr,
-        _i64,
-        _i64,
-        _i64,
-        _i64,
-        _i64,
-        _ptr,
-        _ptr,
-        _ptr,
-        _ptr,
-        _i64,
-        _i64,
-        _i64,
-        _f32,
-        _ptr,
-        _i64,
+        *(_ptr, _i64, _i64, _i64, _i64, _i64),  # qkv, tokens, ld, heads, kv_heads, dim
+        *(_ptr, _ptr, _ptr, _ptr),  # slot_of, pos_of, keys, values
+        *(_ptr, _i64, _i64, _i64),  # table, max_blocks, block_tokens, num_blocks
+        *(_i64, _i64, _f32, _ptr, _i64),  # span, window, scale, out, ld_out
     ],
 }
 
@@ -132,9 +190,12 @@ class CpuKernels:
             function = getattr(library, name)
             function.argtypes = argtypes
             function.restype = None
-        # These two check their sizes and allocations and return a status.
-        library.ts_rms_norm.restype = ctypes.c_int
-        library.ts_w8_linear.restype = ctypes.c_int
+        # These check their sizes (and block tables, allocations) and return a status.
+        for name in ("ts_rms_norm", "ts_w8_linear", "ts_rope_store", "ts_attention"):
+            getattr(library, name).restype = ctypes.c_int
+        library.ts_gguf_linear.argtypes = [_i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _i64]
+        library.ts_gguf_dequantize.argtypes = [_i64, _ptr, _i64, _i64, _ptr]
+        library.ts_gguf_linear.restype = library.ts_gguf_dequantize.restype = ctypes.c_int
         library.ts_use_avx512.argtypes = [ctypes.c_int]
         library.ts_use_avx512.restype = ctypes.c_int
         library.ts_decoder_layers.argtypes = [
@@ -149,7 +210,8 @@ class CpuKernels:
                 _i64,
             ),  # h, T, hidden, heads, kv_heads, dim, inter, rot_half
             *(ctypes.POINTER(LayerPointers), _i64),  # layers, n_layers
-            *(_ptr, _ptr, _ptr, _ptr, _i64, _i64),  # cos, sin, slot_of, pos_of, capacity, span
+            *(_ptr, _ptr, _ptr, _ptr),  # cos, sin, slot_of, pos_of
+            *(_ptr, _i64, _i64, _i64, _i64),  # table, max_blocks, block_tokens, num_blocks, span
         ]
         library.ts_decoder_layers.restype = ctypes.c_int
         self._lib = library
@@ -210,6 +272,50 @@ class CpuKernels:
         _check_status("w8_linear", status, f"{outputs} outputs (a multiple of 16) over {inner} inputs")
         return out
 
+    def gguf_linear(
+        self, x: torch.Tensor, fmt: str, packed: torch.Tensor, outputs: int, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x [M, K] @ W.T (+ bias [outputs])`` for the GGUF blocks of format ``fmt`` (a
+        :data:`GGUF_FORMATS` name) holding ``W [outputs, K]``, packed as ``gguf_blocks.c``
+        says (uint8, contiguous): ``[M, outputs]``.
+
+        Raises:
+            ValueError: sizes or a format the kernel does not take (outputs % 16, K % 32).
+            MemoryError: the kernel's scratch could not be allocated.
+        """
+        rows, inner = _float_rows("x", x)
+        _check_packed("gguf_linear", fmt, packed, outputs, inner)
+        if bias is not None and (
+            bias.dtype != torch.float32 or bias.shape != (outputs,) or not bias.is_contiguous()
+        ):
+            raise ValueError(
+                f"gguf_linear: bias must be contiguous float32 [{outputs}], got {list(bias.shape)}"
+            )
+        out = torch.empty((rows, outputs), dtype=torch.float32)
+        status = self._lib.ts_gguf_linear(
+            GGUF_FORMATS[fmt].code, x.data_ptr(), rows, inner, x.stride(0), packed.data_ptr(),
+            None if bias is None else bias.data_ptr(), outputs, out.data_ptr(), outputs,
+        )  # fmt: skip
+        _check_status(
+            "gguf_linear", status, f"format {fmt}, {outputs} outputs (% 16) over {inner} inputs (% 32)"
+        )
+        return out
+
+    def gguf_dequantize(self, fmt: str, packed: torch.Tensor, outputs: int, inputs: int) -> torch.Tensor:
+        """The float32 weights ``[outputs, inputs]`` that packed GGUF blocks of format
+        ``fmt`` (a :data:`GGUF_FORMATS` name) hold, as ggml dequantizes them.
+
+        Raises:
+            ValueError: sizes or a format the kernel does not take.
+        """
+        _check_packed("gguf_dequantize", fmt, packed, outputs, inputs)
+        out = torch.empty((outputs, inputs), dtype=torch.float32)
+        status = self._lib.ts_gguf_dequantize(
+            GGUF_FORMATS[fmt].code, packed.data_ptr(), outputs, inputs, out.data_ptr()
+        )
+        _check_status("gguf_dequantize", status, f"format {fmt}, {outputs} rows (% 16) of {inputs} (% 32)")
+        return out
+
     def decoder_layers(
         self,
         h: torch.Tensor,
@@ -224,18 +330,19 @@ class CpuKernels:
         sin: torch.Tensor,
         slot_of: torch.Tensor,
         pos_of: torch.Tensor,
-        capacity: int,
+        pages: Pages,
         span: int,
     ) -> None:
         """Run ``h [T, hidden]`` (the residual stream, updated in place) through every
         layer of ``layers`` in one call: norms, int8-weight projections with their biases,
         q/k norms and rotary positions with the cache write, attention and gated SiLU, as
         the separate kernels compute them. ``cos``/``sin [T, rot_half]``, ``slot_of``/
-        ``pos_of [T]`` and the cache (``capacity`` positions a slot) as for
-        :meth:`rope_store` and :meth:`attention`.
+        ``pos_of [T]`` and the cache's block table ``pages`` (every layer's pools of
+        ``pages.num_blocks`` blocks) as for :meth:`rope_store` and :meth:`attention`.
 
         Raises:
-            ValueError: sizes the kernel does not take (``cpu_kernels.c`` lists them).
+            ValueError: sizes the kernel does not take (``cpu_kernels.c`` lists them), or a
+                block table that does not cover every token's positions.
             MemoryError: its buffers could not be allocated (``h`` is unchanged).
         """
         for name, tensor in {"h": h, "cos": cos, "sin": sin}.items():
@@ -244,18 +351,19 @@ class CpuKernels:
         tokens = h.shape[0]
         if cos.shape != (tokens, rot_half) or sin.shape != (tokens, rot_half):
             raise ValueError(f"cos/sin must be [{tokens}, {rot_half}], got {tuple(cos.shape)}")
-        if slot_of.shape != (tokens,) or pos_of.shape != (tokens,) or slot_of.dtype != torch.int64:
-            raise ValueError(f"slot_of/pos_of must be int64 [{tokens}]")
+        _check_tokens(tokens, slot_of, pos_of, pages)
         status = self._lib.ts_decoder_layers(
             h.data_ptr(), tokens, h.shape[1], heads, kv_heads, dim, inter, rot_half,
             layers, len(layers), cos.data_ptr(), sin.data_ptr(), slot_of.data_ptr(),
-            pos_of.data_ptr(), capacity, span,
+            pos_of.data_ptr(), *pages.arguments(), span,
         )  # fmt: skip
         if status == -2:
             raise ValueError(
                 f"decoder_layers cannot take hidden {h.shape[1]}, {heads} heads over {kv_heads} of "
-                f"{dim} (rotary {2 * rot_half}), MLP {inter}, span {span} of capacity {capacity}"
+                f"{dim} (rotary {2 * rot_half}), MLP {inter}, span {span}"
             )
+        if status == -3:
+            raise ValueError(_UNCOVERED)
         if status != 0:
             raise MemoryError(f"decoder_layers could not allocate its buffers for {tokens} tokens")
 
@@ -334,22 +442,37 @@ class CpuKernels:
         pos_of: torch.Tensor,
         keys: torch.Tensor,
         values: torch.Tensor,
+        table: torch.Tensor,
         layout: RopeLayout | None = None,
     ) -> None:
         """Normalize (``layout.q_norm``/``k_norm``) and rotate ``qkv [T, (heads + 2
         kv_heads) * dim]``'s query and key heads in place, the first ``2 * rot_half`` values
         of each by ``cos``/``sin [T, rot_half]`` (unless ``layout.rotate`` is off), and
-        store the keys and values in the cache buffers ``[slots, kv_heads, capacity, dim]``
-        at each token's slot and position. ``layout=None``: rotary only (Llama)."""
+        store the keys and values in the pools ``[num_blocks, kv_heads, block_tokens,
+        dim]`` at each token's slot and position: block ``table[slot, pos //
+        block_tokens]`` (int64 ``[slots, max_blocks]``), offset ``pos % block_tokens``.
+        ``layout=None``: rotary only (Llama).
+
+        Raises:
+            ValueError: sizes it cannot take, or a table that does not cover every token's
+                position (nothing written).
+        """
         dim = keys.shape[-1]
         layout = layout or RopeLayout()
+        pages = Pages.of(keys, values, table)
+        _check_tokens(qkv.shape[0], slot_of, pos_of, pages)
         q_norm, k_norm = (None if n is None else n.data_ptr() for n in (layout.q_norm, layout.k_norm))
-        self._lib.ts_rope_store(
+        status = self._lib.ts_rope_store(
             qkv.data_ptr(), qkv.shape[0], qkv.stride(0), heads, kv_heads, dim,
             q_norm, k_norm, layout.eps, cos.shape[-1], int(layout.rotate),
             cos.data_ptr(), sin.data_ptr(), slot_of.data_ptr(), pos_of.data_ptr(),
-            keys.data_ptr(), values.data_ptr(), keys.shape[2],
+            keys.data_ptr(), values.data_ptr(), *pages.arguments(),
         )  # fmt: skip
+        if status == -3:
+            raise ValueError(_UNCOVERED)
+        _check_status(
+            "rope_store", status, f"heads of {dim} (a multiple of 8) and rotary pairs a multiple of 8"
+        )
 
     def attention(
         self,
@@ -362,20 +485,35 @@ class CpuKernels:
         span: int,
         keys: torch.Tensor,
         values: torch.Tensor,
+        table: torch.Tensor,
         scale: float,
         window: int = 0,
     ) -> torch.Tensor:
         """Each token's queries (in ``qkv``) attend to its slot's positions ``0..pos``, or
-        with a sliding ``window`` (> 0) the positions after ``pos - window``:
-        ``[T, heads * dim]``. ``span``: more than every ``pos_of``."""
+        with a sliding ``window`` (> 0) the positions after ``pos - window``, read from
+        the pools through ``table`` (as for :meth:`rope_store`): ``[T, heads * dim]``.
+        ``span``: more than every ``pos_of``.
+
+        Raises:
+            ValueError: sizes it cannot take, or a table that does not cover every token's
+                positions.
+            MemoryError: its scratch could not be allocated.
+        """
         dim = keys.shape[-1]
         tokens = qkv.shape[0]
+        pages = Pages.of(keys, values, table)
+        _check_tokens(tokens, slot_of, pos_of, pages)
         out = torch.empty((tokens, heads * dim), dtype=torch.float32)
-        self._lib.ts_attention(
+        status = self._lib.ts_attention(
             qkv.data_ptr(), tokens, qkv.stride(0), heads, kv_heads, dim,
             slot_of.data_ptr(), pos_of.data_ptr(), keys.data_ptr(), values.data_ptr(),
-            keys.shape[2], span, window, scale, out.data_ptr(), heads * dim,
+            *pages.arguments(), span, window, scale, out.data_ptr(), heads * dim,
         )  # fmt: skip
+        if status == -3:
+            raise ValueError(_UNCOVERED)
+        _check_status(
+            "attention", status, f"heads of {dim} (a multiple of 8, at most 256), positions below {span}"
+        )
         return out
 
 
@@ -386,7 +524,7 @@ def unavailable_reason() -> str | None:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"CPU architecture {platform.machine()}"
     flags = _cpu_flags()
-    missing = [f for f in ("avx2", "fma") if f not in flags]
+    missing = [f for f in ("avx2", "fma", "f16c") if f not in flags]
     if missing:
         return f"the CPU lacks {', '.join(missing)}"
     if _compiler() is None:
@@ -430,7 +568,12 @@ def _built_library() -> Path:
     assert compiler is not None  # unavailable_reason() checked it
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), version.encode()):
+    for part in (
+        SOURCE.read_bytes(),
+        *(p.read_bytes() for p in INCLUDED),
+        " ".join(FLAGS).encode(),
+        version.encode(),
+    ):
         digest.update(part)
     target = cache_dir() / "kernels" / f"cpu_kernels-{digest.hexdigest()[:16]}.so"
     if target.exists():
@@ -455,6 +598,42 @@ def _float_rows(name: str, x: torch.Tensor) -> tuple[int, int]:
     if x.dim() != 2 or x.dtype != torch.float32 or (x.shape[1] > 1 and x.stride(1) != 1):
         raise ValueError(f"{name} must be 2-D float32 with contiguous rows, got {x.dtype} {list(x.shape)}")
     return int(x.shape[0]), int(x.shape[1])
+
+
+_UNCOVERED = "the block table does not give every position of these tokens a block of the pool"
+
+
+def _check_tokens(tokens: int, slot_of: torch.Tensor, pos_of: torch.Tensor, pages: Pages) -> None:
+    """Raise ValueError unless ``slot_of``/``pos_of`` are int64 ``[tokens]`` and the
+    table is contiguous int64 ``[slots, max_blocks]`` with every token's slot in it (the
+    kernel checks the entries themselves)."""
+    for name, tensor in (("slot_of", slot_of), ("pos_of", pos_of)):
+        if tensor.dtype != torch.int64 or tensor.shape != (tokens,) or not tensor.is_contiguous():
+            raise ValueError(
+                f"{name} must be contiguous int64 [{tokens}], got {tensor.dtype} {list(tensor.shape)}"
+            )
+    table = pages.table
+    if table.dtype != torch.int64 or table.dim() != 2 or not table.is_contiguous():
+        raise ValueError(
+            f"the block table must be contiguous int64 [slots, max_blocks], got {list(table.shape)}"
+        )
+    if tokens and not (int(slot_of.min()) >= 0 and int(slot_of.max()) < table.shape[0]):
+        raise ValueError(f"a token's slot is outside the block table's {table.shape[0]} slots")
+
+
+def _check_packed(kernel: str, fmt: str, packed: torch.Tensor, outputs: int, inputs: int) -> None:
+    """A ValueError unless ``packed`` is contiguous uint8 holding ``[outputs, inputs]`` in
+    the GGUF block format ``fmt`` (outputs % 16 == 0, inputs % 32 == 0)."""
+    if fmt not in GGUF_FORMATS:
+        raise ValueError(f"{kernel}: the kernels run {', '.join(GGUF_FORMATS)} blocks, not {fmt}")
+    if outputs % 16 or inputs % 32 or outputs < 16 or inputs < 32:
+        raise ValueError(f"{kernel}: {outputs} outputs (a multiple of 16) over {inputs} inputs (of 32)")
+    expected = GGUF_FORMATS[fmt].packed_bytes(outputs, inputs)
+    if packed.dtype != torch.uint8 or not packed.is_contiguous() or packed.numel() != expected:
+        raise ValueError(
+            f"{kernel}: packed {fmt} [{outputs}, {inputs}] is {expected} contiguous uint8, "
+            f"got {packed.numel()} {packed.dtype}"
+        )
 
 
 def _check_status(kernel: str, status: int, sizes: str) -> None:

@@ -34,10 +34,13 @@ about twenty torch operations, and attention reads each token's own slot directl
 padding, no mask). Measured on SmolLM2-135M int8, interleaved in one process: a decoding
 step 36.0 against 47.8 ms at batch 1, 47.6 against 67.5 ms at batch 8.
 
-It shares :class:`~thinkstruct.engine.kv_slots.SlotCache`'s buffers and the
+Its keys and values live in blocks (:class:`~thinkstruct.engine.kv_blocks.PagedKvCache`,
+a block table per slot): a row that moves to another slot, a prompt that starts like a
+live row and the prefix cache's blocks are shared by reference, never copied; the kernels
+and the torch path read and write through the table. It shares the
 :class:`~thinkstruct.engine.runner.ModelRunner` contract with
-:class:`~thinkstruct.engine.runner.TransformersRunner`, which stays the runner for every
-model this one does not recognise (:func:`supports` says which, and why).
+:class:`~thinkstruct.engine.runner.TransformersRunner`, which stays the runner (on slot
+buffers) for every model this one does not recognise (:func:`supports` says which, and why).
 """
 
 from __future__ import annotations
@@ -50,9 +53,12 @@ import torch
 import torch.nn.functional as F
 
 from thinkstruct.engine.architectures import Architecture, architecture_of, text_config
-from thinkstruct.engine.cpu_kernels import CpuKernels, LayerPointers, RopeLayout, cpu_kernels
+from thinkstruct.engine.cpu_kernels import INT8, CpuKernels, LayerPointers, Pages, RopeLayout, cpu_kernels
+from thinkstruct.engine.gguf_weights import GGUFLinear
 from thinkstruct.engine.int8_weights import Int8Linear
-from thinkstruct.engine.runner import PaddedPass, SlotRunner, tail_positions
+from thinkstruct.engine.kv_blocks import HeldBlocks, PagedKvCache
+from thinkstruct.engine.prefix_cache import HeldKv
+from thinkstruct.engine.runner import CausalLmRunner, PaddedPass, padded_pass, tail_positions
 
 
 def supports(model: Any, *, context_length: int | None = None) -> str | None:
@@ -76,11 +82,14 @@ class _Projection:
     def __init__(self, modules: Sequence[Any]) -> None:
         self.sizes = [int(m.out_features) for m in modules]
         self._run: Callable[[torch.Tensor], torch.Tensor]
-        #: The one int8-weight layer computing this projection, where it is one.
-        self.int8: Int8Linear | None = None
+        #: The one int8-weight or GGUF-block layer computing this projection, where it is one.
+        self.kernel_layer: Int8Linear | GGUFLinear | None = None
         if all(isinstance(m, Int8Linear) for m in modules):
-            self.int8 = modules[0] if len(modules) == 1 else Int8Linear.stacked(modules)
-            self._run = self.int8
+            self.kernel_layer = modules[0] if len(modules) == 1 else Int8Linear.stacked(modules)
+            self._run = self.kernel_layer
+        elif all(isinstance(m, GGUFLinear) for m in modules) and _one_format(modules):
+            self.kernel_layer = modules[0] if len(modules) == 1 else GGUFLinear.stacked(modules)
+            self._run = self.kernel_layer
         elif len(modules) == 1:
             self._run = modules[0]
         elif all(type(m) is torch.nn.Linear for m in modules):
@@ -100,6 +109,11 @@ class _Projection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._run(x)
+
+
+def _one_format(modules: Sequence[GGUFLinear]) -> bool:
+    """Whether GGUF layers share their block format and input size (they stack)."""
+    return len({(m.fmt, m.in_features) for m in modules}) == 1
 
 
 def _is_dynamic_int8(module: Any) -> bool:
@@ -209,9 +223,9 @@ def _normed_heads(qk: torch.Tensor, heads: int, rope: RopeLayout) -> torch.Tenso
     return torch.cat((q, k), dim=-2)
 
 
-class DecoderRunner(SlotRunner):
+class DecoderRunner(CausalLmRunner):
     """A transformers causal LM of a registered architecture (see :func:`supports`) on a
-    :class:`SlotCache`, computed by this module from the model's own weights (float,
+    :class:`PagedKvCache`, computed by this module from the model's own weights (float,
     :class:`Int8Linear` or torch dynamic int8).
 
     Args:
@@ -219,7 +233,7 @@ class DecoderRunner(SlotRunner):
             separate q/k/v and gate/up layers become views of the fused weights), its int8
             q/k/v and gate/up weights are stacked into new ones.
         slots, context_length, vocab_size: as for
-            :class:`~thinkstruct.engine.runner.SlotRunner`.
+            :class:`~thinkstruct.engine.runner.CausalLmRunner`.
         kernels: run passes on the compiled kernels (:func:`cpu_kernels`) where they
             can: a float32 model whose sizes are multiples of 8, on a machine where they
             build. ``False`` computes with torch operations only.
@@ -243,6 +257,10 @@ class DecoderRunner(SlotRunner):
         if isinstance(entry, str):
             raise ValueError(f"DecoderRunner cannot run this model: {entry}")
         super().__init__(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
+        self.cache = PagedKvCache(
+            layers=self._layer_count, slots=slots, kv_heads=self._kv_heads, head_dim=self._head_dim,
+            context_length=context_length, dtype=self._dtype,
+        )  # fmt: skip
         #: The registry entry this runner computes.
         self.architecture = entry
         base = model.base_model
@@ -275,19 +293,25 @@ class DecoderRunner(SlotRunner):
 
     def _stack_pointers(self) -> ctypes.Array[LayerPointers] | None:
         """Every layer's parameters for :meth:`CpuKernels.decoder_layers`, where every
-        projection is an int8-weight layer on the kernels (the cache buffers are filled in
-        before each pass: they move when the cache grows)."""
+        projection is an int8-weight or GGUF-block layer on the kernels, each with its
+        format (the cache buffers are filled in before each pass: they move when the cache
+        grows)."""
         table = (LayerPointers * len(self._layers))()
         for entry, layer in zip(table, self._layers, strict=True):
             projections = {
-                "qkv": layer.qkv.int8, "out": layer.out.int8,
-                "gate_up": layer.gate_up.int8, "down": layer.down.int8,
+                "qkv": layer.qkv.kernel_layer, "out": layer.out.kernel_layer,
+                "gate_up": layer.gate_up.kernel_layer, "down": layer.down.kernel_layer,
             }  # fmt: skip
             for name, linear in projections.items():
-                if linear is None or not linear.packed:
+                if isinstance(linear, GGUFLinear):
+                    setattr(entry, name, linear.packed.data_ptr())
+                    setattr(entry, f"{name}_format", linear.code)
+                elif isinstance(linear, Int8Linear) and linear.packed:
+                    setattr(entry, name, linear.weight_int8.data_ptr())
+                    setattr(entry, f"{name}_scale", linear.scale.data_ptr())
+                    setattr(entry, f"{name}_format", INT8)
+                else:
                     return None
-                setattr(entry, name, linear.weight_int8.data_ptr())
-                setattr(entry, f"{name}_scale", linear.scale.data_ptr())
                 setattr(entry, f"{name}_bias", None if linear.bias is None else linear.bias.data_ptr())
             entry.attn_norm, entry.mlp_norm = layer.attn_norm.data_ptr(), layer.mlp_norm.data_ptr()
             rope = layer.rope
@@ -305,9 +329,45 @@ class DecoderRunner(SlotRunner):
 
     @property
     def stacked(self) -> bool:
-        """Whether a pass runs every layer in one call of the compiled kernels (int8
-        weights on the kernels)."""
+        """Whether a pass runs every layer in one call of the compiled kernels (int8 or
+        GGUF-block weights on the kernels)."""
         return self._stack is not None
+
+    # ---- the paged cache -------------------------------------------------------------
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.cache.nbytes
+
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Make ``dst`` share ``src``'s blocks of its first ``length`` positions (no keys or
+        values copied; a partial last block is copied only when one of them writes into it)."""
+        self.cache.share(src, dst, length)
+
+    def read_kv(self, slot: int, start: int, stop: int) -> HeldBlocks:
+        """References to ``slot``'s whole blocks of ``[start, stop)`` (block boundaries)."""
+        return self.cache.hold(slot, start, stop)
+
+    def write_kv(self, slot: int, start: int, kv: HeldKv) -> None:
+        """Map the blocks of ``kv`` (:meth:`read_kv`'s, of this runner) into ``slot``'s
+        table after its first ``start`` positions (a block boundary)."""
+        if not isinstance(kv, HeldBlocks):
+            raise TypeError(f"the paged cache takes its own blocks (HeldBlocks), not {type(kv).__name__}")
+        self.cache.adopt(slot, start, kv)
+
+    def release_slots(self, first: int) -> None:
+        for slot in range(max(0, first), self.slots):
+            self.cache.free(slot)
+
+    def _begin(self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> PaddedPass:
+        """Check and lay out one pass and give each row blocks it alone holds for the
+        positions it writes (its real tokens': padding is never written)."""
+        plan = padded_pass(
+            tokens, starts, slots=self.slots, first_slot=first_slot, context=self.context_length
+        )
+        for i, (start, row) in enumerate(zip(starts, tokens, strict=True)):
+            self.cache.prepare(first_slot + i, start, start + len(row))
+        return plan
 
     def forward(
         self,
@@ -336,6 +396,10 @@ class DecoderRunner(SlotRunner):
 
         # Per-token work runs on h [tokens, hidden]: the real tokens only, row after row.
         real = _real_tokens(plan.lengths, width)
+        slot_of = torch.arange(first_slot, first_slot + rows).repeat_interleave(width)
+        pos_of = plan.positions.flatten()
+        if real is not None:
+            slot_of, pos_of = slot_of[real], pos_of[real]
         ids = plan.ids.flatten()
         h = self._embed(ids if real is None else ids[real])
         k_end = (heads + kv_heads) * dim
@@ -349,8 +413,13 @@ class DecoderRunner(SlotRunner):
             qk = qk.transpose(1, 2)
             if layer.rope.rotate:
                 qk = _rotate(qk, cos, sin)
-            v = qkv[..., k_end:].view(rows, width, kv_heads, dim).transpose(1, 2)
-            keys, values = self.cache.write(i, qk[:, heads:], v)  # where _begin planned
+            v = qkv[..., k_end:].view(rows, width, kv_heads, dim)
+            new_keys = qk[:, heads:].transpose(1, 2).reshape(rows * width, kv_heads, dim)
+            new_values = v.reshape(rows * width, kv_heads, dim)
+            if real is not None:
+                new_keys, new_values = new_keys[real], new_values[real]
+            self.cache.write_tokens(i, slot_of, pos_of, new_keys, new_values)
+            keys, values = self.cache.read_rows(i, first_slot, rows, plan.span)
             folded = qk[:, :heads].reshape(rows, kv_heads, group * width, dim)
             attended = F.scaled_dot_product_attention(
                 folded, keys, values, attn_mask=masks[layer.window], scale=layer.scaling
@@ -386,7 +455,7 @@ class DecoderRunner(SlotRunner):
         tail: Sequence[int] | None,
     ) -> torch.Tensor:
         """The pass with every layer in one kernel call (int8 weights on the kernels)."""
-        if stack[0].keys != self.cache.keys[0].data_ptr():  # the cache grew: new buffers
+        if stack[0].keys != self.cache.keys[0].data_ptr():  # the pools grew: new buffers
             for entry, keys, values in zip(stack, self.cache.keys, self.cache.values, strict=True):
                 entry.keys, entry.values = keys.data_ptr(), values.data_ptr()
         packed = self._packed_tokens(first_slot, plan)
@@ -395,7 +464,7 @@ class DecoderRunner(SlotRunner):
             h, stack, heads=self._heads, kv_heads=self._kv_heads, dim=self._head_dim,
             inter=self._inter, rot_half=self._inv_freq.numel(),
             cos=packed.cos, sin=packed.sin, slot_of=packed.slot_of, pos_of=packed.pos_of,
-            capacity=self.cache.capacity, span=plan.span,
+            pages=Pages(self.cache.table, self.cache.block_tokens, self.cache.num_blocks), span=plan.span,
         )  # fmt: skip
         last = tail_positions(plan.lengths, tail, width=None)
         return self._logits(kernels.rms_norm(h[last], self._norm, self._norm_eps))
@@ -411,13 +480,14 @@ class DecoderRunner(SlotRunner):
         for i, layer in enumerate(self._layers):
             keys, values = self.cache.keys[i], self.cache.values[i]
             qkv = layer.qkv(kernels.rms_norm(h, layer.attn_norm, layer.attn_eps))
+            table = self.cache.table
             kernels.rope_store(
-                qkv, heads=heads, kv_heads=kv_heads, cos=cos, sin=sin,
-                slot_of=slot_of, pos_of=pos_of, keys=keys, values=values, layout=layer.rope,
+                qkv, heads=heads, kv_heads=kv_heads, cos=cos, sin=sin, slot_of=slot_of, pos_of=pos_of,
+                keys=keys, values=values, table=table, layout=layer.rope,
             )  # fmt: skip
             attended = kernels.attention(
                 qkv, heads=heads, kv_heads=kv_heads, slot_of=slot_of, pos_of=pos_of, span=plan.span,
-                keys=keys, values=values, scale=layer.scaling, window=layer.window,
+                keys=keys, values=values, table=table, scale=layer.scaling, window=layer.window,
             )  # fmt: skip
             h = h + layer.out(attended)
             x = kernels.rms_norm(h, layer.mlp_norm, layer.mlp_eps)

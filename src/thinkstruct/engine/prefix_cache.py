@@ -10,6 +10,13 @@ prompt's blocks the tree holds and writes their keys and values into its slot in
 computing them. A chat's next turn, an agent's next call after a tool result, a repeated
 system prompt and a retried request so skip what was computed before.
 
+What a node keeps is whatever the runner's ``read`` hands over (:class:`HeldKv`): on a
+paged runner (:class:`~thinkstruct.engine.kv_blocks.PagedKvCache`) a reference to the
+slot's own blocks, so keeping them copies nothing and reusing them only maps them into
+the joining slot's block table; on any other runner a copy (:class:`KvSpan`), written
+back into the joining slot. The tree does not care which: it counts ``nbytes`` and calls
+``release()`` on what it evicts.
+
 Only whole blocks are kept (a turn recomputes at most ``block_tokens - 1`` tokens of what
 the tree could have held). Memory is bounded by ``max_bytes``: past it the least recently
 used leaves go first (a block others extend stays while they do). On a batch-invariant
@@ -24,15 +31,40 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, Self
 
 import torch
 
-__all__ = ["KvSpan", "PrefixCache", "PrefixMatch"]
+__all__ = ["BLOCK_TOKENS", "HeldKv", "KvSpan", "PrefixCache", "PrefixMatch"]
+
+#: Tokens a block holds: the prefix cache's unit of reuse and the paged KV cache's page.
+BLOCK_TOKENS = 32
+
+
+class HeldKv(Protocol):
+    """Keys and values of consecutive positions a runner handed over (``read_kv``), in
+    whatever form it keeps them: a copy or references to its own storage."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of keys and values it stands for (every layer)."""
+        ...
+
+    def release(self) -> None:
+        """Give back what it holds (a paged runner's blocks); it is not used after."""
+        ...
+
+    @classmethod
+    def concat(cls, spans: Sequence[Self]) -> Self:
+        """``spans`` end to end, for one ``write_kv`` (a view: it holds nothing of its
+        own, and is used before any of ``spans`` is released)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
 class KvSpan:
-    """Keys and values of consecutive positions: per layer ``[kv_heads, tokens, head_dim]``."""
+    """A copy of the keys and values of consecutive positions: per layer ``[kv_heads,
+    tokens, head_dim]`` (a :class:`HeldKv` that holds nothing of a runner's)."""
 
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
@@ -41,8 +73,11 @@ class KvSpan:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
-    @staticmethod
-    def concat(spans: Sequence[KvSpan]) -> KvSpan:
+    def release(self) -> None:
+        """Nothing to give back: the tensors are its own."""
+
+    @classmethod
+    def concat(cls, spans: Sequence[KvSpan]) -> KvSpan:
         """One span of ``spans`` end to end (one tensor a layer: one copy each to write)."""
         if len(spans) == 1:
             return spans[0]
@@ -56,17 +91,18 @@ class KvSpan:
 @dataclass(eq=False, slots=True)
 class _Node:
     block: tuple[int, ...]
-    kv: KvSpan | None  # None only at the root
+    kv: HeldKv | None  # None only at the root
     parent: _Node | None
     children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class PrefixMatch:
-    """What :meth:`PrefixCache.match` found: ``tokens`` positions and their keys/values."""
+    """What :meth:`PrefixCache.match` found: ``tokens`` positions and their keys/values
+    (a view of the tree's: write it before the tree next changes)."""
 
     tokens: int
-    kv: KvSpan | None
+    kv: HeldKv | None
 
 
 class PrefixCache:
@@ -77,7 +113,7 @@ class PrefixCache:
         max_bytes: most bytes of keys and values kept; 0 keeps nothing.
     """
 
-    def __init__(self, *, block_tokens: int = 32, max_bytes: int) -> None:
+    def __init__(self, *, block_tokens: int = BLOCK_TOKENS, max_bytes: int) -> None:
         if block_tokens < 1 or max_bytes < 0:
             raise ValueError("block_tokens must be >= 1 and max_bytes >= 0")
         self.block_tokens = block_tokens
@@ -106,12 +142,14 @@ class PrefixCache:
         if not path:
             return PrefixMatch(0, None)
         self._touch(path)
-        return PrefixMatch(len(path) * size, KvSpan.concat([n.kv for n in path if n.kv is not None]))
+        held = [n.kv for n in path if n.kv is not None]
+        return PrefixMatch(len(path) * size, type(held[0]).concat(held))
 
-    def insert(self, tokens: Sequence[int], read: Callable[[int, int], KvSpan]) -> int:
+    def insert(self, tokens: Sequence[int], read: Callable[[int, int], HeldKv]) -> int:
         """Keep the whole blocks of ``tokens`` (the positions a slot holds, from 0) that the
-        tree lacks, reading each new block's keys and values with ``read(start, stop)``
-        (copies, not views of the slot); returns how many blocks were added."""
+        tree lacks, taking each new block's keys and values from ``read(start, stop)``
+        (a copy or a reference the tree now owns: never a view the slot will overwrite);
+        returns how many blocks were added."""
         if self.max_bytes == 0:
             return 0
         node = self._root
@@ -135,7 +173,10 @@ class PrefixCache:
         return added
 
     def clear(self) -> None:
-        """Forget everything."""
+        """Forget everything (releasing what every block holds)."""
+        for node in self._lru:
+            if node.kv is not None:
+                node.kv.release()
         self._root.children.clear()
         self._lru.clear()
         self.bytes = self.blocks = 0
@@ -156,5 +197,6 @@ class PrefixCache:
                 raise RuntimeError("prefix cache holds the root")
             del victim.parent.children[victim.block]
             self.bytes -= victim.kv.nbytes
+            victim.kv.release()
             self.blocks -= 1
             self.evicted += 1

@@ -1,4 +1,5 @@
-"""The model runner seam: :class:`ModelRunner`; :class:`SlotRunner`, what runners on a
+"""The model runner seam: :class:`ModelRunner`; :class:`CausalLmRunner`, what runners of
+a transformers model share; :class:`SlotRunner`, what runners on a
 :class:`~thinkstruct.engine.kv_slots.SlotCache` share; and :class:`TransformersRunner`.
 
 The scheduler asks a runner for one thing: run the model over some consecutive slots,
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from thinkstruct.engine.kv_slots import SLOT_ATTENTION, SlotCache
-from thinkstruct.engine.prefix_cache import KvSpan
+from thinkstruct.engine.prefix_cache import HeldKv, KvSpan
 
 #: Tokens per slot allocated at start; buffers double as rows grow, up to the context.
 INITIAL_CAPACITY = 256
@@ -67,16 +68,24 @@ class ModelRunner(abc.ABC):
 
     @abc.abstractmethod
     def copy_slot(self, src: int, dst: int, length: int) -> None:
-        """Make slot ``dst`` hold the first ``length`` tokens of slot ``src``."""
+        """Make slot ``dst`` hold the first ``length`` tokens of slot ``src`` (a paged
+        runner shares them instead of copying)."""
 
     @abc.abstractmethod
-    def read_kv(self, slot: int, start: int, stop: int) -> KvSpan:
-        """A copy of the keys and values of positions ``[start, stop)`` of ``slot``."""
+    def read_kv(self, slot: int, start: int, stop: int) -> HeldKv:
+        """The keys and values of positions ``[start, stop)`` of ``slot``, kept apart from
+        what the slot will write (a copy, or a paged runner's reference to its whole
+        blocks: ``start`` and ``stop`` on block boundaries); the caller ``release()``s it."""
 
     @abc.abstractmethod
-    def write_kv(self, slot: int, start: int, kv: KvSpan) -> None:
-        """Make ``slot`` hold ``kv`` at positions ``start...`` (what :meth:`read_kv` gave
-        for the same tokens after the same prefix)."""
+    def write_kv(self, slot: int, start: int, kv: HeldKv) -> None:
+        """Make ``slot`` hold ``kv`` at positions ``start...`` (what :meth:`read_kv` of
+        this runner gave for the same tokens after the same prefix)."""
+
+    @abc.abstractmethod
+    def release_slots(self, first: int) -> None:
+        """Slots ``first...`` hold nothing any more (their rows left or moved): a paged
+        runner gives their blocks back now rather than when the slot is next used."""
 
     @property
     @abc.abstractmethod
@@ -84,10 +93,9 @@ class ModelRunner(abc.ABC):
         """Bytes the KV cache holds now."""
 
 
-class SlotRunner(ModelRunner):
-    """What every runner over a transformers model and a :class:`SlotCache` shares: the
-    cache sized from the model's config, the checked layout of a pass (:meth:`_begin`)
-    and the logits of the output layer (:meth:`_logits`).
+class CausalLmRunner(ModelRunner):
+    """What every runner over a transformers model shares: its sizes read from the
+    config and the logits of the output layer (:meth:`_logits`).
 
     Args:
         model: a transformers ``*ForCausalLM`` in eval mode.
@@ -106,9 +114,25 @@ class SlotRunner(ModelRunner):
         self._heads = text.num_attention_heads
         self._kv_heads = getattr(text, "num_key_value_heads", None) or self._heads
         self._head_dim = getattr(text, "head_dim", None) or text.hidden_size // self._heads
+        self._layer_count: int = text.num_hidden_layers
         self._dtype = activation_dtype(model)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[rows, vocab_size]`` of the final hidden states ``[rows, hidden]``."""
+        logits: torch.Tensor = self._head(hidden)
+        return logits[:, : self.vocab_size].float()
+
+
+class SlotRunner(CausalLmRunner):
+    """What every runner over a transformers model and a :class:`SlotCache` shares: the
+    cache sized from the model's config and the checked layout of a pass
+    (:meth:`_begin`). Arguments as for :class:`CausalLmRunner`.
+    """
+
+    def __init__(self, model: Any, *, slots: int, context_length: int, vocab_size: int | None = None) -> None:
+        super().__init__(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
         self.cache = SlotCache(
-            layers=text.num_hidden_layers,
+            layers=self._layer_count,
             slots=slots,
             kv_heads=self._kv_heads,
             head_dim=self._head_dim,
@@ -126,7 +150,12 @@ class SlotRunner(ModelRunner):
     def read_kv(self, slot: int, start: int, stop: int) -> KvSpan:
         return self.cache.read(slot, start, stop)
 
-    def write_kv(self, slot: int, start: int, kv: KvSpan) -> None:
+    def release_slots(self, first: int) -> None:
+        """Nothing to give back: slot buffers hold nothing apart from the slots."""
+
+    def write_kv(self, slot: int, start: int, kv: HeldKv) -> None:
+        if not isinstance(kv, KvSpan):
+            raise TypeError(f"the slot cache writes copies (KvSpan), not {type(kv).__name__}")
         self.cache.write_span(slot, start, kv, limit=self.context_length)
 
     def _begin(self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> PaddedPass:
@@ -137,11 +166,6 @@ class SlotRunner(ModelRunner):
         self.cache.ensure_capacity(plan.written, limit=self.context_length)
         self.cache.plan(first_slot, first_slot + plan.ids.shape[0], plan.positions, plan.span)
         return plan
-
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits ``[rows, vocab_size]`` of the final hidden states ``[rows, hidden]``."""
-        logits: torch.Tensor = self._head(hidden)
-        return logits[:, : self.vocab_size].float()
 
 
 class TransformersRunner(SlotRunner):
