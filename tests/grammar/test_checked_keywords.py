@@ -7,14 +7,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import jsonschema
 import pytest
 
-from thinkstruct import Constraint, Tokenizer
+from thinkstruct import Constraint, InvalidConstraint, Tokenizer
 from thinkstruct.grammar.api import accepts, first_rejected
 from thinkstruct.grammar.backends import backend_classes
 from thinkstruct.grammar.base import NO_BACKEND_ENFORCES
 from thinkstruct.grammar.runtime.value_checks import first_failed_check
 from thinkstruct.grammar.schema.checks import location_text, plan_checks
+from thinkstruct.grammar.schema.relaxations import relax, unparseable_pattern
 from thinkstruct.grammar.schema.walk import resolve
 from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
@@ -271,3 +273,65 @@ def test_exact_schemas_carry_no_checks(strict: GrammarCompiler) -> None:
     )
     assert compiled.checks is None
     assert {e.enforcement for e in compiled.enforcement()} == {"grammar"}
+
+
+# ---- strict mode's last resorts: what no grammar takes, left out and checked ----------
+
+LOOKAROUND = {"type": "object", "properties": {"p": {"type": "string", "pattern": "^(?!x)[a-z]+$"}}}
+OVERLAPPING = {
+    "type": "object",
+    "allOf": [
+        {"patternProperties": {"^.{1,3}$": {"type": "integer"}}},
+        {"patternProperties": {"a": {"minimum": 2}}},
+    ],
+}
+
+
+def test_relax_leaves_out_what_grammars_cannot_take_and_says_so() -> None:
+    relaxed, removed = relax(LOOKAROUND)
+    assert removed == {"/properties/p/pattern"} and "pattern" not in relaxed["properties"]["p"]
+    relaxed, removed = relax(OVERLAPPING)
+    assert removed == {"/allOf/0/patternProperties", "/allOf/1/patternProperties"}
+    ref_beside = {"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n", "minimum": 3, "description": "x"}
+    relaxed, removed = relax(ref_beside)
+    assert removed == {"/minimum"} and relaxed == {"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"}
+    assert (
+        unparseable_pattern("a|^b")
+        and unparseable_pattern("(?<=a)b")
+        and not unparseable_pattern("^[\\^$]+$")
+    )
+
+
+@pytest.mark.parametrize("schema", [LOOKAROUND, OVERLAPPING])
+def test_relaxed_schemas_are_supersets(schema: dict[str, Any]) -> None:
+    relaxed, _ = relax(schema)
+    strict_validator = jsonschema.Draft202012Validator(schema)
+    loose_validator = jsonschema.Draft202012Validator(relaxed)
+    for doc in ({"p": "ab"}, {"p": "xb"}, {"abc": 1}, {"abc": "s"}, {"a": 1}, {"abcd": 1}, {}):
+        if strict_validator.is_valid(doc):
+            assert loose_validator.is_valid(doc)
+
+
+def test_strict_checks_a_pattern_no_grammar_runs(strict: GrammarCompiler) -> None:
+    compiled = strict.compile(Constraint.json_schema(LOOKAROUND))
+    assert compiled.checks is not None
+    assert ("pattern", "/properties/p/pattern", "/p") in {
+        (e.keyword, e.pointer, e.location) for e in compiled.enforcement() if e.enforcement == "checked"
+    }
+    assert first_rejected(compiled, '{"p":"xb"}') is None  # the grammar left it out
+    failure = first_failed_check(compiled.checks, '{"p":"xb"}')
+    assert failure is not None and failure.keyword == "pattern" and failure.start == 5
+    assert first_failed_check(compiled.checks, '{"p":"ab"}') is None
+    # Lenient mode has nothing to check it with: refused, naming the pattern.
+    with GrammarCompiler(Tokenizer.default(), CompilerConfig(worker_processes=0)) as lenient:
+        with pytest.raises(InvalidConstraint) as info:
+            lenient.compile(Constraint.json_schema(LOOKAROUND))
+    assert info.value.pointer == "/properties/p/pattern"
+
+
+def test_strict_checks_overlapping_pattern_properties(strict: GrammarCompiler) -> None:
+    compiled = strict.compile(Constraint.json_schema(OVERLAPPING))
+    assert compiled.checks is not None and compiled.backend == "llguidance"
+    assert first_failed_check(compiled.checks, '{"bc":1,"zzzz":"s"}') is None
+    failure = first_failed_check(compiled.checks, '{"a":1}')  # both patterns: minimum 2 too
+    assert failure is not None and failure.keyword == "minimum" and failure.pointer == "/a"

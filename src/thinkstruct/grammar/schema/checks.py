@@ -134,16 +134,19 @@ class CheckPlan:
         return validator
 
 
-def plan_checks(schema: Any, *, inexact: frozenset[str]) -> CheckPlan:
+def plan_checks(schema: Any, *, inexact: frozenset[str], relaxed: frozenset[str] = frozenset()) -> CheckPlan:
     """Split ``schema``'s assertion keywords between a backend's grammar and value checks.
 
     Args:
-        schema: the schema as the backend compiles it.
+        schema: the schema the answer must satisfy (auto's equivalent rewrite of it).
         inexact: the keywords the backend does not enforce exactly (its
             ``inexact_keywords``): each use of one becomes ``"checked"``.
+        relaxed: JSON pointers of keywords left out of the schema the backend compiles
+            (:func:`~.relaxations.relax`, keywords a guessing backend skips): they and
+            every keyword inside them become ``"checked"`` too.
     """
     used = assertions(schema)
-    checked = {pointer for keyword, pointer in used if keyword in inexact}
+    checked = {pointer for keyword, pointer in used if keyword in inexact or _within(pointer, relaxed)}
     anchors: dict[tuple[str, Location], set[str]] = {}
     if checked:
         found = _anchors(schema, checked) if _walkable(schema) else None
@@ -163,6 +166,18 @@ def plan_checks(schema: Any, *, inexact: frozenset[str]) -> CheckPlan:
         for (pointer, location), keywords in sorted(anchors.items(), key=lambda a: (a[0][0], str(a[0][1])))
     )
     return CheckPlan(schema, checks, enforcement)
+
+
+def _within(pointer: str, relaxed: frozenset[str]) -> bool:
+    """Whether ``pointer`` is one of ``relaxed`` or inside one."""
+    if not relaxed:
+        return False
+    cut = len(pointer)
+    while cut > 0:
+        if pointer[:cut] in relaxed:
+            return True
+        cut = pointer.rfind("/", 0, cut)
+    return False
 
 
 def _walkable(schema: Any) -> bool:

@@ -38,8 +38,9 @@ KNOWN_FORMATS = frozenset(
     {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uuid"}
 )
 
-# Keywords that assert nothing (annotations, identifiers, structure handled elsewhere).
-_NON_ASSERTIONS = frozenset(
+#: Keywords that assert nothing (annotations, identifiers, structure handled elsewhere;
+#: ``format`` is reported by :func:`assertions` for the formats backends know).
+NON_ASSERTIONS = frozenset(
     {
         "$schema",
         "$id",
@@ -76,7 +77,7 @@ def assertions(schema: Any) -> list[tuple[str, str]]:
             if keyword == "format":
                 if value in KNOWN_FORMATS:
                     found.append(("format", f"{pointer}/format"))
-            elif keyword not in _NON_ASSERTIONS and not _is_noop(keyword, value):
+            elif keyword not in NON_ASSERTIONS and not _is_noop(keyword, value):
                 found.append((keyword, f"{pointer}/{escape_pointer(keyword)}"))
     return found
 
@@ -253,7 +254,7 @@ def _finite_values(node: dict[str, Any]) -> tuple[list[Any], dict[str, Any]] | N
     if not isinstance(branches, list):
         return None
     for i, branch in enumerate(branches):
-        if isinstance(branch, dict) and not (set(branch) - {"enum", "const"} - _NON_ASSERTIONS):
+        if isinstance(branch, dict) and not (set(branch) - {"enum", "const"} - NON_ASSERTIONS):
             found = _finite_values(branch)
             if found is not None:
                 rest = dict(node)

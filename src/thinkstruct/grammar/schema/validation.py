@@ -49,13 +49,22 @@ _NUMBERS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximu
 class _Node:
     """One subschema being checked, and how to name its keywords in errors."""
 
-    __slots__ = ("anchors", "base", "ids", "node", "pointer", "root")
+    __slots__ = ("anchors", "base", "ids", "node", "pointer", "python_patterns", "root")
 
     def __init__(
-        self, node: dict[str, Any], pointer: str, base: str, root: Any, ids: dict[str, Any], anchors: set[str]
+        self,
+        node: dict[str, Any],
+        pointer: str,
+        base: str,
+        root: Any,
+        ids: dict[str, Any],
+        anchors: set[str],
+        *,
+        python_patterns: bool,
     ) -> None:
         self.node, self.pointer, self.base = node, pointer, base
         self.root, self.ids, self.anchors = root, ids, anchors
+        self.python_patterns = python_patterns
 
     def fail(self, keyword: str, reason: str, *, position: int | None = None) -> None:
         raise InvalidConstraint(
@@ -107,13 +116,14 @@ def _check_patterns(n: _Node) -> None:
     if "pattern" in node:
         if not isinstance(node["pattern"], str):
             n.fail("pattern", "pattern must be a string")
-        _check_regex(node["pattern"], f"{n.pointer}/pattern", "invalid regex")
+        _check_regex(node["pattern"], f"{n.pointer}/pattern", "invalid regex", python=n.python_patterns)
     if isinstance(node.get("patternProperties"), dict):
         for key in node["patternProperties"]:
             _check_regex(
                 key,
                 f"{n.pointer}/patternProperties/{escape_pointer(key)}",
                 "invalid regex in a patternProperties key",
+                python=n.python_patterns,
             )
 
 
@@ -167,15 +177,20 @@ def _confined_to(node: dict[str, Any], types: set[str]) -> bool:
     return bool(listed) and all(x in types for x in listed)
 
 
-def check_constraint(constraint: Constraint, *, max_answer_tokens: int | None = None) -> None:
+def check_constraint(
+    constraint: Constraint, *, max_answer_tokens: int | None = None, python_patterns: bool = False
+) -> None:
     """Raise :class:`InvalidConstraint` naming the first problem found, else return.
 
     Args:
         max_answer_tokens: also refuse a schema whose shortest valid instance provably
             needs more tokens than this (the model's context length).
+        python_patterns: take a schema's patterns that only the reference validator's
+            regex engine runs (look-around, back-references): strict ``auto`` checks them
+            as values close rather than in the grammar.
     """
     if constraint.kind is ConstraintKind.JSON_SCHEMA:
-        check_json_schema(constraint.document)
+        check_json_schema(constraint.document, python_patterns=python_patterns)
         check_instances_exist(constraint.document, max_answer_tokens=max_answer_tokens, text=constraint.value)
     elif constraint.kind is ConstraintKind.REGEX:
         problem = regex_problem(constraint.value)
@@ -185,8 +200,9 @@ def check_constraint(constraint: Constraint, *, max_answer_tokens: int | None = 
         _check_structural_tag(constraint.document)
 
 
-def check_json_schema(schema: Any) -> None:
-    """Check a parsed JSON Schema document (see the module docstring)."""
+def check_json_schema(schema: Any, *, python_patterns: bool = False) -> None:
+    """Check a parsed JSON Schema document (see the module docstring and
+    :func:`check_constraint` for ``python_patterns``)."""
     nodes = list(walk(schema))
     ids, anchors = _collect_ids(nodes)
     for node, pointer, base in nodes:
@@ -200,7 +216,7 @@ def check_json_schema(schema: Any) -> None:
             )
         keys = node.keys() & _CHECKED
         if keys:
-            checked = _Node(node, pointer, base, schema, ids, anchors)
+            checked = _Node(node, pointer, base, schema, ids, anchors, python_patterns=python_patterns)
             for group, checker in _CHECKERS:
                 if not group.isdisjoint(keys):
                     checker(checked)
@@ -236,8 +252,10 @@ def check_instances_exist(
 MAX_TOKEN_CHARS = 256
 
 
-def _check_regex(pattern: str, pointer: str, what: str) -> None:
+def _check_regex(pattern: str, pointer: str, what: str, *, python: bool) -> None:
     problem = regex_problem(pattern)
+    if problem and python and _python_compiles(pattern):
+        return
     if problem:
         raise InvalidConstraint(
             f"{what}: {problem[1]}", pointer=pointer, position=problem[0], kind="json_schema"
@@ -363,6 +381,14 @@ def regex_problem(pattern: str) -> tuple[int | None, str] | None:
                 position = max(len(caret.group(1)) - 4, 0)
             break
     return position, reason
+
+
+def _python_compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return False
+    return True
 
 
 def _is_number(v: Any) -> bool:

@@ -117,7 +117,12 @@ class CompileAttempt:
                     kind=self.constraint.kind.value,
                 )
             # Once, before any backend: the same error for all.
-            check_constraint(self.constraint, max_answer_tokens=config.max_answer_tokens)
+            check_constraint(
+                self.constraint,
+                max_answer_tokens=config.max_answer_tokens,
+                # Strict auto checks the patterns no grammar runs (auto.plan's last resort).
+                python_patterns=self.strict and self.backend == "auto",
+            )
             self._candidates = plan(self.constraint, backend=self.backend, strict=self.strict)
         except InvalidConstraint as error:
             self._finish(error, remember=True)

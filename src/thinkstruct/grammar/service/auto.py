@@ -24,9 +24,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from thinkstruct.grammar.backends import backend_classes
-from thinkstruct.grammar.constraint import Constraint, ConstraintKind
+from thinkstruct.grammar.constraint import Constraint, ConstraintKind, escape_pointer
 from thinkstruct.grammar.schema.checks import CheckPlan, plan_checks
 from thinkstruct.grammar.schema.keywords import assertions, normalize
+from thinkstruct.grammar.schema.relaxations import has_unparseable_patterns, relax
 from thinkstruct.grammar.schema.walk import subschemas
 
 # Every table below is derived from the backends' own declarations (the registry in
@@ -112,21 +113,65 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
         used = assertions(schema)
         if not any(keyword in INEXACT[first] for keyword, _ in used):
             yield Candidate(first, rewritten)
+    if strict and has_unparseable_patterns(rewritten.document):
+        # No grammar runs these patterns (look-around...): only the relaxed fallbacks,
+        # which check them, may hold this schema.
+        yield from _relaxed(rewritten.document, lenient_mode=True)
+        yield from _relaxed(rewritten.document, lenient_mode=False)
+        return
     for name in JSON_ORDER[1:]:
         if not any(keyword in INEXACT[name] for keyword, _ in used) and _typed_throughout(rewritten.document):
             yield Candidate(name, rewritten)
-    for name in LENIENT_ORDER:
-        ignored = tuple(p for k, p in used if k in INEXACT[name])
-        if not ignored:
-            continue
-        lenient = name in _HAS_LENIENT_MODE
-        if not strict:
-            yield Candidate(name, rewritten, lenient=lenient, ignored=ignored)
-        elif lenient or _typed_throughout(rewritten.document):
+    if not strict:
+        for name in LENIENT_ORDER:
+            ignored = tuple(p for k, p in used if k in INEXACT[name])
+            if ignored:
+                yield Candidate(name, rewritten, lenient=name in _HAS_LENIENT_MODE, ignored=ignored)
+        return
+    # Strict: the cheap in-process lenient compiles first (a backend compiling in a
+    # worker may take the rest of the deadline), the schema as it is before its relaxation.
+    for name in sorted(LENIENT_ORDER, key=lambda n: n not in _HAS_LENIENT_MODE):
+        if any(k in INEXACT[name] for k, _ in used) and (
+            name in _HAS_LENIENT_MODE or _typed_throughout(rewritten.document)
+        ):
             # A backend that ignores keywords by itself guesses types where they are
-            # missing (see _typed_throughout): checked only where it does not.
+            # missing (see _typed_throughout): checked this way only where it does not.
             checks = plan_checks(rewritten.document, inexact=INEXACT[name])
-            yield Candidate(name, rewritten, lenient=lenient, checks=checks)
+            yield Candidate(name, rewritten, lenient=name in _HAS_LENIENT_MODE, checks=checks)
+        if name in _HAS_LENIENT_MODE:
+            yield from _relaxed(rewritten.document, lenient_mode=True)
+    yield from _relaxed(rewritten.document, lenient_mode=False)
+
+
+def _relaxed(schema: object, *, lenient_mode: bool) -> Iterator[Candidate]:
+    """Strict mode's last resorts: the backends with a lenient mode on the schema without
+    what their grammars cannot take (:func:`~thinkstruct.grammar.schema.relaxations.relax`),
+    or those that guess types, on a schema not typed throughout; what is left out or
+    skipped is checked against the schema as written."""
+    relaxed_schema, removed = relax(schema)
+    relaxed = (
+        None
+        if relaxed_schema == schema
+        else Constraint(
+            ConstraintKind.JSON_SCHEMA, json.dumps(relaxed_schema, ensure_ascii=False, separators=(",", ":"))
+        )
+    )
+    for name in LENIENT_ORDER:
+        if (name in _HAS_LENIENT_MODE) != lenient_mode:
+            continue
+        if lenient_mode:
+            if relaxed is not None:
+                checks = plan_checks(schema, inexact=INEXACT[name], relaxed=removed)
+                yield Candidate(name, relaxed, lenient=True, checks=checks)
+            continue
+        target = relaxed_schema if relaxed is not None else schema
+        untyped = frozenset(untyped_keywords(target))
+        if untyped or relaxed is not None:
+            checks = plan_checks(schema, inexact=INEXACT[name], relaxed=removed | untyped)
+            constraint = relaxed or Constraint(
+                ConstraintKind.JSON_SCHEMA, json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+            )
+            yield Candidate(name, constraint, checks=checks)
 
 
 # Keywords that apply to one type of value only.
@@ -167,17 +212,23 @@ def _typed_throughout(schema: object) -> bool:
     missing from ``properties``; outlines-core refuses most untyped schemas. Only schemas
     passing this check may go to them as exact.
     """
-    for node, _ in subschemas(schema):
+    return next(untyped_keywords(schema), None) is None
+
+
+def untyped_keywords(schema: object) -> Iterator[str]:
+    """JSON pointers of the keywords that keep ``schema`` from being typed throughout
+    (see :func:`_typed_throughout`): what a backend that guesses types may skip."""
+    for node, pointer in subschemas(schema):
         keys = node.keys()
-        if keys & _TYPED_KEYWORDS and "type" not in keys:
-            return False
+        if "type" not in keys:
+            for keyword in sorted(keys & _TYPED_KEYWORDS):
+                yield f"{pointer}/{escape_pointer(keyword)}"
         required = node.get("required")
         if required and not set(required) <= set(node.get("properties") or {}):
-            return False
+            yield f"{pointer}/required"
         ref = node.get("$ref")
         if isinstance(ref, str) and ref != "#" and not ref.startswith("#/"):
-            return False  # xgrammar lets anchor references ("#name") through unchecked
-    return True
+            yield f"{pointer}/$ref"  # xgrammar lets anchor references ("#name") through unchecked
 
 
 # Besides llguidance's inexact keywords, what normalize() must see to help llguidance
