@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import thinkstruct.engine.engine as engine_module
+import thinkstruct.engine.executor as executor_module
 
 #: A request with this seed fails inside its own sampling.
 SAMPLING_FAULT_SEED = 0xFA_0017
@@ -32,7 +32,7 @@ def inject_sampling_fault(monkeypatch: pytest.MonkeyPatch, *, after: int = 0) ->
     The batched draw runs first (every row's generator advances, as it would when a
     fault strikes mid-batch), then fails if the faulty request is among the rows.
     """
-    real = engine_module.sample
+    real = executor_module.sample
     draws = [0]
 
     def sample(logits: Any, params: Any, generators: Any) -> list[int]:
@@ -43,7 +43,7 @@ def inject_sampling_fault(monkeypatch: pytest.MonkeyPatch, *, after: int = 0) ->
                 raise RuntimeError("injected fault in this request's sampling")
         return tokens
 
-    monkeypatch.setattr(engine_module, "sample", sample)
+    monkeypatch.setattr(executor_module, "sample", sample)
 
 
 class RejectingMatcher:

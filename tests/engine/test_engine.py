@@ -181,7 +181,7 @@ def test_same_seed_same_output_whatever_else_is_in_the_batch(tiny_model_dir, tin
     ids = prompt_ids(tiny_model, "determinism")[0]
     params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=1234)
     with Engine(model, config=EngineConfig(max_batch=4), compiler=compiler) as e:
-        assert e._runner is not None and e._runner.batch_invariant
+        assert e.runner is not None and e.runner.batch_invariant
         alone = run(e, prompt_ids=ids, sampling=params)
         others = [
             e.submit(
@@ -241,7 +241,7 @@ def test_float_weights_through_torch_reuse_prefixes_too(tiny_model, compiler) ->
     computed, equal within rounding, and the answer goes on from it."""
     ids = prompt_ids(tiny_model, "the same prompt " * 4)[0]
     with Engine(tiny_model, config=EngineConfig(max_batch=4), compiler=compiler) as e:
-        assert e._runner is not None and not e._runner.batch_invariant
+        assert e.runner is not None and not e.runner.batch_invariant
         first = e.submit(GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=40, seed=1)))
         wait_until(lambda: e.stats.generated_tokens > 0, "the first request generating")
         second = run(e, prompt_ids=ids, sampling=SamplingParams(max_tokens=3, seed=2))
@@ -448,7 +448,7 @@ def held_in_a_pass(engine: Engine, *, passes: list[list[int]] | None = None) -> 
     """Hold the engine thread inside its next forward pass (a small request keeps it busy)
     while the block runs, so what the block submits waits together; ``passes`` records
     the token count of each row of every pass from then on."""
-    runner = engine._runner
+    runner = engine.runner
     forward = runner.forward
     entered, release = threading.Event(), threading.Event()
 
@@ -502,9 +502,9 @@ def test_short_prompts_are_prefilled_before_long_ones_that_came_first(tiny_model
 def test_a_long_prompt_that_waited_goes_before_a_fresh_short_one(tiny_model, compiler, monkeypatch) -> None:
     """A prompt that has waited PREFILL_PATIENCE_S is prefilled before a shorter one that
     just arrived, so shortest-first cannot starve it."""
-    from thinkstruct.engine import engine as engine_module
+    from thinkstruct.engine import scheduler as scheduler_module
 
-    monkeypatch.setattr(engine_module, "PREFILL_PATIENCE_S", 0.3)
+    monkeypatch.setattr(scheduler_module, "PREFILL_PATIENCE_S", 0.3)
     # Three full chunks: the short prompt cannot share the long one's last pass.
     prompts = {"long": [(31 * j) % 120_000 + 2 for j in range(48)], "short": [5, 6, 7]}
     with Engine(tiny_model, config=EngineConfig(max_batch=4, prefill_chunk=16), compiler=compiler) as e:
@@ -522,7 +522,7 @@ def test_a_prefill_pass_counts_the_tokens_a_packing_runner_computes(tiny_model, 
         [(11 * j) % 120_000 + 2 for j in range(30)],
     ]
     with Engine(tiny_model, config=EngineConfig(max_batch=4, prefill_chunk=16), compiler=compiler) as e:
-        assert e._runner.packs_tokens
+        assert e.runner.packs_tokens
         with held_in_a_pass(e, passes=passes):
             handles = [
                 e.submit(GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=1)))
@@ -532,3 +532,27 @@ def test_a_prefill_pass_counts_the_tokens_a_packing_runner_computes(tiny_model, 
             h.wait()
     assert sorted(passes[1]) == [3, 12]  # the first pass after the held one: both prompts
     assert all(sum(p) <= 16 for p in passes)
+
+
+def test_a_request_waits_for_its_grammar_without_holding_up_others(engine, compiler, tiny_model) -> None:
+    """A request submitted while its grammar compiles keeps its place in the queue, lets
+    a later request pass and run to its end, then runs under the grammar once it is ready;
+    a compile that fails ends it with the error."""
+    import concurrent.futures
+
+    ids, _ = prompt_ids(tiny_model)
+    compiling: concurrent.futures.Future = concurrent.futures.Future()
+    failing: concurrent.futures.Future = concurrent.futures.Future()
+    waiting = engine.submit(
+        GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=8, seed=3), grammar=compiling)
+    )
+    doomed = engine.submit(GenerationRequest(prompt_ids=ids, grammar=failing))
+    later = run(engine, prompt_ids=ids, sampling=SamplingParams(max_tokens=4, seed=4))
+    assert later.finish_reason is FinishReason.LENGTH
+    assert not waiting.finished and not doomed.finished
+    failing.set_exception(ValueError("no such schema"))
+    compiling.set_result(compiler.compile(Constraint.choice(["left", "right"])))
+    out = waiting.wait()
+    assert out.finish_reason is FinishReason.STOP and out.content in ("left", "right")
+    failed = doomed.wait()
+    assert failed.finish_reason is FinishReason.ERROR and "no such schema" in (failed.error or "")

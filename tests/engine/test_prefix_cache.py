@@ -118,7 +118,7 @@ def test_a_next_turn_reuses_the_finished_one_and_gets_the_same_answer(int8w_mode
     first = _ids(int8w_model, "A long system prompt about careful answers. " * 6 + "First question?")
     params = SamplingParams(max_tokens=20, temperature=1.0, seed=3)
     with Engine(int8w_model, config=EngineConfig(max_batch=2)) as e:
-        assert e._runner is not None and e._runner.batch_invariant
+        assert e.runner is not None and e.runner.batch_invariant
         one = e.submit(GenerationRequest(prompt_ids=first, sampling=params)).wait()
         second = [*first, *one.token_ids, *_ids(int8w_model, " And the next one?")]
         two = e.submit(GenerationRequest(prompt_ids=second, sampling=params)).wait()

@@ -12,12 +12,19 @@ from __future__ import annotations
 import enum
 import math
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from thinkstruct.parsers.tool_calls.types import ToolCall, ToolCallDelta
+
 if TYPE_CHECKING:
+    import concurrent.futures
+
     from thinkstruct.grammar.base import CompiledGrammar
     from thinkstruct.parsers import ReasoningParser
+    from thinkstruct.parsers.tool_calls.syntax import ToolCallSyntax
+    from thinkstruct.parsers.tool_calls.types import ToolSchemas
 
 #: Most stop strings one request may carry, and the longest one (characters).
 MAX_STOP_STRINGS = 16
@@ -158,6 +165,22 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
+@dataclass(frozen=True, slots=True)
+class ToolCallReading:
+    """How the answer's tool calls are read out of its text.
+
+    Attributes:
+        syntax: the model family's call syntax.
+        schemas: the request's tools' ``parameters`` schemas (to read non-JSON syntaxes).
+        parallel: more than one call may be made; with ``False`` only the first call is
+            reported (the grammar allows one where it holds the calls).
+    """
+
+    syntax: ToolCallSyntax
+    schemas: ToolSchemas
+    parallel: bool = True
+
+
 @dataclass(kw_only=True)
 class GenerationRequest:
     """One generation, ready to decode.
@@ -165,12 +188,17 @@ class GenerationRequest:
     Attributes:
         prompt_ids: the rendered prompt's token ids.
         sampling: how tokens are picked.
-        grammar: the compiled constraint on the answer (``None``: free text).
+        grammar: the compiled constraint on the answer (``None``: free text), or a future
+            of it still compiling: the request keeps its place in the queue meanwhile
+            (state ``waiting_for_grammar``) and is admitted once it resolves; a failed
+            compile ends it with ``error`` (the caller, awaiting the same future, reports
+            the failure and cancels the request).
         reasoning: the request reasons first; the same decision the chat template and the
             reasoning parser were given (``ChatPrompt.reasoning_enabled``).
         reasoning_parser: splits the output into reasoning and content; ``None`` sends all
             text to ``content``.
         max_reasoning_tokens: thinking budget; once spent, the end of the thought is forced.
+        tool_calls: read the answer's tool calls out of its text (``None``: none are read).
         count_allowed_tokens: record, per generated token, how many tokens the grammar
             allowed at that step (:attr:`Usage.allowed_tokens`; one popcount of the filled
             mask row per step, never the mask itself). For the playground's plot.
@@ -179,10 +207,11 @@ class GenerationRequest:
 
     prompt_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    grammar: CompiledGrammar | None = None
+    grammar: CompiledGrammar | concurrent.futures.Future[CompiledGrammar] | None = None
     reasoning: bool = False
     reasoning_parser: ReasoningParser | None = None
     max_reasoning_tokens: int | None = None
+    tool_calls: ToolCallReading | None = None
     count_allowed_tokens: bool = False
     request_id: str = field(default_factory=_new_id)
 
@@ -247,10 +276,13 @@ class TokenLogprob:
 class Delta:
     """One event on a request's stream: new text, then finally why it ended.
 
-    ``logprobs`` (only when the request asked) has one entry per id of ``token_ids``."""
+    ``logprobs`` (only when the request asked) has one entry per id of ``token_ids``;
+    ``tool_calls`` are the pieces of the answer's calls this delta settled (the text they
+    were read from is not in ``content``)."""
 
     reasoning: str = ""
     content: str = ""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None
@@ -269,6 +301,7 @@ class Completion:
     error: str | None
     usage: Usage | None
     logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 def join_deltas(deltas: list[Delta]) -> Completion:
@@ -282,4 +315,18 @@ def join_deltas(deltas: list[Delta]) -> Completion:
         error=last.error,
         usage=last.usage,
         logprobs=tuple(lp for d in deltas for lp in d.logprobs),
+        tool_calls=join_calls(c for d in deltas for c in d.tool_calls),
+    )
+
+
+def join_calls(pieces: Iterable[ToolCallDelta]) -> tuple[ToolCall, ...]:
+    """Streamed call pieces joined per index into whole calls, in index order."""
+    names: dict[int, str] = {}
+    arguments: dict[int, list[str]] = {}
+    for piece in pieces:
+        if piece.name is not None:
+            names.setdefault(piece.index, piece.name)
+        arguments.setdefault(piece.index, []).append(piece.arguments)
+    return tuple(
+        ToolCall(index=i, name=names.get(i, ""), arguments="".join(arguments[i])) for i in sorted(arguments)
     )

@@ -32,12 +32,13 @@ from thinkstruct.server.errors import SERVER, APIError
 from thinkstruct.server.generation import (
     Submitted,
     collect,
-    compile_constraint,
+    engine_requests,
     finish_reason_name,
     max_new_tokens,
     merged,
     sampling_params,
-    submit_all,
+    start_compile,
+    submit_compiling,
 )
 from thinkstruct.server.limits import check_prompt_length, check_request_limits
 from thinkstruct.server.logprobs import chat_logprobs
@@ -56,7 +57,7 @@ from thinkstruct.server.protocol import (
 from thinkstruct.server.reasoning_budget import length_part, thinking_budget
 from thinkstruct.server.state import ServerState
 from thinkstruct.server.streaming import DONE, EventStream, event
-from thinkstruct.server.tools import ToolPlan, ToolStream, finished_with, tool_plan, whole_answer
+from thinkstruct.server.tools import call_pieces, finished_with, message_calls, tool_plan
 from thinkstruct.server.usage import generation_info, total_usage
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
         default=settings.default_max_tokens,
         param="max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
     )
-    grammar, compile_s = await compile_constraint(engine, requested, metrics=state.metrics)
+    pending = start_compile(engine, requested)
     rendered = cast("ChatPrompt", prompt.chat)  # chat_prompt always sets it
     reasoning = rendered.reasoning_enabled
     budget = thinking_budget(
@@ -100,19 +101,26 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
         max_tokens=max_tokens,
         share=settings.reasoning_share,
     )
-    jobs = []
-    for choice in range(body.n):
-        fields: dict[str, Any] = {
-            "grammar": grammar,
-            "reasoning": reasoning,
-            "reasoning_parser": rendered.reasoning_parser(stream_reasoning=True)
-            if body.separate_reasoning
-            else None,
-            "max_reasoning_tokens": budget,
-            "count_allowed_tokens": body.return_allowed_tokens,
-        }
-        jobs.append((prompt, sampling_params(body, max_tokens=max_tokens, choice=choice), fields))
-    submitted = submit_all(engine, jobs, retry_after_s=settings.retry_after_s)
+    samplings = [sampling_params(body, max_tokens=max_tokens, choice=c) for c in range(body.n)]
+    requests = engine_requests(
+        prompt,
+        samplings,
+        pending=pending,
+        reasoning=reasoning,
+        reasoning_parser=functools.partial(rendered.reasoning_parser, stream_reasoning=True)
+        if body.separate_reasoning
+        else None,
+        max_reasoning_tokens=budget,
+        tool_calls=tools.reading(),
+        count_allowed_tokens=body.return_allowed_tokens,
+    )
+    submitted, grammar, compile_s = await submit_compiling(
+        engine,
+        [(prompt, r) for r in requests],
+        pending,
+        retry_after_s=settings.retry_after_s,
+        metrics=state.metrics,
+    )
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     model = state.model_name or body.model
     texts = engine.token_texts if body.logprobs else None
@@ -126,7 +134,6 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
                 prompt=prompt,
                 include_usage=body.include_usage,
                 describe=functools.partial(generation_info, grammar, compile_s, max_reasoning_tokens=budget),
-                tools=tools,
                 texts=texts,
                 reasoning=reasoning,
                 split=body.separate_reasoning,
@@ -137,7 +144,7 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     if results is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     choices = [
-        _choice(i, result, reasoning=reasoning, split=body.separate_reasoning, tools=tools)
+        _choice(i, result, reasoning=reasoning, split=body.separate_reasoning)
         for i, result in enumerate(results)
     ]
     if texts is not None:
@@ -155,16 +162,16 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     return JSONResponse(answer.model_dump(mode="json"))
 
 
-def _choice(index: int, result: Completion, *, reasoning: bool, split: bool, tools: ToolPlan) -> ChatChoice:
+def _choice(index: int, result: Completion, *, reasoning: bool, split: bool) -> ChatChoice:
     """``split``: the thought is told apart from the answer (``separate_reasoning``)."""
-    answer = whole_answer(tools, result.content)
-    reason = finished_with(finish_reason_name(result.finish_reason), len(answer.tool_calls or ()))
+    calls = message_calls(result.tool_calls)
+    reason = finished_with(finish_reason_name(result.finish_reason), len(calls or ()))
     return ChatChoice(
         index=index,
         message=AssistantMessage(
-            content=answer.content,
+            content=result.content or None if calls else result.content,
             reasoning_content=result.reasoning if reasoning and split else None,
-            tool_calls=answer.tool_calls,
+            tool_calls=calls,
         ),
         finish_reason=reason,
         error=ChoiceError(message=result.error) if result.error else None,
@@ -181,14 +188,13 @@ async def _events(
     prompt: Prompt,
     include_usage: bool,
     describe: Callable[[list[Usage | None]], GenerationInfo],
-    tools: ToolPlan,
     texts: TokenTexts | None,
     reasoning: bool,
     split: bool,
 ) -> AsyncIterator[bytes]:
     created = int(time.time())
     usages: list[Usage | None] = [None] * len(submitted.handles)
-    calls = [ToolStream(tools) for _ in submitted.handles]
+    ids: list[dict[int, str]] = [{} for _ in submitted.handles]
 
     def chunk(choices: list[ChatChunkChoice], usage: Any = None, info: GenerationInfo | None = None) -> bytes:
         return event(
@@ -201,10 +207,8 @@ async def _events(
         for index in range(len(submitted.handles)):
             yield chunk([ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))])
         async for index, delta in merged(submitted, metrics=state.metrics):
-            content, pieces = calls[index].feed(delta.content) if delta.content else ("", [])
-            if delta.finish_reason is not None:  # the answer is over: flush what the call parser held
-                tail, more = calls[index].finish()
-                content, pieces = content + tail, pieces + more
+            content = delta.content
+            pieces = call_pieces(delta.tool_calls, ids[index])
             logprobs = chat_logprobs(delta.logprobs, texts) if texts is not None and delta.logprobs else None
             if delta.reasoning or content or pieces or logprobs:
                 text = ChatDelta(
@@ -216,7 +220,7 @@ async def _events(
             if delta.finish_reason is not None:
                 usages[index] = delta.usage
                 error = ChoiceError(message=delta.error) if delta.error else None
-                reason = finished_with(finish_reason_name(delta.finish_reason), calls[index].calls)
+                reason = finished_with(finish_reason_name(delta.finish_reason), len(ids[index]))
                 cut = length_part(reason, delta.usage, reasoning=reasoning, split=split)
                 yield chunk(
                     [

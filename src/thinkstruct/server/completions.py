@@ -29,12 +29,13 @@ from thinkstruct.server.errors import SERVER, APIError
 from thinkstruct.server.generation import (
     Submitted,
     collect,
-    compile_constraint,
+    engine_requests,
     finish_reason_name,
     max_new_tokens,
     merged,
     sampling_params,
-    submit_all,
+    start_compile,
+    submit_compiling,
 )
 from thinkstruct.server.limits import check_prompt_length, check_request_limits
 from thinkstruct.server.logprobs import LegacyLogprobs
@@ -77,13 +78,19 @@ async def completions(request: Request, state: ServerState) -> Response:
                 param="max_tokens",
             )
         )
-    grammar, compile_s = await compile_constraint(engine, requested, metrics=state.metrics)
-    jobs = []
-    for prompt, budget in zip(prompts, budgets, strict=True):
-        for j in range(body.n):
-            fields: dict[str, Any] = {"grammar": grammar, "reasoning": False, "reasoning_parser": None}
-            jobs.append((prompt, sampling_params(body, max_tokens=budget, choice=j), fields))
-    submitted = submit_all(engine, jobs, retry_after_s=settings.retry_after_s)
+    pending = start_compile(engine, requested)
+    requests = [
+        (prompt, r)
+        for prompt, budget in zip(prompts, budgets, strict=True)
+        for r in engine_requests(
+            prompt,
+            [sampling_params(body, max_tokens=budget, choice=j) for j in range(body.n)],
+            pending=pending,
+        )
+    ]
+    submitted, grammar, compile_s = await submit_compiling(
+        engine, requests, pending, retry_after_s=settings.retry_after_s, metrics=state.metrics
+    )
     echoes = [_echo_text(engine, p) if body.echo else "" for p in submitted.prompts]
     logprobs = (
         [LegacyLogprobs(engine.token_texts, offset=len(echo)) for echo in echoes]

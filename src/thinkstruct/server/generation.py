@@ -1,9 +1,11 @@
 """One HTTP request -> ``n`` engine requests, their answers collected or merged as a stream.
 
-Everything that can refuse a request happens before anything is generated: the grammar is
-compiled first (an invalid or unenforceable constraint is a 400 naming its pointer), the
-sampling parameters are checked, and all ``n`` engine requests are submitted together
-(a full queue is a 429 with ``Retry-After``; the ones already queued are cancelled).
+Everything that can refuse a request happens before anything is generated: the sampling
+parameters are checked, all ``n`` engine requests are submitted together while their
+grammar compiles (they keep their place in the queue meanwhile; the engine admits them
+once it is ready), and then the compile is awaited: an invalid or unenforceable
+constraint cancels them and is a 400 naming its pointer; a full queue is a 429 with
+``Retry-After`` (the ones already queued are cancelled).
 Whoever stops listening (a client that disconnects, a stream that is closed) cancels the
 engine requests, which frees their batch slots and KV cache within one step.
 """
@@ -11,9 +13,10 @@ engine requests, which frees their batch slots and KV cache within one step.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,37 +40,67 @@ if TYPE_CHECKING:
         Completion,
         Delta,
         Engine,
+        GenerationRequest,
         RequestHandle,
         SamplingParams,
     )
+    from thinkstruct.engine.request import ToolCallReading
     from thinkstruct.grammar.base import CompiledGrammar
+    from thinkstruct.parsers import ReasoningParser
 
 # The seed of choice i is seed + i, so n > 1 with a seed gives n different answers that
 # are each reproducible alone.
 _SEED_MODULUS = 2**64
 
 
-async def compile_constraint(
-    engine: Engine, requested: RequestedConstraint | None, *, metrics: ServerMetrics
+@dataclass(frozen=True, slots=True)
+class PendingCompile:
+    """A request's constraint compiling while its engine requests wait in the queue."""
+
+    requested: RequestedConstraint
+    future: concurrent.futures.Future[CompiledGrammar]
+    started: float
+
+
+def start_compile(engine: Engine, requested: RequestedConstraint | None) -> PendingCompile | None:
+    """Start compiling a request's constraint (``None`` without one). The engine requests
+    can be submitted with the future: they keep their place in the queue meanwhile.
+
+    Raises:
+        APIError: 400 naming the field and JSON pointer when the constraint is refused
+            before compiling (it cannot be read).
+    """
+    if requested is None:
+        return None
+    started = time.perf_counter()
+    try:
+        future = engine.compiler.submit(
+            requested.constraint, backend=requested.backend, strict=requested.strict
+        )
+    except InvalidConstraint as e:
+        raise constraint_error(e, param=requested.param) from None
+    return PendingCompile(requested=requested, future=future, started=started)
+
+
+async def finish_compile(
+    engine: Engine, pending: PendingCompile | None, *, metrics: ServerMetrics
 ) -> tuple[CompiledGrammar | None, float | None]:
-    """The compiled grammar of a request, awaited off the event loop, and the seconds
-    waited for it (``None, None`` without a constraint).
+    """The compiled grammar, awaited off the event loop, and the seconds since the
+    compile started (``None, None`` without a constraint).
 
     Raises:
         APIError: 400 naming the field and JSON pointer for an invalid constraint, one no
             backend enforces exactly under strict mode, or one that timed out compiling.
     """
-    if requested is None:
+    if pending is None:
         return None, None
-    start = time.perf_counter()
+    requested = pending.requested
     try:
-        compiled = await engine.compiler.compile_async(
-            requested.constraint, backend=requested.backend, strict=requested.strict
-        )
+        compiled = await engine.compiler.wait_async(pending.future, requested.constraint)
     except InvalidConstraint as e:
-        metrics.observe_compile(time.perf_counter() - start, backend=None, failed=True)
+        metrics.observe_compile(time.perf_counter() - pending.started, backend=None, failed=True)
         raise constraint_error(e, param=requested.param) from None
-    waited = time.perf_counter() - start
+    waited = time.perf_counter() - pending.started
     metrics.observe_compile(waited, backend=compiled.backend, failed=False)
     return compiled, waited
 
@@ -150,33 +183,65 @@ class Submitted:
             handle.cancel()
 
 
+def engine_requests(
+    prompt: Prompt,
+    samplings: Sequence[SamplingParams],
+    *,
+    pending: PendingCompile | None,
+    reasoning: bool = False,
+    reasoning_parser: Callable[[], ReasoningParser | None] | None = None,
+    max_reasoning_tokens: int | None = None,
+    tool_calls: ToolCallReading | None = None,
+    count_allowed_tokens: bool = False,
+) -> list[GenerationRequest]:
+    """The engine requests of one prompt, one per choice's sampling parameters: the one
+    place a request is built from the rendered prompt.
+
+    Args:
+        pending: the constraint compiling (its future is the grammar: the request keeps
+            its place in the queue while it compiles).
+        reasoning: the template opened a thought (``ChatPrompt.reasoning_enabled``); the
+            thinking budget, the reasoning-token count and where stop strings apply
+            derive from it.
+        reasoning_parser: makes each choice's text-level parser (``None``: the thought is
+            not told apart from the answer in the text).
+    """
+    from thinkstruct.engine import GenerationRequest
+
+    return [
+        GenerationRequest(
+            prompt_ids=prompt.ids,
+            sampling=sampling,
+            grammar=None if pending is None else pending.future,
+            reasoning=reasoning,
+            reasoning_parser=None if reasoning_parser is None else reasoning_parser(),
+            max_reasoning_tokens=max_reasoning_tokens,
+            tool_calls=tool_calls,
+            count_allowed_tokens=count_allowed_tokens,
+        )
+        for sampling in samplings
+    ]
+
+
 def submit_all(
     engine: Engine,
-    jobs: Sequence[tuple[Prompt, SamplingParams, dict[str, Any]]],
+    requests: Sequence[tuple[Prompt, GenerationRequest]],
     *,
     retry_after_s: int,
 ) -> Submitted:
-    """Submit every choice; all or none.
-
-    Args:
-        jobs: per choice, its prompt, sampling parameters and the other
-            :class:`~thinkstruct.engine.GenerationRequest` fields (grammar, reasoning, ...).
+    """Submit every choice (each with its prompt); all or none.
 
     Raises:
         APIError: 429 with ``Retry-After`` when the queue is full, 503 when the engine is
             stopping, 400 for a request the engine refuses (it names the problem).
     """
-    from thinkstruct.engine import EngineClosed, EngineOverloaded, GenerationRequest
+    from thinkstruct.engine import EngineClosed, EngineOverloaded
 
     loop = asyncio.get_running_loop()
     handles: list[RequestHandle] = []
     try:
-        for prompt, sampling, fields in jobs:
-            handles.append(
-                engine.submit(
-                    GenerationRequest(prompt_ids=prompt.ids, sampling=sampling, **fields), loop=loop
-                )
-            )
+        for _, request in requests:
+            handles.append(engine.submit(request, loop=loop))
     except BaseException as e:
         for handle in handles:
             handle.cancel()
@@ -196,7 +261,35 @@ def submit_all(
         if isinstance(e, ValueError):  # a sampling field's own error names it (logit_bias.<id>)
             raise bad_request(str(e), param=getattr(e, "field", None), code="invalid_request") from None
         raise
-    return Submitted(handles=handles, prompts=[job[0] for job in jobs], started=time.perf_counter())
+    return Submitted(handles=handles, prompts=[p for p, _ in requests], started=time.perf_counter())
+
+
+async def submit_compiling(
+    engine: Engine,
+    requests: Sequence[tuple[Prompt, GenerationRequest]],
+    pending: PendingCompile | None,
+    *,
+    retry_after_s: int,
+    metrics: ServerMetrics,
+) -> tuple[Submitted, CompiledGrammar | None, float | None]:
+    """Submit every choice while their constraint compiles, then await the compile: the
+    requests hold their place in the queue meanwhile. A constraint that fails cancels them
+    and is the answer (a 400 naming it), even where the queue was full.
+
+    Returns:
+        the submitted requests, the compiled grammar and the seconds it took.
+    """
+    try:
+        submitted = submit_all(engine, requests, retry_after_s=retry_after_s)
+    except APIError:
+        await finish_compile(engine, pending, metrics=metrics)  # its own 400 goes first
+        raise
+    try:
+        grammar, compile_s = await finish_compile(engine, pending, metrics=metrics)
+    except BaseException:
+        submitted.cancel()
+        raise
+    return submitted, grammar, compile_s
 
 
 async def collect(

@@ -16,8 +16,9 @@ A request's tools are read once into a :class:`ToolPlan`:
 
 The grammar applies after the thought (the reasoning wrapper), so a thinking budget still
 forces the end of the thought before a required call. The answer's content is read by the
-family's :class:`~thinkstruct.parsers.tool_calls.ToolCallParser` into OpenAI's
-``message.tool_calls`` (or streamed ``delta.tool_calls`` pieces), with ``finish_reason``
+family's :class:`~thinkstruct.parsers.tool_calls.ToolCallParser` in the engine's output
+processor (:attr:`ToolPlan.reading`); here its calls become OpenAI's ``message.tool_calls``
+(or streamed ``delta.tool_calls`` pieces, each call with its id), with ``finish_reason``
 ``"tool_calls"`` when the model ended its answer with calls.
 """
 
@@ -29,9 +30,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from thinkstruct.engine.request import ToolCallReading
 from thinkstruct.grammar.constraint import Constraint
 from thinkstruct.parsers.tool_calls import (
-    ToolCallParser,
     ToolCallSyntax,
     ToolSchemas,
     get_tool_call_syntax,
@@ -48,7 +49,7 @@ from thinkstruct.server.tool_protocol import (
 
 if TYPE_CHECKING:
     from thinkstruct.parsers import ReasoningFamily
-    from thinkstruct.parsers.tool_calls import ToolParseResult, ToolStreamResult
+    from thinkstruct.parsers.tool_calls.types import ToolCall, ToolCallDelta
     from thinkstruct.server.protocol import ChatCompletionRequest
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -78,13 +79,11 @@ class ToolPlan:
     parallel: bool = True
     syntax: ToolCallSyntax | None = None
 
-    @property
-    def parses(self) -> bool:
-        return self.syntax is not None
-
-    def parser(self) -> ToolCallParser | None:
-        """A fresh call parser for one choice (``None`` when calls are not parsed)."""
-        return None if self.syntax is None else ToolCallParser(self.syntax, tools=self.schemas)
+    def reading(self) -> ToolCallReading | None:
+        """How the engine reads the answer's calls (``None`` when calls are not parsed)."""
+        if self.syntax is None:
+            return None
+        return ToolCallReading(syntax=self.syntax, schemas=self.schemas, parallel=self.parallel)
 
     def constraint(
         self,
@@ -251,73 +250,35 @@ def finished_with(finish_reason: str | None, calls: int) -> str | None:
     return "tool_calls" if calls and finish_reason == "stop" else finish_reason
 
 
-@dataclass(slots=True)
-class ToolAnswer:
-    """A whole answer's content and calls, as the message carries them."""
-
-    content: str | None
-    tool_calls: list[ToolCallOut] | None
-
-
-def whole_answer(plan: ToolPlan, content: str) -> ToolAnswer:
-    """``content`` split into text and calls (``content`` is ``None`` when only calls)."""
-    parser = plan.parser()
-    if parser is None:
-        return ToolAnswer(content, None)
-    found: ToolParseResult = parser.parse(content)
-    calls = list(found.calls if plan.parallel else found.calls[:1])
+def message_calls(calls: Sequence[ToolCall]) -> list[ToolCallOut] | None:
+    """A whole answer's calls as ``message.tool_calls`` (``None`` when it made none)."""
     if not calls:
-        return ToolAnswer(found.content, None)
-    out = [
+        return None
+    return [
         ToolCallOut(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls
     ]
-    return ToolAnswer(found.content or None, out)
 
 
-class ToolStream:
-    """One streamed choice's content turned into text and ``delta.tool_calls`` pieces."""
-
-    __slots__ = ("_ids", "_parallel", "_parser")
-
-    def __init__(self, plan: ToolPlan) -> None:
-        self._parser = plan.parser()
-        self._parallel = plan.parallel
-        self._ids: dict[int, str] = {}
-
-    @property
-    def calls(self) -> int:
-        return len(self._ids)
-
-    def feed(self, content: str) -> tuple[str, list[ToolCallPiece]]:
-        if self._parser is None:
-            return content, []
-        return self._pieces(self._parser.feed(content))
-
-    def finish(self) -> tuple[str, list[ToolCallPiece]]:
-        if self._parser is None:
-            return "", []
-        return self._pieces(self._parser.finish())
-
-    def _pieces(self, result: ToolStreamResult) -> tuple[str, list[ToolCallPiece]]:
-        pieces: list[ToolCallPiece] = []
-        for delta in result.calls:
-            if not self._parallel and delta.index > 0:
-                continue  # one call only: later ones are not sent
-            if delta.index not in self._ids:
-                self._ids[delta.index] = call_id()
-                pieces.append(
-                    ToolCallPiece(
-                        index=delta.index,
-                        id=self._ids[delta.index],
-                        type="function",
-                        function=FunctionCallPiece(name=delta.name, arguments=delta.arguments),
-                    )
+def call_pieces(deltas: Sequence[ToolCallDelta], ids: dict[int, str]) -> list[ToolCallPiece]:
+    """Streamed call pieces as ``delta.tool_calls``: a call's first piece gets its id
+    (kept in ``ids`` by index), its name and type; later ones only argument text."""
+    pieces: list[ToolCallPiece] = []
+    for delta in deltas:
+        if delta.index not in ids:
+            ids[delta.index] = call_id()
+            pieces.append(
+                ToolCallPiece(
+                    index=delta.index,
+                    id=ids[delta.index],
+                    type="function",
+                    function=FunctionCallPiece(name=delta.name, arguments=delta.arguments),
                 )
-            elif delta.arguments:
-                pieces.append(
-                    ToolCallPiece(index=delta.index, function=FunctionCallPiece(arguments=delta.arguments))
-                )
-        return result.content, pieces
+            )
+        elif delta.arguments:
+            pieces.append(
+                ToolCallPiece(index=delta.index, function=FunctionCallPiece(arguments=delta.arguments))
+            )
+    return pieces
 
 
 def template_tools(plan: ToolPlan) -> Sequence[Mapping[str, Any]] | None:
@@ -326,11 +287,10 @@ def template_tools(plan: ToolPlan) -> Sequence[Mapping[str, Any]] | None:
 
 
 __all__ = [
-    "ToolAnswer",
     "ToolPlan",
-    "ToolStream",
+    "call_pieces",
     "finished_with",
+    "message_calls",
     "template_tools",
     "tool_plan",
-    "whole_answer",
 ]

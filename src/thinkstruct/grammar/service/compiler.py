@@ -157,9 +157,21 @@ class GrammarCompiler:
         hit = self._lookup(key)
         if hit is not None:
             return hit
-        future = asyncio.wrap_future(self._submit(key))
+        return await self.wait_async(self._submit(key), constraint)
+
+    async def wait_async(
+        self, future: concurrent.futures.Future[CompiledGrammar], constraint: Constraint
+    ) -> CompiledGrammar:
+        """The grammar of a future from :meth:`submit`, awaited without blocking the event
+        loop, within the same time limit as :meth:`compile`.
+
+        Raises:
+            InvalidConstraint, CompileTimeout, InternalCompileError: as :meth:`compile`.
+        """
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.config.timeout_s + _CALLER_MARGIN_S)
+            return await asyncio.wait_for(
+                asyncio.shield(asyncio.wrap_future(future)), self.config.timeout_s + _CALLER_MARGIN_S
+            )
         except TimeoutError:
             raise self._waited_too_long(constraint) from None
 

@@ -17,6 +17,7 @@ stream with ``finish_reason: "error"`` (a streamed answer's error event) and mak
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import logging
 from typing import TYPE_CHECKING, Any, cast
@@ -52,7 +53,7 @@ class RemoteHandle:
 
     Args:
         deployment: the engine deployment's handle.
-        wire: the request as sent.
+        request: the request (its grammar may still be compiling: it is sent once ready).
         loop: the event loop the deltas are delivered to.
         retries: replicas tried again, after the first, while no delta has come.
     """
@@ -60,18 +61,18 @@ class RemoteHandle:
     def __init__(
         self,
         deployment: DeploymentHandle[Any],
-        wire: WireRequest,
+        request: GenerationRequest,
         *,
         loop: asyncio.AbstractEventLoop,
         retries: int = 1,
     ) -> None:
-        self.request_id = wire.request.request_id
+        self.request_id = request.request_id
         #: The replicas that took the request, in order (a retry adds one).
         self.replicas: list[str] = []
         #: Why the request failed for a replica's fault, or ``None``.
         self.replica_failure: str | None = None
         self._deployment = deployment
-        self._wire = wire
+        self._request = request
         self._retries = retries
         self._known = asyncio.Event()
         self._queue: asyncio.Queue[Delta] = asyncio.Queue()
@@ -131,11 +132,19 @@ class RemoteHandle:
         self._queue.put_nowait(delta)
 
     async def _pump(self) -> None:
+        grammar = self._request.grammar
+        try:
+            if isinstance(grammar, concurrent.futures.Future):
+                grammar = await asyncio.wrap_future(grammar)
+        except Exception as e:  # noqa: BLE001 - the caller reports the compile's own error
+            self._end(Delta(finish_reason=FinishReason.ERROR, error=f"the grammar is not usable: {e}"))
+            return
+        wire = WireRequest.of(self._request, grammar)
         failure = "no replica answered"
         for attempt in range(1 + self._retries):
             stream = cast(
                 "DeploymentResponseGenerator[Any]",
-                self._deployment.options(stream=True).generate.remote(self._wire),
+                self._deployment.options(stream=True).generate.remote(wire),
             )
             produced = False
             try:
@@ -226,9 +235,7 @@ class RemoteEngine:
         check_request(request, vocab_size=self.tokenizer.vocab_size, max_prompt_tokens=self.max_prompt_tokens)
         if self._closed:
             raise EngineClosed("the service is stopping")
-        handle = RemoteHandle(
-            self._deployment, WireRequest.of(request), loop=loop or asyncio.get_running_loop()
-        )
+        handle = RemoteHandle(self._deployment, request, loop=loop or asyncio.get_running_loop())
         submitted = _submitted.get()
         if submitted is not None:
             submitted.append(handle)

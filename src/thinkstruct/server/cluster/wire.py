@@ -39,8 +39,9 @@ class WireRequest:
         return self.request.prompt_ids
 
     @classmethod
-    def of(cls, request: GenerationRequest) -> WireRequest:
-        grammar = request.grammar
+    def of(cls, request: GenerationRequest, grammar: CompiledGrammar | None) -> WireRequest:
+        """``request`` to send, with ``grammar``, its compiled grammar (resolved: a future
+        does not travel)."""
         spec = (
             None
             if grammar is None
