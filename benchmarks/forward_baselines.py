@@ -18,7 +18,9 @@ Tokens/s counts generated tokens over wall time, prefill included (the engine's 
 loop counts the same way); :class:`ForwardTiming` also gives the decode-only rate.
 
 ``python benchmarks/forward_baselines.py`` prints both tables for bf16, fp32 and int8 on
-the embedded SmolLM2; the sides whose timings are compared are interleaved round by round
+the embedded SmolLM2 (``--variants`` adds ``int8w``, int8 weights, and ``gguf``, the
+file's own Q4_1/Q8_0 blocks: against fp32, the float32 model transformers dequantizes from
+the same file, gguf should be that model up to float summation order); the sides whose timings are compared are interleaved round by round
 (this machine is noisy) and each cell is the median over rounds. It asserts nothing.
 
     python benchmarks/forward_baselines.py [--model PATH] [--variants bf16 int8 fp32]
@@ -385,6 +387,7 @@ VARIANTS = {
     "fp32": ("float32", None),
     "int8": ("float32", "int8"),
     "int8w": ("float32", "int8-weights"),
+    "gguf": ("float32", "gguf"),  # the GGUF's own blocks (a .gguf model only)
 }
 
 

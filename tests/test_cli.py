@@ -115,11 +115,18 @@ def test_engine_sizes_must_be_positive(capsys: pytest.CaptureFixture[str]) -> No
 
 @pytest.mark.parametrize(
     "flags, quantize",
-    [((), "int8-weights"), (("--quantize", "none"), None), (("--quantize", "int8"), "int8")],
+    [
+        ((), "auto"),
+        (("--quantize", "none"), None),
+        (("--quantize", "int8"), "int8"),
+        (("--quantize", "gguf"), "gguf"),
+    ],
 )
-def test_models_load_with_int8_weights_unless_told_otherwise(monkeypatch, tmp_path, flags, quantize) -> None:
-    """serve and generate load int8 weights by default (as close to float32 as bfloat16,
-    several times faster); ``--quantize none`` keeps ``--dtype``'s weights."""
+def test_models_load_quantized_as_the_model_suits_unless_told_otherwise(
+    monkeypatch, tmp_path, flags, quantize
+) -> None:
+    """serve and generate let the loader choose by default (a GGUF's own blocks, or int8
+    weights: :func:`default_quantize`); ``--quantize none`` keeps ``--dtype``'s weights."""
     import thinkstruct.engine
 
     seen: dict[str, object] = {}

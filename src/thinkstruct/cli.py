@@ -75,11 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # ---- serve / generate -------------------------------------------------------------------
 
-#: ``--quantize``'s default: int8 weights with float32 activations keep answers as close to
-#: float32 as bfloat16 does (SmolLM2, teacher-forced: top-1 agreement 97.2 % against 97.6 %;
-#: schema answers 100 % valid either way) and decode several times faster on a CPU (README,
-#: "Serving performance").
-DEFAULT_QUANTIZE = "int8-weights"
+#: ``--quantize``'s default: chosen for the model by
+#: :func:`~thinkstruct.engine.models.default_quantize` (a GGUF whose blocks the kernels run:
+#: ``gguf``, its own weights; otherwise ``int8-weights``).
+DEFAULT_QUANTIZE = "auto"
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
@@ -105,9 +104,11 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--quantize",
         default=DEFAULT_QUANTIZE,
-        choices=("none", "int8-weights", "int8"),
-        help="int8 Linear layers: int8-weights (default: float activations, as close to float32 as "
-        "bfloat16, fastest on the compiled CPU kernels), int8 (activations too) or none",
+        choices=("auto", "gguf", "int8-weights", "int8", "none"),
+        help="Linear layers: gguf (a GGUF's own Q4_0/Q4_1/Q8_0 blocks on the compiled CPU kernels, "
+        "float activations), int8-weights (int8 weights, float activations, as close to float32 as "
+        "bfloat16), int8 (activations too) or none; auto (default): gguf for a GGUF whose blocks "
+        "the kernels run, otherwise int8-weights",
     )
     g.add_argument(
         "--max-batch",

@@ -62,13 +62,18 @@ DTYPES = ("bfloat16", "float32", "float16")
 """Accepted ``dtype`` names. bfloat16 halves the weight bytes of float32; on CPUs without
 AVX512-BF16 its matmuls are slow at batch > 1 (see the README's numbers)."""
 
-QUANTIZATIONS = ("int8", "int8-weights")
-"""Accepted ``quantize`` values: ``"int8"`` is torch's dynamic int8 quantization of the
-``nn.Linear`` layers (weights int8 per channel, activations quantized on the fly per tensor,
+QUANTIZATIONS = ("int8", "int8-weights", "gguf")
+"""Accepted ``quantize`` values (and :data:`AUTO`): ``"int8"`` is torch's dynamic int8
+quantization of the ``nn.Linear`` layers (weights int8 per channel, activations quantized on the fly per tensor,
 float32 elsewhere), except layers whose inputs carry outliers (see :func:`load_model`);
 ``"int8-weights"`` stores the weights as int8 (one scale per output row) and keeps the
 activations float32 (:mod:`thinkstruct.engine.int8_weights`): much closer to float32,
-slower to prefill. Both compute in float32."""
+slower to prefill; ``"gguf"`` (a GGUF only) multiplies by the file's own Q4_0/Q4_1/Q8_0
+blocks on the compiled kernels, float32 activations (:mod:`thinkstruct.engine.gguf_weights`).
+All compute in float32."""
+
+AUTO = "auto"
+"""``quantize`` chosen for the model (:func:`default_quantize`)."""
 
 PLAIN_FAMILY = ReasoningFamily(
     name="plain",
@@ -122,7 +127,7 @@ class LoadedModel:
         name: the served model id, e.g. ``"SmolLM2-135M-Instruct"``.
         path: what was loaded: the model directory or the ``.gguf`` file.
         dtype: the dtype activations (and non-quantized weights) are computed in.
-        quantize: ``"int8"``, ``"int8-weights"`` or ``None``.
+        quantize: ``"int8"``, ``"int8-weights"``, ``"gguf"`` or ``None``.
         context_length: the model's maximum sequence length in tokens (prompt + output).
         chat_template: the template chat requests are rendered with; ``None`` when neither
             the model nor its family has one.
@@ -171,8 +176,10 @@ def load_model(
         quantize: ``None`` or ``"int8"``: torch's dynamic int8 on the ``nn.Linear`` layers,
             quantized from the float32 weights; a layer whose input has outliers (found on
             one calibration forward) stays float32; ``"int8-weights"``: int8 weights on
-            every bias-free ``nn.Linear``, float32 activations. The model then computes in
-            float32 whatever ``dtype`` says.
+            every bias-free ``nn.Linear``, float32 activations; ``"gguf"``: a GGUF's own
+            Q4_0/Q4_1/Q8_0 blocks (others int8 rows), float32 activations; ``"auto"``:
+            :func:`default_quantize`. The model then computes in float32 whatever
+            ``dtype`` says.
         reasoning_parser: a reasoning family name (or ``"plain"``) that overrides detection.
         progress: show progress bars (stderr) while converting a GGUF.
 
@@ -185,13 +192,19 @@ def load_model(
     started = time.perf_counter()
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if quantize is not None and quantize not in QUANTIZATIONS:
-        raise ValueError(f"quantize must be None or one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
+    if quantize is not None and quantize not in (*QUANTIZATIONS, AUTO):
+        raise ValueError(
+            f"quantize must be None, {AUTO} or one of {', '.join(QUANTIZATIONS)}, got {quantize!r}"
+        )
     forced_family = _family_by_name(reasoning_parser) if reasoning_parser is not None else None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers/huggingface_hub read it
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
     source = _resolve_path(path)
+    if quantize == AUTO:
+        quantize = default_quantize(source)
+    if quantize == "gguf" and source.suffix != ".gguf":
+        raise ValueError(f"quantize='gguf' runs a GGUF file's own blocks; {source} is not a .gguf file")
     names = [served_model_name(source)]
     converted = False
     if source.suffix == ".gguf":
@@ -245,6 +258,19 @@ def load_model(
             ", ".join(float_modules) or "none",
             weights.seconds,
         )
+    elif quantize == "gguf":
+        from thinkstruct.engine.gguf_weights import quantize_gguf
+
+        blocks = quantize_gguf(model, source)
+        log.info(
+            "GGUF blocks for %s: %d Linear layers on the file's blocks (%s), %d on int8 rows (%s), %.2f s",
+            source,
+            len(blocks.blocks),
+            ", ".join(sorted(set(blocks.blocks.values()))) or "none",
+            len(blocks.int8),
+            ", ".join(blocks.int8) or "none",
+            blocks.seconds,
+        )
     loaded = LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -277,6 +303,17 @@ def load_model(
 
 
 # ---- what the model is ------------------------------------------------------------------
+
+
+def default_quantize(path: Path) -> str:
+    """``quantize`` for the model at ``path`` when none is asked for: ``"gguf"`` for a GGUF
+    whose every quantized tensor is of a block format the kernels run, else
+    ``"int8-weights"`` (int8 weights with float32 activations keep answers as close to
+    float32 as bfloat16 does and decode several times faster on a CPU: README, "Serving
+    performance")."""
+    from thinkstruct.engine.gguf_weights import runs_blocks
+
+    return "gguf" if path.suffix == ".gguf" and runs_blocks(path) else "int8-weights"
 
 
 def detect_family(*, names: Sequence[str], architectures: Sequence[str] = ()) -> FamilyChoice:
