@@ -111,7 +111,6 @@ def run_mode(mode: str, cases: list[Case], *, timeout_s: float, max_fill_tokens:
     from thinkstruct import CompileTimeout, Constraint, InvalidConstraint, Tokenizer
     from thinkstruct.grammar.api import first_rejected
     from thinkstruct.grammar.runtime.bitmask import allocate_bitmask
-    from thinkstruct.grammar.runtime.value_checks import first_failed_check
     from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
     tok = Tokenizer.default()
@@ -149,9 +148,7 @@ def run_mode(mode: str, cases: list[Case], *, timeout_s: float, max_fill_tokens:
             exact = not compiled.ignored_keywords
             budget = max_fill_tokens
             for text, valid in case.instances:
-                accepted = first_rejected(compiled, text) is None and (
-                    compiled.checks is None or first_failed_check(compiled.checks, text) is None
-                )
+                accepted = first_rejected(compiled, text) is None and _checks_pass(compiled, text)
                 if valid:
                     tally.valid += 1
                     tally.valid_accepted += accepted
@@ -164,6 +161,20 @@ def run_mode(mode: str, cases: list[Case], *, timeout_s: float, max_fill_tokens:
                         tally.silent += 1
                         tally.silent_schemas.append(case.name)
     return tally
+
+
+def _checks_pass(compiled: Any, text: str) -> bool:
+    """Whether ``text`` passes ``compiled``'s checked keywords (a check that cannot run,
+    a ``$ref`` the reference validator does not resolve, counts as a failure)."""
+    from thinkstruct import InvalidConstraint
+    from thinkstruct.grammar.runtime.value_checks import first_failed_check
+
+    if compiled.checks is None:
+        return True
+    try:
+        return first_failed_check(compiled.checks, text) is None
+    except InvalidConstraint:
+        return False
 
 
 def _time_fills(compiled: Any, ids: list[int], bitmask: Any, out: list[float]) -> int:

@@ -553,7 +553,7 @@ def capability_table() -> str:
     from thinkstruct.grammar.constraint import ConstraintKind
 
     lines = [
-        "| backend | kinds (auto's rank; - = never chosen by auto) | keywords not enforced exactly | lenient | compiles in |",
+        "| backend | kinds (auto's rank; - = never chosen by auto) | keywords not enforced exactly (checked in strict mode) | lenient | compiles in |",
         "|---|---|---|---|---|",
     ]
     for cls in backend_classes():

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.base import NO_BACKEND_ENFORCES
 from thinkstruct.grammar.constraint import escape_pointer
 from thinkstruct.grammar.runtime.value_checks import CheckFailure, ValueChecker, first_failed_check
@@ -265,3 +266,17 @@ def test_text_that_is_not_json_is_refused() -> None:
         ValueChecker(plan).feed("[1,]")
     with pytest.raises(ValueError, match="cannot roll back 2"):
         ValueChecker(plan).rollback(2)
+
+
+def test_a_check_that_cannot_run_names_its_subschema() -> None:
+    # draft 7's "$id": "#foo" is no anchor in 2020-12 (the default): jsonschema cannot
+    # follow the reference, so the check cannot run; that is said, never passed.
+    schema = {
+        "allOf": [{"$ref": "#foo"}],
+        "definitions": {"A": {"$id": "#foo", "type": "integer"}},
+        "not": {"const": 1},
+    }
+    plan = plan_checks(schema, inexact=NO_BACKEND_ENFORCES)
+    with pytest.raises(InvalidConstraint, match="cannot run") as info:
+        first_failed_check(plan, "2")
+    assert info.value.pointer == ""

@@ -222,6 +222,8 @@ class ValueChecker:
         Raises:
             ValueError: the text is not JSON (the grammar lets only JSON through, so
                 this is a caller's mistake), or a failure was not rolled back.
+            InvalidConstraint: a check cannot run (the reference validator cannot
+                resolve a ``$ref`` of its subschema): end the request with it.
         """
         if self._failed:
             raise ValueError("a failed value must be rolled back before feeding more text")

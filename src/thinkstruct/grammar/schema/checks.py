@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.constraint import escape_pointer
 from thinkstruct.grammar.schema.keywords import assertions
 from thinkstruct.grammar.schema.walk import children, local_ref, resolve, subschemas
@@ -113,11 +114,25 @@ class CheckPlan:
 
     def first_error(self, index: int, value: Any) -> Any:
         """The most relevant ``jsonschema.ValidationError`` of ``value`` against
-        ``checks[index]``'s subschema (format checker on), or ``None`` if it is valid."""
+        ``checks[index]``'s subschema (format checker on), or ``None`` if it is valid.
+
+        Raises:
+            InvalidConstraint: the reference validator cannot resolve a ``$ref`` this
+                value leads to (the check cannot run), naming the subschema.
+        """
         import jsonschema
+        import referencing.exceptions  # type: ignore[import-not-found,unused-ignore]
 
         validator = self._validator(index)
-        return jsonschema.exceptions.best_match(validator.iter_errors(value))
+        try:
+            return jsonschema.exceptions.best_match(validator.iter_errors(value))
+        except (referencing.exceptions.Unresolvable, RecursionError) as e:
+            pointer = self.checks[index].schema_pointer
+            raise InvalidConstraint(
+                f"the check of the subschema at {pointer or '/'} cannot run: {e}",
+                pointer=pointer,
+                kind="json_schema",
+            ) from None
 
     def _validator(self, index: int) -> Any:
         validator = self._validators.get(index)
