@@ -20,7 +20,10 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class GrammarSpec:
     """A constraint, the backend that compiled it at the ingress, and whether it is held
-    exactly (a lenient compile that ignored keywords is not)."""
+    exactly (a lenient compile that ignored keywords is not). A grammar that checks or
+    ignores keywords came from ``auto``'s fallbacks (a lenient mode, a relaxed schema),
+    which a backend asked for by name never takes: it travels as ``auto``, whose plan is
+    the same on every replica."""
 
     constraint: Constraint
     backend: str
@@ -42,11 +45,14 @@ class WireRequest:
     def of(cls, request: GenerationRequest, grammar: CompiledGrammar | None) -> WireRequest:
         """``request`` to send, with ``grammar``, its compiled grammar (resolved: a future
         does not travel)."""
-        spec = (
-            None
-            if grammar is None
-            else GrammarSpec(grammar.constraint, grammar.backend, strict=not grammar.ignored_keywords)
-        )
+        spec = None
+        if grammar is not None:
+            fallback = grammar.checks is not None or bool(grammar.ignored_keywords)
+            spec = GrammarSpec(
+                grammar.constraint,
+                "auto" if fallback else grammar.backend,
+                strict=not grammar.ignored_keywords,
+            )
         return cls(request=dataclasses.replace(request, grammar=None), grammar=spec)
 
     def with_grammar(self, compiled: CompiledGrammar | None) -> GenerationRequest:
