@@ -14,9 +14,9 @@
  *
  * Each output n of an activation row x is, in this order and on every path:
  *   for each block b (xs[b]: the block's sum of x, see gguf_block_sums):
- *     lo = chain of fused multiply-adds x[32b + j] * q[n, 32b + j], j = 0..15
- *     hi = the same over j = 16..31
- *     acc = fma(d, lo + hi, acc); then Q4_1: acc = fma(m, xs[b], acc), Q4_0: fma(-8 d, xs[b], acc)
+ *     s = one chain of fused multiply-adds x[32b + k] * q[n, 32b + k], k = 0, 16, 1, 17, ..., 15, 31
+ *         (a Q4 byte's low nibble, then its high one)
+ *     acc = fma(d, s, acc); then Q4_1: acc = fma(m, xs[b], acc), Q4_0: fma(-8 d, xs[b], acc)
  *   y = acc (+ bias[n]) (out + y where accumulating: a residual connection)
  * which is sum_k x[k] * w[n, k] of the file's weights up to float summation order. A row's
  * result depends on its own activations only, and the AVX2 and AVX-512 paths compute each
@@ -100,9 +100,9 @@ static inline __attribute__((always_inline)) TS_AVX512 void gq_tile512(
         _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) acc[g][r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
-        __m512 lo[4][8], hi[4][8];
+        __m512 sum[4][8];
         _Pragma("GCC unroll 8") for (int g = 0; g < groups; g++)
-            _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) lo[g][r] = hi[g][r] = _mm512_setzero_ps();
+            _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) sum[g][r] = _mm512_setzero_ps();
         for (int j = 0; j < 16; j++)
             _Pragma("GCC unroll 8") for (int g = 0; g < groups; g++) {
                 const uint8_t *blk = w + (g * nb + b) * gb;
@@ -122,8 +122,8 @@ static inline __attribute__((always_inline)) TS_AVX512 void gq_tile512(
                     w_hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
                 }
                 _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) {
-                    lo[g][r] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * ld_x + j]), w_lo, lo[g][r]);
-                    hi[g][r] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * ld_x + 16 + j]), w_hi, hi[g][r]);
+                    sum[g][r] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * ld_x + j]), w_lo, sum[g][r]);
+                    sum[g][r] = _mm512_fmadd_ps(_mm512_set1_ps(xb[r * ld_x + 16 + j]), w_hi, sum[g][r]);
                 }
             }
         _Pragma("GCC unroll 8") for (int g = 0; g < groups; g++) {
@@ -131,7 +131,7 @@ static inline __attribute__((always_inline)) TS_AVX512 void gq_tile512(
             const __m512 d = from_float ? _mm512_loadu_ps(dq + b * TS_GQ_FLOATS + 512)
                                         : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
             _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
-                acc[g][r] = _mm512_fmadd_ps(d, _mm512_add_ps(lo[g][r], hi[g][r]), acc[g][r]);
+                acc[g][r] = _mm512_fmadd_ps(d, sum[g][r], acc[g][r]);
             if (fmt != TS_Q8_0) {
                 const __m512 m = from_float      ? _mm512_loadu_ps(dq + b * TS_GQ_FLOATS + 528)
                                  : fmt == TS_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)))
@@ -163,8 +163,8 @@ static inline __attribute__((always_inline)) void gq_tile256(const int fmt, cons
     for (int64_t b = 0; b < nb; b++) {
         const float *xb = x + 32 * b;
         const uint8_t *blk = w + b * gb;
-        __m256 lo[2][2], hi[2][2];
-        for (int r = 0; r < rows; r++) lo[r][0] = lo[r][1] = hi[r][0] = hi[r][1] = _mm256_setzero_ps();
+        __m256 sum[2][2];
+        for (int r = 0; r < rows; r++) sum[r][0] = sum[r][1] = _mm256_setzero_ps();
         for (int j = 0; j < 16; j++) {
             for (int h = 0; h < 2; h++) {
                 __m256 w_lo, w_hi;
@@ -182,8 +182,8 @@ static inline __attribute__((always_inline)) void gq_tile256(const int fmt, cons
                     w_hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
                 }
                 for (int r = 0; r < rows; r++) {
-                    lo[r][h] = _mm256_fmadd_ps(_mm256_broadcast_ss(xb + r * ld_x + j), w_lo, lo[r][h]);
-                    hi[r][h] = _mm256_fmadd_ps(_mm256_broadcast_ss(xb + r * ld_x + 16 + j), w_hi, hi[r][h]);
+                    sum[r][h] = _mm256_fmadd_ps(_mm256_broadcast_ss(xb + r * ld_x + j), w_lo, sum[r][h]);
+                    sum[r][h] = _mm256_fmadd_ps(_mm256_broadcast_ss(xb + r * ld_x + 16 + j), w_hi, sum[r][h]);
                 }
             }
         }
@@ -191,7 +191,7 @@ static inline __attribute__((always_inline)) void gq_tile256(const int fmt, cons
             const __m256 d = from_float ? _mm256_loadu_ps(dq + b * TS_GQ_FLOATS + 512 + 8 * h)
                                         : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
             for (int r = 0; r < rows; r++)
-                acc[r][h] = _mm256_fmadd_ps(d, _mm256_add_ps(lo[r][h], hi[r][h]), acc[r][h]);
+                acc[r][h] = _mm256_fmadd_ps(d, sum[r][h], acc[r][h]);
             if (fmt != TS_Q8_0) {
                 const __m256 m =
                     from_float      ? _mm256_loadu_ps(dq + b * TS_GQ_FLOATS + 528 + 8 * h)
