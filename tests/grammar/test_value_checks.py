@@ -269,14 +269,29 @@ def test_text_that_is_not_json_is_refused() -> None:
 
 
 def test_a_check_that_cannot_run_names_its_subschema() -> None:
-    # draft 7's "$id": "#foo" is no anchor in 2020-12 (the default): jsonschema cannot
-    # follow the reference, so the check cannot run; that is said, never passed.
-    schema = {
-        "allOf": [{"$ref": "#foo"}],
-        "definitions": {"A": {"$id": "#foo", "type": "integer"}},
-        "not": {"const": 1},
-    }
+    # A reference jsonschema cannot follow (thinkstruct's own checks refuse this one at
+    # compile time; the checker still never takes it as valid).
+    schema = {"allOf": [{"$ref": "#/$defs/missing"}], "not": {"const": 1}}
     plan = plan_checks(schema, inexact=NO_BACKEND_ENFORCES)
     with pytest.raises(InvalidConstraint, match="cannot run") as info:
         first_failed_check(plan, "2")
     assert info.value.pointer == ""
+
+
+def test_draft7_tuples_are_checked_as_draft7() -> None:
+    # Without "$schema", a list of "items" is draft 7's tuple: 2020-12's validator misreads it.
+    plan = plan_checks(
+        {"items": [{"type": "boolean"}, {"type": "boolean"}], "uniqueItems": True},
+        inexact=NO_BACKEND_ENFORCES,
+    )
+    assert first_failed_check(plan, "[true,false]") is None
+    failure = first_failed_check(plan, "[true,true]")
+    assert failure is not None and failure.keyword == "uniqueItems"
+
+
+def test_regexes_python_cannot_run_make_a_plan_unrunnable() -> None:
+    schema = {"type": "object", "patternProperties": {"^\\p{L}+$": {"uniqueItems": True}}}
+    assert not plan_checks(schema, inexact=NO_BACKEND_ENFORCES).runnable
+    assert plan_checks(
+        {"type": "string", "pattern": "^\\p{L}+$"}, inexact=NO_BACKEND_ENFORCES
+    ).runnable  # nothing checked

@@ -26,6 +26,7 @@ never wrong, only a little more work.
 from __future__ import annotations
 
 import enum
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -104,11 +105,15 @@ class CheckPlan:
         schema: the schema checks resolve ``$ref``s against (the one compiled).
         checks: the value checks, in no particular order.
         enforcement: every assertion keyword of the schema and how it is enforced.
+        runnable: the reference validator can run the checks: every regex of the schema
+            is one Python's engine compiles (llguidance also takes Unicode property classes, which
+            it does not).
     """
 
     schema: Any
     checks: tuple[ValueCheck, ...]
     enforcement: tuple[KeywordEnforcement, ...]
+    runnable: bool = True
     _validators: dict[int, Any] = field(default_factory=dict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -126,7 +131,15 @@ class CheckPlan:
         validator = self._validator(index)
         try:
             return jsonschema.exceptions.best_match(validator.iter_errors(value))
-        except (referencing.exceptions.Unresolvable, RecursionError) as e:
+        except (
+            referencing.exceptions.Unresolvable,
+            RecursionError,
+            AttributeError,
+            TypeError,
+            re.error,
+        ) as e:
+            # The reference validator fails on what it cannot follow (or misreads: a
+            # draft's form under another draft's rules): said, never taken as valid.
             pointer = self.checks[index].schema_pointer
             raise InvalidConstraint(
                 f"the check of the subschema at {pointer or '/'} cannot run: {e}",
@@ -139,7 +152,7 @@ class CheckPlan:
         if validator is None:
             import jsonschema
 
-            cls = jsonschema.validators.validator_for(self.schema, default=jsonschema.Draft202012Validator)
+            cls = jsonschema.validators.validator_for(self.schema, default=_default_dialect(self.schema))
             with self._lock:
                 root = self._validators.get(-1)
                 if root is None:
@@ -147,6 +160,18 @@ class CheckPlan:
             sub = resolve(self.schema, self.checks[index].schema_pointer)
             validator = self._validators[index] = root.evolve(schema=sub)
         return validator
+
+
+def _default_dialect(schema: Any) -> Any:
+    """The validator class for a schema without ``$schema``: draft 2020-12, unless it uses
+    draft 7's forms (``items`` as a list, a ``"#name"`` ``$id``), which thinkstruct's walker
+    also reads so."""
+    import jsonschema
+
+    for node, _ in subschemas(schema):
+        if isinstance(node.get("items"), list) or str(node.get("$id", "")).startswith("#"):
+            return jsonschema.Draft7Validator
+    return jsonschema.Draft202012Validator
 
 
 def plan_checks(schema: Any, *, inexact: frozenset[str], relaxed: frozenset[str] = frozenset()) -> CheckPlan:
@@ -180,7 +205,20 @@ def plan_checks(schema: Any, *, inexact: frozenset[str], relaxed: frozenset[str]
         ValueCheck(location, pointer, tuple(sorted(keywords)))
         for (pointer, location), keywords in sorted(anchors.items(), key=lambda a: (a[0][0], str(a[0][1])))
     )
-    return CheckPlan(schema, checks, enforcement)
+    return CheckPlan(schema, checks, enforcement, runnable=not checks or _python_regexes(schema))
+
+
+def _python_regexes(schema: Any) -> bool:
+    """Whether Python's ``re`` compiles every ``pattern`` and ``patternProperties`` key."""
+    for node, _ in subschemas(schema):
+        patterns = [node.get("pattern"), *(node.get("patternProperties") or {})]
+        for pattern in patterns:
+            if isinstance(pattern, str):
+                try:
+                    re.compile(pattern)
+                except (re.error, RecursionError, OverflowError):
+                    return False
+    return True
 
 
 def _within(pointer: str, relaxed: frozenset[str]) -> bool:

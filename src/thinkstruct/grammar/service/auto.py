@@ -137,7 +137,8 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
             # A backend that ignores keywords by itself guesses types where they are
             # missing (see _typed_throughout): checked this way only where it does not.
             checks = plan_checks(rewritten.document, inexact=INEXACT[name])
-            yield Candidate(name, rewritten, lenient=name in _HAS_LENIENT_MODE, checks=checks)
+            if checks.runnable:
+                yield Candidate(name, rewritten, lenient=name in _HAS_LENIENT_MODE, checks=checks)
         if name in _HAS_LENIENT_MODE:
             yield from _relaxed(rewritten.document, lenient_mode=True)
     yield from _relaxed(rewritten.document, lenient_mode=False)
@@ -162,12 +163,15 @@ def _relaxed(schema: object, *, lenient_mode: bool) -> Iterator[Candidate]:
         if lenient_mode:
             if relaxed is not None:
                 checks = plan_checks(schema, inexact=INEXACT[name], relaxed=removed)
-                yield Candidate(name, relaxed, lenient=True, checks=checks)
+                if checks.runnable:
+                    yield Candidate(name, relaxed, lenient=True, checks=checks)
             continue
         target = relaxed_schema if relaxed is not None else schema
         untyped = frozenset(untyped_keywords(target))
         if untyped or relaxed is not None:
             checks = plan_checks(schema, inexact=INEXACT[name], relaxed=removed | untyped)
+            if not checks.runnable:
+                continue
             constraint = relaxed or Constraint(
                 ConstraintKind.JSON_SCHEMA, json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
             )
