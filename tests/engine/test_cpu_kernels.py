@@ -146,29 +146,29 @@ def test_rope_store_and_attention_match_torch(kernels, data) -> None:
 
 
 def _paged(slotted: torch.Tensor, table: torch.Tensor, block: int, blocks: int) -> torch.Tensor:
-    """``slotted [slots, kv_heads, capacity, dim]`` laid out as a pool ``[blocks, kv_heads,
+    """``slotted [slots, kv_heads, capacity, dim]`` laid out as a pool ``[kv_heads, blocks,
     block, dim]`` where ``table[slot, i]`` holds positions ``i * block...`` of ``slot``
     (zeros past the capacity and in blocks no slot uses)."""
     slots, kv_heads, _, dim = slotted.shape
-    pool = torch.zeros(blocks, kv_heads, block, dim)
+    pool = torch.zeros(kv_heads, blocks, block, dim)
     for s in range(slots):
         for i, b in enumerate(table[s].tolist()):
             part = slotted[s, :, i * block : (i + 1) * block]
-            pool[b, :, : part.shape[1]] = part
+            pool[:, b, : part.shape[1]] = part
     return pool
 
 
 def _unpaged(pool: torch.Tensor, table: torch.Tensor, capacity: int) -> torch.Tensor:
     """The pool's blocks back in slot order: ``[slots, kv_heads, capacity, dim]``."""
     slots = table.shape[0]
-    rows = pool[table].transpose(1, 2).reshape(slots, pool.shape[1], -1, pool.shape[3])
+    rows = pool[:, table].transpose(0, 1).reshape(slots, pool.shape[0], -1, pool.shape[3])
     return rows[:, :, :capacity]
 
 
 def test_a_block_table_that_misses_a_position_is_refused(kernels) -> None:
     """A table entry missing (-1) or outside the pool below a token's position: a
     ValueError, nothing written."""
-    keys, values = torch.zeros(4, 1, 8, 8), torch.zeros(4, 1, 8, 8)
+    keys, values = torch.zeros(1, 4, 8, 8), torch.zeros(1, 4, 8, 8)
     qkv = torch.ones(1, 3 * 8)
     cos, sin = torch.ones(1, 0), torch.zeros(1, 0)
     pos = torch.tensor([9])  # the second block

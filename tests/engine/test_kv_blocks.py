@@ -114,7 +114,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
                 assert keys[0, 0, :, 0].tolist() == values
                 assert vals[0, 0, :, 0].tolist() == [-v for v in values]
         for span, values in self.held:
-            got = self.cache.keys[0][list(span.blocks), 0, :, 0].flatten().tolist()
+            got = self.cache.keys[0][0, list(span.blocks), :, 0].flatten().tolist()
             assert got == values
 
     @invariant()

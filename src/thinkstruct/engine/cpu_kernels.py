@@ -113,7 +113,7 @@ class LayerPointers(ctypes.Structure):
 class Pages(NamedTuple):
     """The block table of a paged KV cache, as the kernels read it: ``table`` (int64
     ``[slots, max_blocks]``, contiguous) holds the block of position ``p`` of slot ``s`` at
-    ``[s, p // block_tokens]``; every layer's pools are ``[num_blocks, kv_heads,
+    ``[s, p // block_tokens]``; every layer's pools are ``[kv_heads, num_blocks,
     block_tokens, dim]``."""
 
     table: torch.Tensor
@@ -136,10 +136,10 @@ class Pages(NamedTuple):
             or not values.is_contiguous()
         ):
             raise ValueError(
-                "the key/value pools must be contiguous float32 [num_blocks, kv_heads, block_tokens, dim], "
+                "the key/value pools must be contiguous float32 [kv_heads, num_blocks, block_tokens, dim], "
                 f"got {list(keys.shape)} and {list(values.shape)}"
             )
-        return Pages(table, int(keys.shape[2]), int(keys.shape[0]))
+        return Pages(table, int(keys.shape[2]), int(keys.shape[1]))
 
     def arguments(self) -> tuple[int, int, int, int]:
         """``table, max_blocks, block_tokens, num_blocks`` for a kernel call."""
@@ -448,7 +448,7 @@ class CpuKernels:
         """Normalize (``layout.q_norm``/``k_norm``) and rotate ``qkv [T, (heads + 2
         kv_heads) * dim]``'s query and key heads in place, the first ``2 * rot_half`` values
         of each by ``cos``/``sin [T, rot_half]`` (unless ``layout.rotate`` is off), and
-        store the keys and values in the pools ``[num_blocks, kv_heads, block_tokens,
+        store the keys and values in the pools ``[kv_heads, num_blocks, block_tokens,
         dim]`` at each token's slot and position: block ``table[slot, pos //
         block_tokens]`` (int64 ``[slots, max_blocks]``), offset ``pos % block_tokens``.
         ``layout=None``: rotary only (Llama).
