@@ -162,6 +162,25 @@ def _step_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+def _step_seconds(models: dict[str, Any], ids: list[int], *, steps: int = 40) -> dict[str, float]:
+    """Each model's decoding step at batch 1 on the engine's runner (the decoder stack and
+    the output layer, no sampling or scheduling): the best of ``steps``, sides interleaved
+    step by step."""
+    from thinkstruct.engine.decoder_runner import DecoderRunner
+
+    runners = {label: DecoderRunner(m.model, slots=1, context_length=len(ids) + steps + 1) for label, m in models.items()}  # fmt: skip
+    best = dict.fromkeys(models, float("inf"))
+    with torch.inference_mode():
+        for runner in runners.values():
+            runner.forward(0, [ids], [0])
+        for step in range(steps):
+            for label, runner in runners.items():
+                start = time.perf_counter()
+                runner.forward(0, [[100 + step]], [len(ids) + step])
+                best[label] = min(best[label], time.perf_counter() - start)
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -214,10 +233,12 @@ def main() -> None:
             versus = f"{rate['gguf'] / rate['llama.cpp']:>14.2f}x" if llama is not None else ""
             print(f"{name:<9} {cells}   {rate['gguf'] / rate['int8']:>8.2f}x {versus}")
         bandwidth = _read_bandwidth()
+        step = _step_seconds(models, jobs["free"][0][0])
         for label, loaded in models.items():
             size = _step_bytes(loaded.model)
             print(f"# {label}: {size / 1e6:.1f} MB of weights a step; ceiling {bandwidth / size:.0f} steps/s "
-                  f"at {bandwidth / 1e9:.1f} GB/s read")  # fmt: skip
+                  f"at {bandwidth / 1e9:.1f} GB/s read; a decoding step on the runner (best of 40) "
+                  f"{step[label] * 1e3:.2f} ms = {size / bandwidth / step[label]:.2f}x the ceiling")  # fmt: skip
         print(f"# load average after: {os.getloadavg()}")
     finally:
         for engine in engines.values():
