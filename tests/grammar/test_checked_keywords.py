@@ -9,6 +9,8 @@ from typing import Any
 
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from thinkstruct import Constraint, InvalidConstraint, Tokenizer
 from thinkstruct.grammar.api import accepts, first_rejected
@@ -335,3 +337,52 @@ def test_strict_checks_overlapping_pattern_properties(strict: GrammarCompiler) -
     assert first_failed_check(compiled.checks, '{"bc":1,"zzzz":"s"}') is None
     failure = first_failed_check(compiled.checks, '{"a":1}')  # both patterns: minimum 2 too
     assert failure is not None and failure.keyword == "minimum" and failure.pointer == "/a"
+
+
+def test_relax_writes_mergeable_all_of_branches_into_their_node() -> None:
+    schema = {
+        "type": "object",
+        "allOf": [{"properties": {"a": {"$ref": "#/$defs/n", "minimum": 3}}, "required": ["a"]}],
+        "$defs": {"n": {"type": "integer"}},
+    }
+    relaxed, removed = relax(schema)
+    assert relaxed == {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/n"}},
+        "required": ["a"],
+        "$defs": {"n": {"type": "integer"}},
+    }
+    assert removed == {"/allOf/0/properties/a/minimum"}  # the schema's own pointer
+    plan = plan_checks(schema, inexact=NO_BACKEND_ENFORCES, relaxed=removed)
+    assert ("minimum", "checked", "/a") in {(e.keyword, e.enforcement, e.location) for e in plan.enforcement}
+    failure = first_failed_check(plan, '{"a":1}')
+    assert failure is not None and failure.keyword == "minimum" and failure.start == 5
+    # Keywords that act together with the node's stay in their branch.
+    together = {"properties": {"a": {}}, "allOf": [{"additionalProperties": False}]}
+    assert relax(together)[0] == together
+
+
+_DOCS = st.recursive(
+    st.none() | st.integers(-2, 4) | st.sampled_from(["", "ab", "abc"]),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["a", "b"]), inner, max_size=2)
+    ),
+    max_leaves=6,
+)
+MERGES = [
+    {"type": "object", "allOf": [{"properties": {"a": {"type": "integer"}}}, {"required": ["a"]}]},
+    {"properties": {"a": {}}, "allOf": [{"additionalProperties": False}, {"maxProperties": 1}]},
+    {"allOf": [{"items": {"type": "integer"}}, {"minItems": 1}], "prefixItems": [{"const": 1}]},
+    {"allOf": [{"$ref": "#/$defs/s"}, {"maxLength": 2}], "$defs": {"s": {"type": "string"}}},
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(schema=st.sampled_from(MERGES), doc=_DOCS)
+def test_relaxed_schemas_accept_every_valid_instance_and_merges_are_exact(
+    schema: dict[str, Any], doc: Any
+) -> None:
+    relaxed, removed = relax(schema)
+    valid = jsonschema.Draft202012Validator(schema).is_valid(doc)
+    loose = jsonschema.Draft202012Validator(relaxed).is_valid(doc)
+    assert loose if valid else (removed or not loose)  # nothing removed: the same schema

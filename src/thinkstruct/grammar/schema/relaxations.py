@@ -15,6 +15,12 @@ removing an assertion would forbid more):
   overlapping ones) or one it cannot run, with the ``additionalProperties`` they shape;
 - the keywords beside a ``$ref``, and beside an ``anyOf``/``oneOf``/``allOf`` whose branches
   are ``$ref``s (llguidance refuses to merge them into a circular reference).
+
+After those, one exact rewrite with the same aim: an ``allOf`` branch whose keywords are
+not the node's own and do not act together with them (``properties`` and
+``additionalProperties``, ``if`` and ``then``...) is written into the node
+(``{"type": "object", "allOf": [{"properties": ...}]}`` is ``{"type": "object",
+"properties": ...}``), so there is nothing left to merge.
 """
 
 from __future__ import annotations
@@ -84,7 +90,69 @@ def relax(schema: Any) -> tuple[Any, frozenset[str]]:
             keep = _KEPT.union(a for a in _APPLICATORS if "$ref" not in node and a in node)
             for keyword in [k for k in node if k not in keep]:
                 drop(keyword)
+    # Last, so that the pointers removed are the schema's own.
+    targets = _ref_targets(out)
+    for node, pointer in list(subschemas(out)):
+        _inline_all_of(node, pointer, targets)
     return out, frozenset(removed)
+
+
+#: Keywords that act together: one on each side of a merge would change what they mean.
+_TOGETHER = (
+    frozenset({"properties", "patternProperties", "additionalProperties"}),
+    frozenset({"prefixItems", "items", "additionalItems"}),
+    frozenset({"if", "then", "else"}),
+    frozenset({"contains", "minContains", "maxContains"}),
+)
+#: Keywords that keep an ``allOf`` branch where it is: identifiers, definitions (references
+#: point into them), references (their siblings mean something else in draft 7) and the
+#: ``unevaluated*`` keywords (which see what the branches evaluate).
+_STAYS = frozenset(
+    {
+        "$id", "$anchor", "$dynamicAnchor", "$schema", "$defs", "definitions", "$ref", "$dynamicRef",
+        "$recursiveRef", "$recursiveAnchor", "unevaluatedProperties", "unevaluatedItems",
+    }
+)  # fmt: skip
+
+
+#: Keywords that keep a node's ``allOf`` as it is.
+_REFERENCES_AND_UNEVALUATED = frozenset(
+    {"$ref", "$dynamicRef", "$recursiveRef", "unevaluatedProperties", "unevaluatedItems"}
+)
+
+
+def _inline_all_of(node: dict[str, Any], pointer: str, targets: list[str]) -> None:
+    """Write into ``node`` each ``allOf`` branch that merges exactly (see the module doc)."""
+    branches = node.get("allOf")
+    if not isinstance(branches, list) or node.keys() & _REFERENCES_AND_UNEVALUATED:
+        return
+    prefix = f"{pointer}/allOf"
+    if any(t == prefix or t.startswith(prefix + "/") for t in targets):
+        return  # a reference points into a branch: it must stay where it is
+    kept = []
+    for branch in branches:
+        if (
+            isinstance(branch, dict)
+            and not branch.keys() & (_STAYS | {"allOf"})
+            and not branch.keys() & node.keys()
+            and not any(branch.keys() & group and node.keys() & group for group in _TOGETHER)
+        ):
+            node.update(branch)
+        else:
+            kept.append(branch)
+    if kept:
+        node["allOf"] = kept
+    else:
+        del node["allOf"]
+
+
+def _ref_targets(schema: Any) -> list[str]:
+    """The JSON pointers every local ``$ref`` of ``schema`` points to."""
+    return [
+        node["$ref"][1:]
+        for node, _ in subschemas(schema)
+        if isinstance(node.get("$ref"), str) and node["$ref"].startswith("#")
+    ]
 
 
 def _inner_anchor(pattern: str) -> bool:
