@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from thinkstruct.engine.checked_answer import CheckedAnswer, SettledToken, Undo
 from thinkstruct.engine.detokenizer import TokenTexts
 from thinkstruct.engine.executor import Executor, SampledLogprob, default_runner
 from thinkstruct.engine.free_text import thinking_budget_matcher
@@ -109,6 +110,10 @@ class EngineConfig:
         prefix_cache_bytes: most bytes of keys and values of finished requests kept for
             requests that start the same way (:mod:`~thinkstruct.engine.prefix_cache`: a
             chat's next turn, a repeated system prompt); 0 keeps none.
+        check_tries_per_value: most times a value that fails a checked keyword (one no
+            grammar enforces: :mod:`~thinkstruct.engine.checked_answer`) is generated
+            again at one position before the request ends with an error naming it.
+        check_tries_per_request: most such retries in one request.
         speculation: n-gram drafts verified in the decoding pass
             (:mod:`~thinkstruct.engine.speculation`), on a batch-invariant runner only
             (there a seed gives the same tokens with and without); ``None`` turns it off.
@@ -121,6 +126,8 @@ class EngineConfig:
     decode_positions: int = 64
     idle_poll_s: float = 0.05
     prefix_cache_bytes: int = 1 << 30
+    check_tries_per_value: int = 8
+    check_tries_per_request: int = 32
     speculation: SpeculationConfig | None = field(default_factory=SpeculationConfig)
 
     def __post_init__(self) -> None:
@@ -128,6 +135,8 @@ class EngineConfig:
             raise ValueError("max_batch, prefill_chunk and decode_positions must be >= 1 and max_queue >= 0")
         if self.prefix_cache_bytes < 0:
             raise ValueError("prefix_cache_bytes must be >= 0")
+        if self.check_tries_per_value < 0 or self.check_tries_per_request < 0:
+            raise ValueError("check_tries_per_value and check_tries_per_request must be >= 0")
 
 
 @dataclass
@@ -151,6 +160,9 @@ class EngineStats:
     accepted_draft_tokens: int = 0
     generated_tokens: int = 0
     jump_forward_tokens: int = 0
+    #: Values generated again after failing a checked keyword, and the tokens taken back.
+    check_rollbacks: int = 0
+    resampled_tokens: int = 0
     finished: dict[str, int] = field(default_factory=lambda: {r.value: 0 for r in FinishReason})
     #: Seconds of the last decoding step, and of all of them; of those, in the forward pass
     #: and waiting for / applying grammar masks after it (the rest: sampling, grammars,
@@ -373,8 +385,19 @@ class Engine:
         """A request takes a slot: build its matcher (its grammar is ready now)."""
         try:
             seq.matcher = self._matcher(seq.request)
+            grammar = seq.grammar
         except Exception as e:  # noqa: BLE001 - a failed compile or a foreign grammar ends this request only
             self._finish(seq, FinishReason.ERROR, f"the grammar is not usable: {e}")
+            return
+        if grammar is not None and grammar.checks is not None:
+            seq.checked = CheckedAnswer(
+                grammar.checks,
+                texts=self._texts,
+                end_tag=self._end_tag_matcher,
+                thinking=seq.request.reasoning,
+                stop_ids=self._stop_ids,
+            )
+            seq.drafter = None  # a draft would run past a value before it is checked
 
     def _retry_after_s(self) -> float:
         steps = max(self.stats.steps, 1)
@@ -496,17 +519,66 @@ class Engine:
         self, seq: Sequence, tokens: list[int], *, forced: int, logprob: SampledLogprob | None, stop: bool
     ) -> None:
         """Tokens a row settled (sampled, then forced): its output processor turns them
-        into a delta; the row ends at a stop, a stop string, ``max_tokens`` or the
-        context."""
-        delta = seq.output.add(tokens, forced=forced, logprob=logprob, allowed=seq.allowed_now)
+        into a delta (or, while a checked value is open, later: a value that fails is
+        taken back and drawn again); the row ends at a stop, a stop string,
+        ``max_tokens`` or the context."""
+        seq.generated_ids.extend(t for t in tokens if t not in self._stop_ids)
         self.stats.generated_tokens += len(tokens)
         self.stats.jump_forward_tokens += forced
-        if delta is not None:
-            seq.handle.emit(delta)
+        if seq.checked is None:
+            delta = seq.output.add(tokens, forced=forced, logprob=logprob, allowed=seq.allowed_now)
+            if delta is not None:
+                seq.handle.emit(delta)
+        else:
+            settled = seq.checked.settle(tokens, forced=forced, logprob=logprob, allowed=seq.allowed_now)
+            if settled.undo is not None:
+                self._undo(seq, settled.undo)
+                return
+            self._release(seq, settled.release)
         if stop or seq.stopped_by_string:
             self._finish(seq, FinishReason.STOP)
         elif seq.generated >= seq.params.max_tokens or seq.cached + len(tokens) >= self.context_length:
             self._finish(seq, FinishReason.LENGTH)
+
+    def _release(self, seq: Sequence, settled: list[SettledToken]) -> None:
+        """Hand tokens a check no longer holds back to the output processor."""
+        for item in settled:
+            delta = seq.output.add(
+                [item.token], forced=0 if item.sampled else 1, logprob=item.logprob, allowed=item.allowed
+            )
+            if delta is not None:
+                seq.handle.emit(delta)
+
+    def _undo(self, seq: Sequence, undo: Undo) -> None:
+        """Take back a value that failed its check: the grammar, the generated tokens
+        and the KV return to its first drawn token, which is banned there; the row draws
+        again at the next step. Out of tries (or nothing left to change), the request
+        ends with an error naming the keyword and the JSON pointer."""
+        seq.check_failure = undo.failure
+        position = seq.position - undo.tokens
+        tries = len(seq.bans.get(position, ()))
+        config = self.config
+        if (
+            not undo.possible
+            or seq.matcher is None
+            or tries >= config.check_tries_per_value
+            or seq.rollbacks >= config.check_tries_per_request
+        ):
+            self._finish(seq, FinishReason.ERROR, f"the answer could not meet {undo.failure.describe()}")
+            return
+        seq.matcher.rollback(undo.grammar_tokens)
+        taken = seq.generated_ids[len(seq.generated_ids) - undo.tokens :]
+        del seq.generated_ids[len(seq.generated_ids) - undo.tokens :]
+        if seq.adjustments is not None:
+            seq.adjustments.remove(taken)
+        # Feed the last kept token again: its logits are where the next draw comes from.
+        seq.cached = position - 1
+        seq.pending = [seq.context[position - 1]]
+        seq.bans.setdefault(position, set()).add(undo.banned)
+        seq.rollbacks += 1
+        seq.resampled_tokens += undo.tokens
+        self.stats.check_rollbacks += 1
+        self.stats.resampled_tokens += undo.tokens
 
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         seq.end(reason, error)
@@ -515,6 +587,10 @@ class Engine:
 
     def _emit_finish(self, seq: Sequence) -> None:
         reason = seq.finish_reason or FinishReason.ERROR
+        if seq.checked is not None and reason is not FinishReason.ERROR:
+            # The answer ends (or is cut short): what a check held back goes out; after an
+            # error it may hold the value that failed, and is dropped.
+            self._release(seq, seq.checked.release_all())
         grammar = seq.request.grammar
         backend = None
         if grammar is not None and seq.grammar_ready:
@@ -530,6 +606,8 @@ class Engine:
                 prompt_tokens=seq.prompt_tokens,
                 cached_tokens=seq.cached_prompt_tokens,
                 backend=backend,
+                check_rollbacks=seq.rollbacks,
+                resampled_tokens=seq.resampled_tokens,
             )
         except Exception as e:  # noqa: BLE001 - the parser or detokenizer failed at the very end
             delta = Delta(finish_reason=FinishReason.ERROR, error=f"internal error finishing: {e}")

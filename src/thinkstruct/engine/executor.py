@@ -171,7 +171,7 @@ class Executor:
         another row moves into the slot)."""
         if seq.slot < 0 or seq.cached <= 0:
             return
-        tokens = [*seq.request.prompt_ids, *seq.output_ids][: seq.cached]
+        tokens = seq.context[: seq.cached]
         slot, runner = seq.slot, self.runner
         cache = self.prefix_cache
         cache.insert(tokens, lambda start, stop: runner.read_kv(slot, start, stop))
@@ -350,6 +350,10 @@ class Executor:
         params = [rows[i].params for i in live]
         gens = [rows[i].generator for i in live]
         view = logits if len(live) == logits.shape[0] else logits[live]
+        for j, i in enumerate(live):
+            banned = rows[i].bans.get(rows[i].position) if rows[i].bans else None
+            if banned:  # a value that started here failed its check: draw another token
+                view[j, list(banned)] = float("-inf")
         # Only rows that ask pay for bias, penalties and log-probabilities.
         if any(p.adjusts_logits for p in params):
             adjust_logits(view, params, [rows[i].adjustments for i in live])
@@ -384,7 +388,11 @@ class Executor:
 
     def _advance(self, seq: Sequence, token: int, logprob: SampledLogprob | None) -> None:
         if token < 0:
-            self._finish(seq, FinishReason.ERROR, "the grammar allows no next token")
+            failure = seq.check_failure if seq.bans.get(seq.position) else None
+            why = "the grammar allows no next token"
+            if failure is not None:
+                why = f"no answer meets the schema here (every allowed token was tried): {failure.describe()}"
+            self._finish(seq, FinishReason.ERROR, why)
             return
         matcher = seq.matcher
         forced: list[int] = []

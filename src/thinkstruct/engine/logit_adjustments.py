@@ -30,7 +30,15 @@ class LogitAdjustments:
         prompt_ids: its prompt (the repetition penalty counts prompt tokens as seen).
     """
 
-    __slots__ = ("_repeated", "_repeated_ids", "bias_ids", "bias_values", "output_counts", "params")
+    __slots__ = (
+        "_prompt",
+        "_repeated",
+        "_repeated_ids",
+        "bias_ids",
+        "bias_values",
+        "output_counts",
+        "params",
+    )
 
     def __init__(self, params: SamplingParams, prompt_ids: Sequence[int]) -> None:
         self.params = params
@@ -42,6 +50,7 @@ class LogitAdjustments:
         # penalty), and their tensor, rebuilt when a new one arrives.
         repeats = params.repetition_penalty != 1.0
         self._repeated: dict[int, None] = dict.fromkeys(prompt_ids) if repeats else {}
+        self._prompt = frozenset(self._repeated)
         self._repeated_ids: torch.Tensor | None = None
 
     def add(self, token_ids: Iterable[int]) -> None:
@@ -52,6 +61,19 @@ class LogitAdjustments:
             counts[token] = counts.get(token, 0) + 1
             if repeats and token not in self._repeated:
                 self._repeated[token] = None
+                self._repeated_ids = None
+
+    def remove(self, token_ids: Iterable[int]) -> None:
+        """Uncount generated tokens that were taken back (a value that failed its check)."""
+        counts = self.output_counts
+        for token in token_ids:
+            left = counts.get(token, 0) - 1
+            if left > 0:
+                counts[token] = left
+                continue
+            counts.pop(token, None)
+            if token in self._repeated and token not in self._prompt:
+                del self._repeated[token]
                 self._repeated_ids = None
 
     def repeated_ids(self) -> torch.Tensor:

@@ -154,6 +154,8 @@ class OutputProcessor:
         prompt_tokens: int,
         cached_tokens: int,
         backend: str | None,
+        check_rollbacks: int = 0,
+        resampled_tokens: int = 0,
     ) -> Delta:
         """The last delta: held-back text and calls, the finish reason, the usage."""
         reasoning: list[str] = []
@@ -174,6 +176,8 @@ class OutputProcessor:
             reasoning_tokens=self.reasoning_tokens,
             cached_tokens=cached_tokens,
             jump_forward_tokens=self.jump_forward_tokens,
+            check_rollbacks=check_rollbacks,
+            resampled_tokens=resampled_tokens,
             time_to_first_token_s=None if self.first_token_at is None else self.first_token_at - submitted_at,
             total_s=time.monotonic() - submitted_at,
             backend=backend,

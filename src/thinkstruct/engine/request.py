@@ -241,6 +241,10 @@ class Usage:
     cached_tokens: int = 0
     #: Tokens the grammar forced (appended without a sampling step).
     jump_forward_tokens: int = 0
+    #: Values that failed a checked keyword and were generated again, and the tokens
+    #: taken back for them (never sent to the caller).
+    check_rollbacks: int = 0
+    resampled_tokens: int = 0
     #: Seconds from submission to the first generated token.
     time_to_first_token_s: float | None = None
     #: Seconds from submission to the end.

@@ -20,10 +20,12 @@ from thinkstruct.engine.scheduler import RequestState
 if TYPE_CHECKING:
     import torch
 
+    from thinkstruct.engine.checked_answer import CheckedAnswer
     from thinkstruct.engine.handle import RequestHandle
     from thinkstruct.engine.output import OutputProcessor
     from thinkstruct.engine.speculation import NgramDrafter
     from thinkstruct.grammar.base import CompiledGrammar, GrammarMatcher
+    from thinkstruct.grammar.runtime.value_checks import CheckFailure
 
 
 class Sequence:
@@ -63,6 +65,17 @@ class Sequence:
         self.pending: list[int] = list(request.prompt_ids)
         self.prompt_tokens = len(request.prompt_ids)
         self.cached_prompt_tokens = 0
+        #: Every generated token fed or to be fed (stop tokens excepted), in order: the
+        #: output's tokens plus those a checked value still holds back.
+        self.generated_ids: list[int] = []
+        #: The keywords its grammar cannot enforce, checked as values close (set at
+        #: admission for a grammar with checks).
+        self.checked: CheckedAnswer | None = None
+        #: Tokens forbidden at a position (after a value starting there failed its check).
+        self.bans: dict[int, set[int]] = {}
+        self.check_failure: CheckFailure | None = None
+        self.rollbacks = 0
+        self.resampled_tokens = 0
         #: Proposes speculative drafts from this request's context (set by the engine).
         self.drafter: NgramDrafter | None = None
         #: How many tokens the mask the next sampled token is drawn under allows.
@@ -93,7 +106,18 @@ class Sequence:
 
     @property
     def generated(self) -> int:
-        return len(self.output.output_ids)
+        """Tokens generated so far (those held back for a check included)."""
+        return len(self.generated_ids)
+
+    @property
+    def position(self) -> int:
+        """The position of the next token to sample."""
+        return self.prompt_tokens + len(self.generated_ids)
+
+    @property
+    def context(self) -> list[int]:
+        """The prompt and every generated token, in order."""
+        return [*self.request.prompt_ids, *self.generated_ids]
 
     @property
     def stopped_by_string(self) -> bool:

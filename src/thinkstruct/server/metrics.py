@@ -149,6 +149,18 @@ _ENGINE_FIELDS = (
         True,
     ),
     (
+        "check_rollbacks",
+        "thinkstruct_engine_check_rollbacks",
+        "Values that broke a checked keyword and were generated again",
+        True,
+    ),
+    (
+        "resampled_tokens",
+        "thinkstruct_engine_resampled_tokens",
+        "Tokens taken back after a value broke a checked keyword (never sent)",
+        True,
+    ),
+    (
         "draft_tokens",
         "thinkstruct_engine_draft_tokens",
         "Speculative draft tokens fed for verification (n-gram drafts)",

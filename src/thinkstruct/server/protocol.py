@@ -392,6 +392,9 @@ class GenerationInfo(BaseModel):
             (only outside strict mode).
         compile_seconds: how long the request waited for its compiled grammar.
         jump_forward_tokens: tokens the grammar forced, appended without sampling.
+        check_rollbacks: values that broke a checked keyword (one no grammar enforces)
+            and were generated again; ``resampled_tokens``: the tokens taken back for
+            them (never sent).
         time_to_first_token_s: seconds from submission to the first token (first choice).
         allowed_tokens: with ``return_allowed_tokens``, per choice, per output token: how
             many tokens the grammar allowed at its step (1 where jump-forward forced it, the
@@ -404,6 +407,8 @@ class GenerationInfo(BaseModel):
     ignored_keywords: list[str] = Field(default_factory=list)
     compile_seconds: float | None = None
     jump_forward_tokens: int = 0
+    check_rollbacks: int = 0
+    resampled_tokens: int = 0
     time_to_first_token_s: float | None = None
     allowed_tokens: list[list[int]] | None = None
     max_reasoning_tokens: int | None = None

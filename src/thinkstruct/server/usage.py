@@ -47,6 +47,8 @@ def generation_info(
         ignored_keywords=[] if grammar is None else list(grammar.ignored_keywords),
         compile_seconds=compile_seconds,
         jump_forward_tokens=sum(u.jump_forward_tokens for u in usages if u is not None),
+        check_rollbacks=sum(u.check_rollbacks for u in usages if u is not None),
+        resampled_tokens=sum(u.resampled_tokens for u in usages if u is not None),
         time_to_first_token_s=first,
         allowed_tokens=_allowed_tokens(usages),
         max_reasoning_tokens=max_reasoning_tokens,

@@ -1,0 +1,78 @@
+"""Checked keywords in the engine: a value that breaks a keyword no grammar enforces is
+taken back and drawn again before anyone sees it; out of tries, the request ends with an
+error naming the keyword and the JSON pointer."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from thinkstruct import Constraint
+from thinkstruct.engine import Engine, EngineConfig, FinishReason, GenerationRequest, SamplingParams
+from thinkstruct.grammar.service.compiler import GrammarCompiler
+
+UNIQUE = {
+    "type": "array",
+    "items": {"enum": ["red", "green", "blue"]},
+    "minItems": 3,
+    "maxItems": 3,
+    "uniqueItems": True,
+}
+
+
+@pytest.fixture(scope="module")
+def compiler(smollm2):
+    with GrammarCompiler(smollm2.tokenizer) as c:
+        yield c
+
+
+def _valid(schema: dict, text: str) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def test_unique_items_over_a_small_enum_only_valid_answers_come_back(smollm2, compiler) -> None:
+    grammar = compiler.compile(Constraint.json_schema(UNIQUE), strict=True)
+    assert grammar.checks is not None  # uniqueItems is checked, not held by the grammar
+    ids = smollm2.tokenizer.encode("Give JSON. Colors: red, red, red.")
+    rollbacks = 0
+    with Engine(smollm2, config=EngineConfig(max_batch=4), compiler=compiler) as engine:
+        handles = [
+            engine.submit(
+                GenerationRequest(
+                    prompt_ids=ids,
+                    sampling=SamplingParams(max_tokens=80, temperature=1.0, seed=seed),
+                    grammar=grammar,
+                )
+            )
+            for seed in range(6)
+        ]
+        outs = [h.wait() for h in handles]
+    for out in outs:
+        assert out.usage is not None
+        rollbacks += out.usage.check_rollbacks
+        if out.finish_reason is FinishReason.STOP:
+            assert _valid(UNIQUE, out.content), out.content  # streamed text is the final text
+        else:
+            assert out.finish_reason is FinishReason.ERROR and "uniqueItems" in (out.error or ""), out
+    assert rollbacks > 0
+    assert any(o.finish_reason is FinishReason.STOP for o in outs)
+
+
+def test_a_keyword_no_answer_can_meet_ends_with_the_keyword_and_pointer(smollm2, compiler) -> None:
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"const": "x"}, "minItems": 2,
+              "maxItems": 2, "uniqueItems": True}}, "required": ["tags"], "additionalProperties": False}  # fmt: skip
+    grammar = compiler.compile(Constraint.json_schema(schema), strict=True)
+    ids = smollm2.tokenizer.encode("Give JSON.")
+    with Engine(smollm2, config=EngineConfig(max_batch=2), compiler=compiler) as engine:
+        out = engine.submit(
+            GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=60, seed=1), grammar=grammar)
+        ).wait()
+    assert out.finish_reason is FinishReason.ERROR
+    assert "uniqueItems" in (out.error or "") and "/tags" in (out.error or ""), out.error
+    assert '"x"' not in out.content  # the value that failed was never sent
