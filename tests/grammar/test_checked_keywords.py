@@ -386,3 +386,18 @@ def test_relaxed_schemas_accept_every_valid_instance_and_merges_are_exact(
     valid = jsonschema.Draft202012Validator(schema).is_valid(doc)
     loose = jsonschema.Draft202012Validator(relaxed).is_valid(doc)
     assert loose if valid else (removed or not loose)  # nothing removed: the same schema
+
+
+def test_names_with_pointer_and_uri_escapes_are_checked_where_they_are() -> None:
+    schema = {
+        "type": "object",
+        "$defs": {"a%b": {"type": "array", "uniqueItems": True}},
+        "properties": {"x/~%25": {"type": "array", "uniqueItems": True}, "y": {"$ref": "#/$defs/a%25b"}},
+    }
+    plan = plan_checks(schema, inexact=NO_BACKEND_ENFORCES)
+    assert {location_text(c.location) for c in plan.checks} == {"/x~1~0%25", "/y"}
+    assert first_failed_check(plan, '{"x/~%25":[1,2],"y":[3,4]}') is None
+    failure = first_failed_check(plan, '{"x/~%25":[1,1]}')
+    assert failure is not None and failure.value_pointer == "/x~1~0%25"
+    failure = first_failed_check(plan, '{"y":[3,3]}')
+    assert failure is not None and failure.schema_pointer.startswith("/$defs/a%b")

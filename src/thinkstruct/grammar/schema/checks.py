@@ -35,7 +35,7 @@ from typing import Any, Literal
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.constraint import escape_pointer
 from thinkstruct.grammar.schema.keywords import assertions
-from thinkstruct.grammar.schema.walk import children, local_ref, resolve, subschemas
+from thinkstruct.grammar.schema.walk import children, decode_token, local_ref, subschemas
 
 Enforcement = Literal["grammar", "checked", "ignored"]
 
@@ -157,7 +157,7 @@ class CheckPlan:
                 root = self._validators.get(-1)
                 if root is None:
                     root = self._validators[-1] = cls(self.schema, format_checker=cls.FORMAT_CHECKER)
-            sub = resolve(self.schema, self.checks[index].schema_pointer)
+            sub = _at(self.schema, self.checks[index].schema_pointer)
             validator = self._validators[index] = root.evolve(schema=sub)
         return validator
 
@@ -280,7 +280,8 @@ def _anchors(schema: Any, checked: set[str]) -> dict[tuple[str, Location], set[s
         found = local_ref(node, schema)
         if found is None:
             continue
-        target, target_pointer = found
+        target, fragment = found
+        target_pointer = _plain(fragment)
         if target_pointer in chain:
             if unconditional:
                 # Recursion: the subschema's first value covers every level below it.
@@ -340,8 +341,22 @@ def _reachable_checked(node: Any, pointer: str, root: Any, checked: set[str]) ->
         stack.extend((child, child_pointer) for child, child_pointer in children(current, current_pointer))
         ref = local_ref(current, root)
         if ref is not None:
-            stack.append(ref)
+            stack.append((ref[0], _plain(ref[1])))
     return found
+
+
+def _plain(fragment: str) -> str:
+    """A pointer from a URI fragment (``%25`` decoded) as a plain JSON pointer."""
+    return "".join(f"/{escape_pointer(decode_token(t))}" for t in fragment.split("/")[1:])
+
+
+def _at(doc: Any, pointer: str) -> Any:
+    """The value at the plain JSON pointer ``pointer`` (one :func:`plan_checks` wrote)."""
+    node = doc
+    for token in pointer.split("/")[1:]:
+        key = token.replace("~1", "/").replace("~0", "~")
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    return node
 
 
 __all__ = [
