@@ -249,11 +249,13 @@ static inline __attribute__((always_inline)) void gq_blocks(const int fmt, const
                           bias == NULL ? NULL : bias + 16 * b, out + 16 * b, ld_out);
             return;
         }
+        /* Decoding a group costs about half a tile of streaming: worth it past four tiles. */
+        const int decode = M > 4 * 8;
         for (int64_t b = b_lo; b < b_hi; b++) {
-            if (M > 8) gq_decode(fmt, w + b * row_bytes, nb, dq); /* several tiles: decode once */
+            if (decode) gq_decode(fmt, w + b * row_bytes, nb, dq);
             for (int64_t m = 0; m < M; m += 8)
                 gq_run512(fmt, 1, accumulate, x + m * ld_x, M - m < 8 ? M - m : 8, ld_x, xs + m * nb,
-                          w + b * row_bytes, M > 8 ? dq : NULL, K, bias == NULL ? NULL : bias + 16 * b,
+                          w + b * row_bytes, decode ? dq : NULL, K, bias == NULL ? NULL : bias + 16 * b,
                           out + m * ld_out + 16 * b, ld_out);
         }
         return;
