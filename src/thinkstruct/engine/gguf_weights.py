@@ -10,11 +10,12 @@ stay float32: each block's 16 or 32 quants are widened to float32 in registers a
 multiplied into float32 activations, then scaled by the block's ``d`` (and ``m``), so a
 result is the file's weights' up to float summation order.
 
-The raw blocks are read from the file's tensor table (memory-mapped; ``gguf``'s own reader
-parses the whole vocabulary first, 4 s for SmolLM2), mapped to the model's ``nn.Linear``
-modules by the ``gguf`` package's tensor name map (as transformers maps them), and their rows permuted where
-transformers' tensor processor permutes the dequantized rows (llama.cpp's conversion
-interleaves the rotary halves of q and k; whole rows of blocks move, exactly). Each
+The raw blocks are read through the file's tensor table (memory-mapped; ``gguf``'s own
+reader parses the whole vocabulary first, 4 s for SmolLM2), mapped to the model's
+``nn.Linear`` modules by the ``gguf`` package's tensor name map (as transformers maps
+them), and their rows permuted where transformers' tensor processor permutes the
+dequantized rows (llama.cpp's conversion interleaves the rotary halves of q and k; whole
+rows of blocks move, exactly). Each
 tensor's blocks are repacked once (16 output rows side by side, the same bytes) at load.
 A Linear whose tensor is of another type (F16, Q4_K...) or of sizes the blocks do not fit
 is quantized to int8 rows instead (:class:`~thinkstruct.engine.int8_weights.Int8Linear`).
