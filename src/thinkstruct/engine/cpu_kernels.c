@@ -130,6 +130,14 @@ static inline int64_t page_row(const ts_pages *pg, int64_t s, int64_t p, int64_t
     return (kvh * pg->num_blocks + pg->table[s * pg->max_blocks + p / pg->block_tokens]) * pg->block_tokens;
 }
 
+/* While row r of a block is read, prefetch row r of the next block (dim floats), so the
+ * next block is on its way before it is read. Blocks lie anywhere in the pool, and the
+ * hardware prefetcher does not follow a jump (measured: attention over shuffled blocks
+ * took 2.2x the time of consecutive ones without this). */
+static inline void page_prefetch(const float *next, int64_t r, int64_t dim) {
+    for (int64_t c = 0; c < dim; c += 16) _mm_prefetch((const char *)(next + r * dim + c), _MM_HINT_T0);
+}
+
 /* 0 when every position 0..pos_of[t] of every token's slot has a block in the pool;
  * -3 otherwise (a table entry missing or outside the pool, or a position past the table). */
 static int pages_check(const ts_pages *pg, int64_t tokens, const int64_t *slot_of, const int64_t *pos_of) {
@@ -227,8 +235,10 @@ static void attend_unit(const float *qkv, int64_t unit, int64_t ld, int64_t head
     for (int64_t b = first, p = lo; p < end; b++) {
         const int64_t off = b == first ? first_off : 0, run = B - off < end - p ? B - off : end - p;
         const float *kb = keys + ((head + blocks[b]) * B + off) * dim;
+        const float *next = p + run < end ? keys + (head + blocks[b + 1]) * B * dim : NULL;
         for (int64_t r = 0; r < run; r++) {
             const float *kj = kb + r * dim;
+            if (next != NULL) page_prefetch(next, r, dim);
             __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
             int64_t i = 0;
             for (; i + 16 <= dim; i += 16) {
@@ -257,7 +267,9 @@ static void attend_unit(const float *qkv, int64_t unit, int64_t ld, int64_t head
     for (int64_t b = first, p = lo; p < end; b++) {
         const int64_t off = b == first ? first_off : 0, run = B - off < end - p ? B - off : end - p;
         const float *vb = values + ((head + blocks[b]) * B + off) * dim;
+        const float *next = p + run < end ? values + (head + blocks[b + 1]) * B * dim : NULL;
         for (int64_t r = 0; r < run; r++) {
+            if (next != NULL) page_prefetch(next, r, dim);
             const __m256 w = _mm256_set1_ps(scores[p - lo + r]);
             const float *vj = vb + r * dim;
             for (int64_t l = 0; l < lanes; l++) acc[l] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * l), acc[l]);
