@@ -20,14 +20,22 @@ What the engine calls, and when:
    that token's decoded text (``""`` for a token whose bytes end mid-character: one piece
    per token keeps :meth:`~ValueChecker.rollback` in tokens).
 3. On a failure: ``k = checker.pieces_since(failure.start)``; roll the grammar and the KV
-   back ``k`` tokens and call ``checker.rollback(k)``; forbid the token that followed at
-   that position and sample again (bounded tries; an exhausted value ends the choice with
-   ``failure.describe()``). A rollback of the grammar for any other reason (speculation)
-   rolls the checker back by the same number of tokens.
+   back ``k`` tokens and call ``checker.rollback(k)``; forbid the first of the ``k`` undone
+   tokens at that position and sample again (bounded tries; an exhausted value ends the
+   choice with ``failure.describe()``, which names the keyword and the JSON pointer). A
+   rollback of the grammar for any other reason (speculation) rolls the checker back by
+   the same number of tokens. The first piece may come from the token that also closed
+   the thought (a text end tag such as SmolLM2's ``>`` with answer text after it): undoing
+   it would reopen the thought, so the engine must not roll back past it (treat a failure
+   whose ``k`` reaches it as exhausted, or re-feed that piece).
 4. Stream only ``text[:checker.held_from()]`` (everything when it is ``None``): the rest
    belongs to an open value that may still be undone.
 5. At the end of the answer (a stop token the grammar allows): ``checker.finish()``,
    which checks a number at the root (it closes only there); on a failure, as in 3.
+
+Cost: one small tuple a piece for rollback; a value is parsed and validated only where a
+check sits (on this machine, 38 µs a 4-character piece on average over a 2.8 KB answer
+holding 40 checked arrays, their validations included).
 """
 
 from __future__ import annotations
