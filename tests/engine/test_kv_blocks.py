@@ -255,3 +255,18 @@ def test_every_block_comes_back_when_every_row_and_cached_span_is_gone(int8_mode
     runner.release_slots(0)
     cache.clear()
     assert runner.cache.free_blocks == runner.cache.num_blocks
+
+
+def test_a_slot_takes_the_block_after_its_last_else_the_lowest_free() -> None:
+    cache = PagedKvCache(
+        layers=1, slots=2, kv_heads=1, head_dim=DIM, context_length=CONTEXT, dtype=torch.float32
+    )
+    cache.prepare(0, 0, 2 * BLOCK_TOKENS)
+    cache.prepare(1, 0, BLOCK_TOKENS)
+    cache.prepare(0, 2 * BLOCK_TOKENS, 3 * BLOCK_TOKENS)  # block 2 is slot 1's: the lowest free
+    assert cache.blocks_of(0) == (0, 1, 3) and cache.blocks_of(1) == (2,)
+    cache.free(0)
+    cache.prepare(1, BLOCK_TOKENS, 4 * BLOCK_TOKENS)  # block 3 after its 2, then 4 after 3
+    assert cache.blocks_of(1) == (2, 3, 4, 5)
+    cache.prepare(0, 0, 2 * BLOCK_TOKENS)  # the freed 0 and 1, in one run again
+    assert cache.blocks_of(0) == (0, 1)
