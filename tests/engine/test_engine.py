@@ -556,3 +556,20 @@ def test_a_request_waits_for_its_grammar_without_holding_up_others(engine, compi
     assert out.finish_reason is FinishReason.STOP and out.content in ("left", "right")
     failed = doomed.wait()
     assert failed.finish_reason is FinishReason.ERROR and "no such schema" in (failed.error or "")
+
+
+def test_finished_requests_give_their_kv_blocks_back(tiny_model, compiler) -> None:
+    """On the paged decoder runner, once every request has ended (prefix cache off),
+    every block is free again: leaving rows and moved rows keep nothing."""
+    ids, _ = prompt_ids(tiny_model, "a question long enough to fill more than one block " * 3)
+    config = EngineConfig(max_batch=4, prefix_cache_bytes=0)
+    with Engine(tiny_model, config=config, compiler=compiler) as e:
+        handles = [
+            e.submit(GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=4 + 9 * i, seed=i)))
+            for i in range(6)
+        ]
+        for h in handles:
+            h.wait()
+        wait_until(lambda: e.stats.slots_used == 0, "the engine laid out the last finished row")
+        cache = e.runner.cache
+        assert cache.free_blocks == cache.num_blocks

@@ -510,7 +510,8 @@ class Engine:
         scheduler, executor = self._scheduler, self._executor
         if scheduler is None or executor is None:
             return
-        executor.move(scheduler.layout(executor.keep_prefix))
+        moves = scheduler.layout(executor.keep_prefix)
+        executor.move(moves, held=len(scheduler.held))
         self.stats.running = len(scheduler.decoding)
 
     # ---- the output side ---------------------------------------------------------------

@@ -129,9 +129,12 @@ class Executor:
 
     # ---- KV --------------------------------------------------------------------------
 
-    def move(self, moves: list[Move]) -> None:
+    def move(self, moves: list[Move], *, held: int) -> None:
+        """Carry out the scheduler's moves; slots ``held...`` then hold nothing (a paged
+        runner gives their blocks back: a moved row's blocks are shared, not copied)."""
         for m in moves:
             self.runner.copy_slot(m.src, m.dst, m.length)
+        self.runner.release_slots(held)
 
     def reuse_prefix(self, seq: Sequence, donors: Seq[Sequence]) -> None:
         """Give ``seq``'s slot the longest prefix of its prompt that a donor's slot holds
