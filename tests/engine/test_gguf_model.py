@@ -104,3 +104,13 @@ def test_gguf_needs_a_gguf_file(tmp_path) -> None:
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="not a .gguf file"):
         load_model(tmp_path, quantize="gguf", progress=False)
+
+
+def test_without_the_kernels_gguf_is_not_the_default_and_is_refused(monkeypatch) -> None:
+    """The blocks run on the compiled kernels only (no torch fallback multiplies them)."""
+    from thinkstruct.engine import gguf_weights
+
+    monkeypatch.setattr(gguf_weights, "cpu_kernels", lambda: None)
+    assert default_quantize(smollm2_gguf_path()) == "int8-weights"
+    with pytest.raises(ValueError, match="runs on the compiled kernels"):
+        gguf_weights.quantize_gguf(torch.nn.Linear(32, 16), smollm2_gguf_path())
