@@ -76,3 +76,41 @@ def test_a_keyword_no_answer_can_meet_ends_with_the_keyword_and_pointer(smollm2,
     assert out.finish_reason is FinishReason.ERROR
     assert "uniqueItems" in (out.error or "") and "/tags" in (out.error or ""), out.error
     assert '"x"' not in out.content  # the value that failed was never sent
+
+
+def test_the_thought_is_never_checked_nor_taken_back(smollm2, compiler) -> None:
+    """A thought before a checked answer: it streams as it comes (never held), keeps its
+    budget's length, and rollbacks stay inside the answer."""
+    from thinkstruct.parsers import render_chat
+
+    prompt = render_chat(
+        [{"role": "user", "content": "Think, then give JSON. Colors: red, red, red."}],
+        family=smollm2.family,
+        tokenizer=smollm2.tokenizer,
+        chat_template=smollm2.chat_template,
+        chat_template_kwargs={"enable_thinking": True},
+    )
+    assert prompt.reasoning_enabled
+    ids = smollm2.tokenizer.hf.encode(prompt.text, add_special_tokens=False)
+    grammar = compiler.compile(Constraint.json_schema(UNIQUE), strict=True)
+    with Engine(smollm2, config=EngineConfig(max_batch=4), compiler=compiler) as engine:
+        handles = [
+            engine.submit(
+                GenerationRequest(
+                    prompt_ids=ids,
+                    sampling=SamplingParams(max_tokens=120, temperature=1.0, seed=seed),
+                    grammar=grammar,
+                    reasoning=True,
+                    reasoning_parser=prompt.reasoning_parser(),
+                    max_reasoning_tokens=10,
+                )
+            )
+            for seed in range(4)
+        ]
+        outs = [h.wait() for h in handles]
+    assert sum(o.usage.check_rollbacks for o in outs if o.usage) > 0
+    for out in outs:
+        assert out.usage is not None and out.reasoning
+        assert out.usage.reasoning_tokens >= 10  # the budget, then the end tag: all thought
+        if out.finish_reason is FinishReason.STOP:
+            assert _valid(UNIQUE, out.content), out.content
