@@ -199,7 +199,12 @@ def test_a_referenced_subschema_is_checked_where_each_reference_applies() -> Non
     plan = plan_checks(schema, inexact=NO_BACKEND_ENFORCES)
     assert {location_text(c.location) for c in plan.checks} == {"/a", "/b/*"}
     failure = first_failed_check(plan, '{"a":[1],"b":[[2],[3,3]]}')
-    assert failure is not None and failure.value_pointer == "/b/1" and failure.keyword == "uniqueItems"
+    assert (
+        failure is not None
+        and failure.pointer == "/b/1"
+        and failure.value_pointer == "/b/1/1"
+        and failure.keyword == "uniqueItems"
+    )
 
 
 def test_recursion_is_checked_at_its_first_value() -> None:
@@ -398,6 +403,6 @@ def test_names_with_pointer_and_uri_escapes_are_checked_where_they_are() -> None
     assert {location_text(c.location) for c in plan.checks} == {"/x~1~0%25", "/y"}
     assert first_failed_check(plan, '{"x/~%25":[1,2],"y":[3,4]}') is None
     failure = first_failed_check(plan, '{"x/~%25":[1,1]}')
-    assert failure is not None and failure.value_pointer == "/x~1~0%25"
+    assert failure is not None and failure.pointer == "/x~1~0%25" and failure.value_pointer == "/x~1~0%25/1"
     failure = first_failed_check(plan, '{"y":[3,3]}')
     assert failure is not None and failure.schema_pointer.startswith("/$defs/a%b")

@@ -99,13 +99,19 @@ def _post_order(doc: Any, pointer: str = "") -> list[tuple[str, Any]]:
 
 
 def _first_invalid(plan: CheckPlan, doc: Any) -> str | None:
-    """The pointer of the first value, in closing order, that fails a check at it."""
+    """The pointer of the first value, in closing order, that fails a check at it; an
+    array checked for ``uniqueItems`` fails at its first item that repeats an earlier one."""
     invalid: set[str] = set()
+    unique = jsonschema.Draft202012Validator({"uniqueItems": True})
     for index, check in enumerate(plan.checks):
         for pointer in _matches(doc, check.location):
             value = _post_value(doc, pointer)
             if plan.first_error(index, value) is not None:
                 invalid.add(pointer)
+            if f"{check.schema_pointer}/uniqueItems" in check.keywords and isinstance(value, list):
+                repeat = next((i for i in range(1, len(value)) if not unique.is_valid(value[: i + 1])), None)
+                if repeat is not None:
+                    invalid.add(f"{pointer}/{repeat}")
     return next((p for p, _ in _post_order(doc) if p in invalid), None)
 
 
@@ -237,16 +243,22 @@ def test_a_failure_names_keyword_pointers_and_rolls_back_to_the_value() -> None:
     failures = [checker.feed(p) for p in pieces]
     failure = failures[-1]
     assert failures[:-1] == [None] * 5 and failure is not None
-    assert (failure.start, failure.end, failure.value_pointer, failure.pointer) == (8, 13, "/tags", "/tags")
+    # The repeated item fails as it closes (the "]" closes the number), not the array.
+    assert (failure.start, failure.end, failure.value_pointer, failure.pointer) == (
+        11,
+        12,
+        "/tags/1",
+        "/tags",
+    )
     assert failure.keyword == "uniqueItems" and failure.schema_pointer == "/properties/tags/uniqueItems"
     assert "uniqueItems at /tags" in failure.describe()
     with pytest.raises(ValueError, match="rolled back"):
         checker.feed("}")
-    # Back to the token that holds the value's first character ("[1"), then another try.
-    assert checker.pieces_since(failure.start) == 4
-    checker.rollback(4)
-    assert checker.text == '{"tags":' and checker.held_from() is None
-    assert [checker.feed(p) for p in ["[1", ",2]", "}"]] == [None, None, None]
+    # Back to the token that holds the item's first character ("1"), then another try.
+    assert checker.pieces_since(failure.start) == 2
+    checker.rollback(2)
+    assert checker.text == '{"tags":[1,' and checker.held_from() == 8
+    assert [checker.feed(p) for p in ["2]", "}"]] == [None, None]
     assert checker.finish() is None
 
 

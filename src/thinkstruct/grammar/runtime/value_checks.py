@@ -41,11 +41,12 @@ holding 40 checked arrays, their validations included).
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import re
 import weakref
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from thinkstruct.grammar.constraint import escape_pointer
 from thinkstruct.grammar.schema.checks import CheckPlan, Wildcard
@@ -67,6 +68,14 @@ _WHITESPACE = frozenset(" \t\n\r")
 _STRING_STOP = re.compile(r'["\\]')
 _NUMBER_CHARS = re.compile(r"[0-9eE+\-.]*")
 _LITERALS = {"t": "true", "f": "false", "n": "null"}
+
+
+@functools.cache
+def _unique_items() -> Any:
+    """Checks an array prefix for repeated items (JSON equality as the validator defines it)."""
+    import jsonschema
+
+    return jsonschema.Draft202012Validator({"uniqueItems": True})
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,7 +450,8 @@ class ValueChecker:
         self._mode = _AFTER
         if self._frame is None:
             self._root_done = True
-        return self._validate(self._value_nodes, self._value_start, end, self._frame)
+        failure = self._validate(self._value_nodes, self._value_start, end, self._frame)
+        return failure or self._unique_so_far(self._frame, self._value_start, end)
 
     def _close_container(self, end: int) -> CheckFailure | None:
         frame = self._frame
@@ -450,7 +460,39 @@ class ValueChecker:
         self._mode = _AFTER
         if frame.parent is None:
             self._root_done = True
-        return self._validate(frame.nodes, frame.start, end, frame.parent)
+        failure = self._validate(frame.nodes, frame.start, end, frame.parent)
+        return failure or self._unique_so_far(frame.parent, frame.start, end)
+
+    def _unique_so_far(self, parent: _Frame | None, start: int, end: int) -> CheckFailure | None:
+        """An item ``text[start:end]`` just closed in array ``parent``: where that array is
+        checked for ``uniqueItems``, the item must differ from those before it (a
+        duplicate fails the whole array anyway, and undoing the item, not the array, is
+        what lets another value be drawn in its place)."""
+        if parent is None or parent.is_object or not isinstance(parent.step, int) or parent.step == 0:
+            return None
+        plan = self._plan.checks
+        checks = [
+            i
+            for node in parent.nodes
+            for i in node.checks
+            if f"{plan[i].schema_pointer}/uniqueItems" in plan[i].keywords  # on the array itself
+        ]
+        if not checks:
+            return None
+        items = json.loads(self._text[parent.start : end] + "]")
+        error = next(iter(_unique_items().iter_errors(items)), None)
+        if error is None:
+            return None
+        array = _pointer(parent.parent)
+        return CheckFailure(
+            start=start,
+            end=end,
+            value_pointer=_pointer(parent),
+            pointer=array,
+            keyword="uniqueItems",
+            schema_pointer=f"{self._plan.checks[checks[0]].schema_pointer}/uniqueItems",
+            message=f"item {parent.step} repeats an earlier item of {array or '/'}: {error.message}",
+        )
 
     def _validate(
         self, nodes: tuple[_Node, ...], start: int, end: int, parent: _Frame | None
