@@ -36,23 +36,32 @@ def _valid(schema: dict, text: str) -> bool:
     return True
 
 
+def _run_seeds(
+    model, compiler, ids: list[int], seeds: int, *, max_tokens: int, parser=None, **fields
+) -> list:
+    """``seeds`` requests at temperature 1 (seeds 0..), batched, their whole outputs
+    (``parser``: makes each one's reasoning parser)."""
+    with Engine(model, config=EngineConfig(max_batch=4), compiler=compiler) as engine:
+        handles = [
+            engine.submit(
+                GenerationRequest(
+                    prompt_ids=ids,
+                    sampling=SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed),
+                    reasoning_parser=None if parser is None else parser(),
+                    **fields,
+                )
+            )
+            for seed in range(seeds)
+        ]
+        return [h.wait() for h in handles]
+
+
 def test_unique_items_over_a_small_enum_only_valid_answers_come_back(smollm2, compiler) -> None:
     grammar = compiler.compile(Constraint.json_schema(UNIQUE), strict=True)
     assert grammar.checks is not None  # uniqueItems is checked, not held by the grammar
     ids = smollm2.tokenizer.encode("Give JSON. Colors: red, red, red.")
     rollbacks = 0
-    with Engine(smollm2, config=EngineConfig(max_batch=4), compiler=compiler) as engine:
-        handles = [
-            engine.submit(
-                GenerationRequest(
-                    prompt_ids=ids,
-                    sampling=SamplingParams(max_tokens=80, temperature=1.0, seed=seed),
-                    grammar=grammar,
-                )
-            )
-            for seed in range(6)
-        ]
-        outs = [h.wait() for h in handles]
+    outs = _run_seeds(smollm2, compiler, ids, 6, max_tokens=80, grammar=grammar)
     for out in outs:
         assert out.usage is not None
         rollbacks += out.usage.check_rollbacks
@@ -93,21 +102,17 @@ def test_the_thought_is_never_checked_nor_taken_back(smollm2, compiler) -> None:
     assert prompt.reasoning_enabled
     ids = smollm2.tokenizer.hf.encode(prompt.text, add_special_tokens=False)
     grammar = compiler.compile(Constraint.json_schema(UNIQUE), strict=True)
-    with Engine(smollm2, config=EngineConfig(max_batch=4), compiler=compiler) as engine:
-        handles = [
-            engine.submit(
-                GenerationRequest(
-                    prompt_ids=ids,
-                    sampling=SamplingParams(max_tokens=120, temperature=1.0, seed=seed),
-                    grammar=grammar,
-                    reasoning=True,
-                    reasoning_parser=prompt.reasoning_parser(),
-                    max_reasoning_tokens=10,
-                )
-            )
-            for seed in range(4)
-        ]
-        outs = [h.wait() for h in handles]
+    outs = _run_seeds(
+        smollm2,
+        compiler,
+        ids,
+        4,
+        max_tokens=120,
+        grammar=grammar,
+        reasoning=True,
+        parser=prompt.reasoning_parser,
+        max_reasoning_tokens=10,
+    )
     assert sum(o.usage.check_rollbacks for o in outs if o.usage) > 0
     for out in outs:
         assert out.usage is not None and out.reasoning
