@@ -270,3 +270,35 @@ def test_a_slot_takes_the_block_after_its_last_else_the_lowest_free() -> None:
     assert cache.blocks_of(1) == (2, 3, 4, 5)
     cache.prepare(0, 0, 2 * BLOCK_TOKENS)  # the freed 0 and 1, in one run again
     assert cache.blocks_of(0) == (0, 1)
+
+
+def test_after_the_engine_serves_shared_and_cached_prompts_only_the_prefix_cache_holds_blocks(
+    tiny_model_dir,
+) -> None:
+    """Six requests over one long system prompt, four at a time (donor sharing, prefix
+    cache hits, rows leaving and moving): once all are done and the slots are released,
+    every block in use is one the prefix cache holds."""
+    from test_engine import wait_until
+
+    from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
+
+    model = load_model(tiny_model_dir, quantize="int8-weights", progress=False)
+    system = list(model.tokenizer.encode("A long system prompt about careful answers. " * 8))
+    with Engine(model, config=EngineConfig(max_batch=4)) as e:
+        handles = [
+            e.submit(
+                GenerationRequest(
+                    prompt_ids=[*system, *[10 + i] * i],
+                    sampling=SamplingParams(max_tokens=20 + 7 * i, temperature=1.0, seed=i),
+                )
+            )
+            for i in range(6)
+        ]
+        outs = [h.wait() for h in handles]
+        wait_until(lambda: e.stats.slots_used == 0, "the engine laying the last rows out")
+        runner = e.runner
+        assert isinstance(runner, DecoderRunner)
+        runner.release_slots(0)
+        cache = runner.cache
+        assert cache.num_blocks - cache.free_blocks == e.stats.prefix_cache_blocks > 0
+    assert sum(o.usage.cached_tokens for o in outs) > 0
