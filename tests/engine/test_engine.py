@@ -573,3 +573,28 @@ def test_finished_requests_give_their_kv_blocks_back(tiny_model, compiler) -> No
         wait_until(lambda: e.stats.slots_used == 0, "the engine laid out the last finished row")
         cache = e.runner.cache
         assert cache.free_blocks == cache.num_blocks
+
+
+def test_masks_filled_during_or_after_the_pass_give_the_same_answers(tiny_model, compiler) -> None:
+    """The mask thread (a spare core) and the engine thread after the pass (none spare)
+    fill the same masks: a seeded batch of schema answers is the same tokens either way."""
+    ids, _ = prompt_ids(tiny_model)
+    grammar = compiler.compile(Constraint.json_schema(BOUNDED_SCHEMA))
+    answers = []
+    for during in (True, False):
+        config = EngineConfig(max_batch=4, masks_during_forward=during)
+        with Engine(tiny_model, config=config, compiler=compiler) as e:
+            handles = [
+                e.submit(
+                    GenerationRequest(
+                        prompt_ids=ids, sampling=SamplingParams(max_tokens=60, seed=seed), grammar=grammar
+                    )
+                )
+                for seed in range(3)
+            ]
+            outs = [h.wait() for h in handles]
+        for out in outs:
+            assert out.finish_reason is FinishReason.STOP
+            jsonschema.validate(json.loads(out.content), BOUNDED_SCHEMA)
+        answers.append([o.token_ids for o in outs])
+    assert answers[0] == answers[1]

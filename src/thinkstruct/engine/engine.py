@@ -39,7 +39,7 @@ import torch
 
 from thinkstruct.engine.checked_answer import CheckedAnswer, SettledToken, Undo
 from thinkstruct.engine.detokenizer import TokenTexts
-from thinkstruct.engine.executor import Executor, SampledLogprob, default_runner
+from thinkstruct.engine.executor import Executor, SampledLogprob, default_runner, spare_core
 from thinkstruct.engine.free_text import thinking_budget_matcher
 from thinkstruct.engine.handle import RequestHandle
 from thinkstruct.engine.output import OutputProcessor
@@ -114,6 +114,10 @@ class EngineConfig:
             grammar enforces: :mod:`~thinkstruct.engine.checked_answer`) is generated
             again at one position before the request ends with an error naming it.
         check_tries_per_request: most such retries in one request.
+        masks_during_forward: fill grammar masks on a helper thread while the forward pass
+            runs (the libraries release the GIL); ``None``: where a core is left over
+            beside torch's threads (:func:`~thinkstruct.engine.executor.spare_core`), else
+            after the pass.
         speculation: n-gram drafts verified in the decoding pass
             (:mod:`~thinkstruct.engine.speculation`), on a batch-invariant runner only
             (there a seed gives the same tokens with and without); ``None`` turns it off.
@@ -128,6 +132,7 @@ class EngineConfig:
     prefix_cache_bytes: int = 1 << 30
     check_tries_per_value: int = 8
     check_tries_per_request: int = 32
+    masks_during_forward: bool | None = None
     speculation: SpeculationConfig | None = field(default_factory=SpeculationConfig)
 
     def __post_init__(self) -> None:
@@ -428,6 +433,9 @@ class Engine:
                 stop_ids=self._stop_ids,
                 prefix_cache_bytes=self.config.prefix_cache_bytes,
                 speculation=self.config.speculation,
+                masks_during_forward=spare_core()
+                if self.config.masks_during_forward is None
+                else self.config.masks_during_forward,
                 stats=self.stats,
                 record=self._record,
                 finish=self._finish,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import logging
+import os
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -71,6 +72,13 @@ class Counters(Protocol):
     accepted_draft_tokens: int
 
 
+def spare_core() -> bool:
+    """Whether a core is left over beside the forward pass's threads (torch's), for the
+    mask thread: on two cores with two torch threads a mask filled during the pass takes
+    a core from it, and a parallel region waits for its slowest thread."""
+    return (os.cpu_count() or 1) > torch.get_num_threads()
+
+
 def default_runner(model: object, *, slots: int, context_length: int, vocab_size: int) -> ModelRunner:
     """:class:`~thinkstruct.engine.decoder_runner.DecoderRunner` for the models its
     architecture registry computes exactly (fewer operations per step), the transformers
@@ -93,6 +101,8 @@ class Executor:
         stop_ids: tokens that end an output.
         prefix_cache_bytes: budget of the prefix cache (0 keeps nothing).
         speculation: n-gram drafts (``None``: off; only on a batch-invariant runner).
+        masks_during_forward: fill the grammar masks on a helper thread while the
+            forward pass runs (else after it, on this thread).
         stats: the counters to add to.
         record: where each row's settled tokens go.
         finish: ends a row (``finish(seq, reason, error)``).
@@ -108,6 +118,7 @@ class Executor:
         stop_ids: frozenset[int],
         prefix_cache_bytes: int,
         speculation: SpeculationConfig | None,
+        masks_during_forward: bool,
         stats: Counters,
         record: Record,
         finish: Callable[[Sequence, FinishReason, str | None], None],
@@ -116,6 +127,7 @@ class Executor:
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.speculation = speculation
+        self.masks_during_forward = masks_during_forward
         self._stop_ids = stop_ids
         self._masks = TokenBitmask(max_batch, vocab_size)
         self._mask_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="thinkstruct-masks")
@@ -219,7 +231,11 @@ class Executor:
         drafts = self._drafts(rows, ready, feeds, plan.width)
         masks = self._masks.rows(len(rows))
         constrained = [i for i in ready if rows[i].matcher is not None]
-        fill = self._mask_pool.submit(self._fill_rows, rows, constrained, masks) if constrained else None
+        fill = (
+            self._mask_pool.submit(self._fill_rows, rows, constrained, masks)
+            if constrained and self.masks_during_forward
+            else None
+        )
         tail = [1 + len(d) for d in drafts] if any(drafts) else None
         logits = self.runner.forward(
             0, [f + d for f, d in zip(feeds, drafts, strict=True)], [s.cached for s in rows], tail=tail
@@ -234,8 +250,11 @@ class Executor:
             # Each row's first logits (after its own tokens) come first; the rest verify its draft.
             firsts = [0, *itertools.accumulate(tail)][:-1]
             logits = logits[firsts]
-        if fill is not None:
-            fill.result()
+        if constrained:
+            if fill is not None:
+                fill.result()
+            else:
+                self._fill_rows(rows, constrained, masks)
             live = [i for i in constrained if rows[i].finish_reason is None]
             if live:
                 _apply_rows(logits, masks, live)
