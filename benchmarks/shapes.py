@@ -26,7 +26,7 @@ the median over rounds):
 It prints a table and asserts nothing.
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/shapes.py [--models qwen3-0.6b r1-distill-qwen-1.5b]
-        [--new-tokens 64] [--rounds 3] [--clients 1 8]
+        [--new-tokens 64] [--rounds 3] [--clients 1 8] [--masks-during-forward auto|on|off]
 """
 
 from __future__ import annotations
@@ -222,7 +222,8 @@ def bench(name: str, args: argparse.Namespace) -> list[tuple[str, str]]:
     )  # fmt: skip
     clients = sorted(set(args.clients))
     reason = supports(int8, context_length=context)
-    engine = Engine(loaded, config=EngineConfig(max_batch=max(clients))).start()
+    during = {"auto": None, "on": True, "off": False}[args.masks_during_forward]
+    engine = Engine(loaded, config=EngineConfig(max_batch=max(clients), masks_during_forward=during)).start()
     grammar = engine.compiler.compile(Constraint.json_schema(LONG_JSON))
     per_step = step_bytes(int8)
     print(
@@ -281,6 +282,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=1, help="answers each client asks for per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8])
+    parser.add_argument(
+        "--masks-during-forward",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="EngineConfig.masks_during_forward (auto: where a core is left over)",
+    )
     args = parser.parse_args(argv)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
