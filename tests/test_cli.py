@@ -41,7 +41,7 @@ def test_auto_lists_checked_keywords_and_applies_them(
     out = capsys.readouterr().out
     assert "checked as values close: uniqueItems at /properties/tags/uniqueItems on /tags" in out
     assert "good.json: accepted" in out
-    assert "bad.json: fails a check at character 8: uniqueItems at /tags" in out
+    assert "bad.json: fails a check at character 11: uniqueItems at /tags" in out
 
 
 def test_rejection_names_the_character(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
