@@ -33,7 +33,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_process import free_port, wait_healthy
+from serve_process import free_port, start_serve, wait_healthy
 
 QUESTION = "Name three primary colors and say which one you like best, in one sentence."
 SCHEMA = {
@@ -52,19 +52,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 WORKLOADS = (("1 free", 1, False), ("1 json", 1, True), ("8 free", 8, False), ("8 json", 8, True))
-
-
-def start(port: int, src: str | None, args: list[str]) -> subprocess.Popen[bytes]:
-    exe = os.path.join(os.path.dirname(sys.executable), "thinkstruct")
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
-    if src is not None:
-        env["PYTHONPATH"] = src
-    return subprocess.Popen(
-        [exe, "serve", "--port", str(port), *args],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
 
 
 def body(model: str, json_mode: bool, max_tokens: int) -> dict[str, object]:
@@ -125,7 +112,7 @@ def main() -> None:
     try:
         for name, (src, args) in sides.items():
             port = free_port()
-            procs[name] = start(port, src, args)
+            procs[name] = start_serve(port, *args, pythonpath=src)
             urls[name] = f"http://127.0.0.1:{port}"
         for name in sides:
             wait_healthy(urls[name], procs[name])

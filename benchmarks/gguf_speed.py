@@ -33,9 +33,11 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from forward_baselines import chat_prompt_ids
 from thinkstruct import Constraint
 from thinkstruct.engine import Engine, GenerationRequest, SamplingParams, load_model
-from thinkstruct.parsers import render_chat
 from thinkstruct.tokenizer import smollm2_gguf_path
 
 QUESTIONS = [
@@ -83,17 +85,6 @@ for line in sys.stdin:
         out.append(token)
     print(json.dumps({"tokens": len(out), "seconds": time.perf_counter() - start}), flush=True)
 """
-
-
-def _prompt(model: Any, text: str) -> list[int]:
-    rendered = render_chat(
-        [{"role": "user", "content": text}],
-        family=model.family,
-        tokenizer=model.tokenizer,
-        chat_template=model.chat_template,
-        chat_template_kwargs={"enable_thinking": False},
-    )
-    return list(model.tokenizer.hf.encode(rendered.text, add_special_tokens=False))
 
 
 def _run(engine: Engine, ids: list[int], grammar: Any) -> tuple[int, float]:
@@ -200,8 +191,8 @@ def main() -> None:
     try:
         grammars = {label: e.compiler.compile(Constraint.json_schema(SCHEMA)) for label, e in engines.items()}
         jobs = {
-            "free": [(_prompt(first, q), None) for q in QUESTIONS],
-            "json": [(_prompt(first, f"Answer as JSON (answer, confidence, keywords): {q}"), SCHEMA) for q in QUESTIONS],
+            "free": [(chat_prompt_ids(first, q), None) for q in QUESTIONS],
+            "json": [(chat_prompt_ids(first, f"Answer as JSON (answer, confidence, keywords): {q}"), SCHEMA) for q in QUESTIONS],
         }  # fmt: skip
         for engine in engines.values():  # warm-up
             _run(engine, jobs["free"][0][0], None)

@@ -18,10 +18,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_serve(port: int, *args: str) -> subprocess.Popen[bytes]:
-    """``thinkstruct serve --port PORT ARGS`` with sleeping OpenMP threads (as ``make serve``)."""
+def start_serve(port: int, *args: str, pythonpath: str | None = None) -> subprocess.Popen[bytes]:
+    """``thinkstruct serve --port PORT ARGS`` with sleeping OpenMP threads (as ``make serve``);
+    ``pythonpath``: another source tree's ``src`` to serve instead of this one."""
     exe = os.path.join(os.path.dirname(sys.executable), "thinkstruct")
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     return subprocess.Popen(
         [exe, "serve", "--port", str(port), *args],
         env=env,
