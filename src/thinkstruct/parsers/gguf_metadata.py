@@ -48,12 +48,7 @@ def read_gguf_metadata(path: str | os.PathLike[str], keys: Collection[str]) -> d
     wanted = set(keys)
     found: dict[str, Any] = {}
     with open(path, "rb") as f:
-        if f.read(4) != _MAGIC:
-            raise GGUFFormatError(f"{path}: not a GGUF file (bad magic)")
-        (version,) = _unpack(f, "<I", path)
-        if version < 2:
-            raise GGUFFormatError(f"{path}: GGUF version {version} is not supported")
-        _tensors, n_kv = _unpack(f, "<QQ", path)
+        _tensors, n_kv = _header(f, path)
         for _ in range(n_kv):
             key = _read_string(f, path)
             (value_type,) = _unpack(f, "<I", path)
@@ -64,6 +59,22 @@ def read_gguf_metadata(path: str | os.PathLike[str], keys: Collection[str]) -> d
             else:
                 _skip_value(f, value_type, path)
     return found
+
+
+def _header(f: BinaryIO, path: str | os.PathLike[str]) -> tuple[int, int]:
+    """Check the magic and version at the start of ``f``; the counts of tensors and of
+    key/values that follow.
+
+    Raises:
+        GGUFFormatError: not a GGUF file, a version before 2, or a header that ends early.
+    """
+    if f.read(4) != _MAGIC:
+        raise GGUFFormatError(f"{path}: not a GGUF file (bad magic)")
+    (version,) = _unpack(f, "<I", path)
+    if version < 2:
+        raise GGUFFormatError(f"{path}: GGUF version {version} is not supported")
+    tensors, kv = _unpack(f, "<QQ", path)
+    return int(tensors), int(kv)
 
 
 class GGUFTensorInfo(NamedTuple):
@@ -86,12 +97,7 @@ def read_gguf_tensors(path: str | os.PathLike[str]) -> list[GGUFTensorInfo]:
         OSError: the file cannot be read.
     """
     with open(path, "rb") as f:
-        if f.read(4) != _MAGIC:
-            raise GGUFFormatError(f"{path}: not a GGUF file (bad magic)")
-        (version,) = _unpack(f, "<I", path)
-        if version < 2:
-            raise GGUFFormatError(f"{path}: GGUF version {version} is not supported")
-        n_tensors, n_kv = _unpack(f, "<QQ", path)
+        n_tensors, n_kv = _header(f, path)
         alignment = 32
         for _ in range(n_kv):
             key = _read_string(f, path)
