@@ -116,11 +116,6 @@ class CheckedAnswer:
         self._decoders: list[tuple[bytes, int]] = []
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
-    @property
-    def held(self) -> int:
-        """Tokens kept back from the caller (an open value may still be undone)."""
-        return len(self._held)
-
     def settle(
         self, tokens: list[int], *, forced: int, logprob: SampledLogprob | None, allowed: int
     ) -> Settled:

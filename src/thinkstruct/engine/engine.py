@@ -600,13 +600,6 @@ class Engine:
             # The answer ends (or is cut short): what a check held back goes out; after an
             # error it may hold the value that failed, and is dropped.
             self._release(seq, seq.checked.release_all())
-        grammar = seq.request.grammar
-        backend = None
-        if grammar is not None and seq.grammar_ready:
-            try:
-                backend = seq.grammar.backend if seq.grammar is not None else None
-            except Exception:  # noqa: BLE001 - a failed compile has no backend
-                backend = None
         try:
             delta = seq.output.finish(
                 reason,
@@ -614,7 +607,7 @@ class Engine:
                 submitted_at=seq.submitted_at,
                 prompt_tokens=seq.prompt_tokens,
                 cached_tokens=seq.cached_prompt_tokens,
-                backend=backend,
+                backend=seq.backend,
                 check_rollbacks=seq.rollbacks,
                 resampled_tokens=seq.resampled_tokens,
             )

@@ -76,7 +76,6 @@ class OutputProcessor:
         end_tag: EndTagMatcher | None,
         stop_ids: frozenset[int],
     ) -> None:
-        self.request = request
         params = request.sampling
         self._logprobs = params.logprobs
         self._detok = IncrementalDetokenizer(texts)

@@ -97,6 +97,17 @@ class Sequence:
         return grammar.result() if isinstance(grammar, concurrent.futures.Future) else grammar
 
     @property
+    def backend(self) -> str | None:
+        """The backend that holds its answer (``None``: no grammar, or one still compiling
+        or failed to compile)."""
+        grammar = self.request.grammar
+        if isinstance(grammar, concurrent.futures.Future):
+            if not grammar.done() or grammar.exception() is not None:
+                return None
+            grammar = grammar.result()
+        return None if grammar is None else grammar.backend
+
+    @property
     def counts_allowed(self) -> bool:
         return self.request.count_allowed_tokens
 
