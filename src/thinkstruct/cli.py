@@ -273,6 +273,14 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="C",
         help="CPUs Ray reserves for each engine replica (fractions allowed; default 1)",
     )
+    c.add_argument(
+        "--stream-interval",
+        type=_non_negative_float,
+        default=25.0,
+        metavar="MS",
+        help="milliseconds a replica waits between the streamed batches of one request's tokens "
+        "(the first token and the end are never held; each batch costs CPU on Ray; default 25)",
+    )
 
 
 def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -355,6 +363,13 @@ def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
     return value
 
 
@@ -497,6 +512,7 @@ def _serve_on_ray(args: argparse.Namespace, settings: Any, *, on_listening: Call
             target_ongoing_requests=args.target_ongoing_requests,
             ray_address=args.ray_address,
             replica_cpus=args.replica_cpus,
+            stream_interval_s=args.stream_interval / 1000,
             grace_s=args.grace,
         )
         options.check()

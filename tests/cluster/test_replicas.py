@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))  # tiny_model
@@ -86,6 +87,19 @@ def test_streams_through_the_deployment_handle(service: RayService) -> None:
     finished = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finished == ["length"]
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 1
+
+
+def test_the_ingress_replica_itself_listens_on_the_port(service: RayService, http: httpx.Client) -> None:
+    """Direct ingress: no HTTP proxy between the client and the app (one Ray hop per token)."""
+    assert chat(http, user("hello")).status_code == 200
+    owners = []
+    for p in service.descendants():
+        try:
+            if any(c.status == "LISTEN" and c.laddr.port == service.port for c in p.net_connections("tcp")):
+                owners.append(" ".join(p.cmdline()))
+        except psutil.NoSuchProcess:
+            pass
+    assert len(owners) == 1 and "ServeReplica:thinkstruct:ingress" in owners[0], owners
 
 
 def metric_values(text: str, name: str) -> dict[str, float]:

@@ -12,6 +12,7 @@ replaces the replica.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from thinkstruct.server.cluster.wire import WireRequest
 
 if TYPE_CHECKING:
     from thinkstruct.engine import Delta, Engine
+    from thinkstruct.engine.handle import RequestHandle
 
 
 class ReplicaStalled(RuntimeError):
@@ -62,6 +64,41 @@ def replica_name() -> str:
     return str(serve.get_replica_context().replica_id.unique_id)
 
 
+async def in_batches(handle: RequestHandle, *, interval_s: float) -> AsyncIterator[list[Delta]]:
+    """A request's deltas in lists, up to the last delta: each list holds what arrived
+    while the previous one was being sent and for ``interval_s`` seconds after it was.
+    The first delta is never held, nor the last (a finished request ends the wait).
+    Leaving the iteration early cancels the request."""
+    pending: list[Delta] = []
+    arrived = asyncio.Event()
+    finished = asyncio.Event()
+
+    async def gather() -> None:
+        async for delta in handle:
+            pending.append(delta)
+            arrived.set()
+            if delta.finish_reason is not None:
+                finished.set()
+
+    gathering = asyncio.ensure_future(gather())
+    try:
+        while True:
+            # Each streamed item costs a Ray round of its own (about a millisecond of CPU).
+            await arrived.wait()
+            arrived.clear()
+            batch = pending[:]
+            pending.clear()
+            yield batch
+            if batch[-1].finish_reason is not None:
+                return
+            if interval_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(finished.wait(), interval_s)
+    finally:
+        gathering.cancel()
+        handle.cancel()
+
+
 class EngineReplica:
     """One engine replica (the class Ray Serve deploys N times).
 
@@ -70,12 +107,24 @@ class EngineReplica:
             (runs in the replica's process).
         board: the :class:`~.stats_board.StatsBoard` actor its counters go to.
         stall_s: see :class:`StallWatch`.
+        stream_interval_s: seconds a request's stream waits after sending a batch before
+            it sends the next (the deltas that came meanwhile go together; the first
+            batch and the last delta are never held). Each streamed item costs a Ray round
+            of CPU, on the cores the engine needs; 0 sends whenever a delta is ready.
     """
 
-    def __init__(self, start_engine: Callable[[], Engine], board: Any, *, stall_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        start_engine: Callable[[], Engine],
+        board: Any,
+        *,
+        stall_s: float = 30.0,
+        stream_interval_s: float = 0.0,
+    ) -> None:
         self._engine = start_engine()
         self._name = replica_name()
         self._watch = StallWatch(stall_s=stall_s)
+        self._interval_s = stream_interval_s
         self._poster = StatsPoster(board, self._name, self.stats)
 
     async def generate(self, wire: WireRequest) -> AsyncIterator[str | list[Delta]]:
@@ -97,29 +146,9 @@ class EngineReplica:
                 spec.constraint, backend=spec.backend, strict=spec.strict
             )
         handle = engine.submit(wire.with_grammar(grammar), loop=asyncio.get_running_loop())
-        pending: list[Delta] = []
-        arrived = asyncio.Event()
-
-        async def gather() -> None:
-            async for delta in handle:
-                pending.append(delta)
-                arrived.set()
-
-        gathering = asyncio.ensure_future(gather())
-        try:
-            while True:
-                # The deltas that came while the last batch was sent go as one item: each
-                # streamed item costs a Ray round of its own (about a millisecond of CPU).
-                await arrived.wait()
-                arrived.clear()
-                batch = pending[:]
-                pending.clear()
+        async with contextlib.aclosing(in_batches(handle, interval_s=self._interval_s)) as batches:
+            async for batch in batches:
                 yield batch
-                if batch[-1].finish_reason is not None:
-                    return
-        finally:
-            gathering.cancel()
-            handle.cancel()
 
     def stats(self) -> dict[str, Any]:
         """The replica's name, its engine's counters and its compiler's."""

@@ -11,7 +11,9 @@ SIGTERM or Ctrl-C; then Ray Serve drains: in-flight requests get ``grace_s`` sec
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from ray.serve.config import AutoscalingConfig, HTTPOptions
 from ray.serve.schema import LoggingConfig
 
 from thinkstruct.server.cluster.ingress import Ingress
+from thinkstruct.server.cluster.ray_settings import ray_serve_env
 from thinkstruct.server.cluster.replica import EngineReplica
 from thinkstruct.server.cluster.router import PromptPrefixRouter
 from thinkstruct.server.cluster.stats_board import StatsBoard
@@ -56,6 +59,8 @@ class ClusterOptions:
         health_check_period_s: seconds between Ray Serve's health checks of a replica.
         stall_s: seconds a busy engine may go without a step before its replica counts
             as unhealthy.
+        stream_interval_s: seconds between the streamed batches of one request's deltas
+            (see :class:`~.replica.EngineReplica`).
         grace_s: seconds in-flight requests get on shutdown or scale-down.
         object_store_bytes: a local Ray instance's object store.
     """
@@ -70,6 +75,7 @@ class ClusterOptions:
     imbalance: int = 4
     health_check_period_s: float = 2.0
     stall_s: float = 30.0
+    stream_interval_s: float = 0.025
     grace_s: float = 10.0
     object_store_bytes: int = 100 << 20
 
@@ -83,6 +89,10 @@ class ClusterOptions:
             raise ValueError(f"--replicas ({self.replicas}) is more than --max-replicas ({high})")
         if self.replica_cpus <= 0:
             raise ValueError(f"--replica-cpus must be positive, got {self.replica_cpus}")
+        if self.stream_interval_s < 0:
+            raise ValueError(
+                f"--stream-interval must not be negative, got {1000 * self.stream_interval_s:g} ms"
+            )
 
     @property
     def autoscaling(self) -> AutoscalingConfig | None:
@@ -127,22 +137,33 @@ def application(
         graceful_shutdown_wait_loop_s=0.5,
         **scaling,
     )(EngineReplica)
+    # The ingress listens on --port itself (direct ingress, see ray_settings.py): on the
+    # machine `thinkstruct serve` runs on, where the user expects the service.
+    here = {f"node:{ray.util.get_node_ip_address()}": 0.001}  # type: ignore[no-untyped-call]
     ingress = serve.deployment(
         name="ingress",
         logging_config=quiet,
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options={"num_cpus": 0, "resources": here},
         max_ongoing_requests=options.max_ongoing_requests * 4,
         graceful_shutdown_timeout_s=options.grace_s + 5,
         graceful_shutdown_wait_loop_s=0.5,
     )(Ingress)
     board = ray.remote(num_cpus=0)(StatsBoard).remote()
     return ingress.bind(
-        engine.bind(start_engine, board, stall_s=options.stall_s),
+        engine.bind(
+            start_engine, board, stall_s=options.stall_s, stream_interval_s=options.stream_interval_s
+        ),
         board,
         load_front,
         settings,
         max_prompt_tokens,
     )
+
+
+def _spare_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def serve_cluster(
@@ -159,21 +180,26 @@ def serve_cluster(
     Args:
         start_engine: builds a started engine (runs in each engine replica).
         load_front: loads the model and a compiler (runs in the ingress).
-        settings: host, port (Ray Serve's HTTP proxy listens there), key and limits.
+        settings: host, port (the ingress replica listens there), key and limits.
         options: replicas, autoscaling, the Ray cluster.
         on_listening: called with the port once the service answers.
     """
     stop = threading.Event()
     local = options.ray_address in (None, "local")
+    env = ray_serve_env(port=settings.port)
+    os.environ.update(env)  # a local instance's processes inherit it
     ray.init(
         address="local" if local else options.ray_address,
         include_dashboard=False,
         object_store_memory=options.object_store_bytes if local else None,
+        runtime_env={"env_vars": env},  # a joined cluster's processes for this job get it
     )
     # After ray.init, which installs its own SIGTERM handler in the driver.
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        serve.start(http_options=HTTPOptions(host=settings.host, port=settings.port))
+        # Ray Serve still starts its HTTP proxy on the head node with direct ingress; it
+        # serves nothing of ours, so it listens on a spare port, leaving --port to the ingress.
+        serve.start(http_options=HTTPOptions(host=settings.host, port=_spare_port(settings.host)))
         serve.run(
             application(start_engine, load_front, settings, options, max_prompt_tokens=max_prompt_tokens),
             name=APP_NAME,

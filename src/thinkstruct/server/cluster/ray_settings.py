@@ -1,0 +1,36 @@
+"""Ray Serve's data-path settings for the service: :func:`ray_serve_env`.
+
+Ray Serve reads these from the environment when its processes start (the controller, the
+replicas), so :func:`~.service.serve_cluster` puts them in the environment of the local
+Ray instance it starts and in the job's ``runtime_env`` for a cluster it joins. They take
+Ray's throughput-optimized path (measured on the embedded model, one streamed client:
+the ingress and the proxy spent ~3 ms of CPU per token on Ray's defaults, ~1 ms here):
+
+- **direct ingress**: the ingress replica itself listens on ``--port``; no HTTP proxy
+  actor, so a streamed token crosses one deployment boundary (engine → ingress), not two;
+- **gRPC between deployments**: the ingress calls the engine replicas over gRPC instead
+  of Ray actor calls;
+- **user code on the replica's own event loop** (no thread hop per call) and the router
+  on the caller's loop;
+- **no minimum draining period**: with no load balancer in front to deregister from, a
+  stopping ingress waits for its in-flight requests (up to ``--grace``), not 30 s more.
+
+A variable already set in the environment is kept (an operator's choice wins).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def ray_serve_env(*, port: int) -> dict[str, str]:
+    """The variables, for a service whose ingress listens on ``port`` (direct ingress
+    allocates from ``[MIN, MAX)``: the one port)."""
+    wanted = {
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
+        "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + 1),
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+    }
+    return {name: os.environ.get(name, value) for name, value in wanted.items()}
