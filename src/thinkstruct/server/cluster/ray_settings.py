@@ -13,7 +13,11 @@ the ingress and the proxy spent ~3 ms of CPU per token on Ray's defaults, ~1 ms 
 - **user code on the replica's own event loop** (no thread hop per call) and the router
   on the caller's loop;
 - **no minimum draining period**: with no load balancer in front to deregister from, a
-  stopping ingress waits for its in-flight requests (up to ``--grace``), not 30 s more.
+  stopping ingress waits for its in-flight requests (up to ``--grace``), not 30 s more;
+- **a calmer control plane**: Serve's controller loop every 0.5 s instead of 0.1 s and
+  Ray's own request metrics exported every second instead of every 0.1 s (measured idle:
+  the controller alone took 3.4 % of a core; replica restarts and scaling decisions wait
+  at most 0.4 s longer).
 
 A variable already set in the environment is kept (an operator's choice wins).
 """
@@ -32,5 +36,7 @@ def ray_serve_env(*, port: int) -> dict[str, str]:
         "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
         "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + 1),
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+        "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+        "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
     }
     return {name: os.environ.get(name, value) for name, value in wanted.items()}
