@@ -139,19 +139,23 @@ def plan_tag_checks(
     segments: list[TagSegment] = []
     problems: list[tuple[str, CheckPlan, str]] = []
     by_tag: dict[str, TagSegment] = {}
+    begins: dict[str, str] = {}  # the begin of the tag around a schema not located
     for node, pointer in _dicts(tag.get("format"), "/format"):
         if node.get("type") == "tag":
             segment = _segment(node, pointer, plan)
             if segment is not None:
                 segments.append(segment)
                 by_tag[pointer] = segment
+            elif isinstance(node.get("begin"), str):
+                begins[f"{pointer}/content/json_schema"] = node["begin"]
     located = {s.pointer for s in segments}
     for node, pointer in _dicts(tag.get("format"), "/format"):
         schema_pointer = f"{pointer}/json_schema"
         if node.get("type") == "json_schema" and schema_pointer not in located:
             style = node.get("style", "json")
+            after = f" after {begins[schema_pointer]!r}" if schema_pointer in begins else ""
             why = (
-                f"its JSON is written in the {style!r} style"
+                f"its JSON{after} is written in the {style!r} style, not as JSON text"
                 if style != "json"
                 else "it is not where a tag's JSON starts"
             )
