@@ -246,7 +246,9 @@ def main() -> None:
         Engine(model, config=EngineConfig(max_batch=4)) as engine,
     ):
         if options.tool_seeds:
-            tool_calls(model, compiler, engine, seeds=options.tool_seeds, max_tokens=min(options.max_tokens, 100))
+            tool_calls(
+                model, compiler, engine, seeds=options.tool_seeds, max_tokens=min(options.max_tokens, 100)
+            )
         if options.only_tools:
             return
         taken = 0

@@ -52,7 +52,10 @@ FLAG = {
 }
 SCHEMAS = {"paint_flag": FLAG, "paint_wall": WALL}
 TOOLS = [
-    {"type": "function", "function": {"name": name, "description": name.replace("_", " "), "parameters": schema}}
+    {
+        "type": "function",
+        "function": {"name": name, "description": name.replace("_", " "), "parameters": schema},
+    }
     for name, schema in SCHEMAS.items()
 ]
 ASK = "Paint a flag with stripes red, red and red, and paint the wall with one coat."
@@ -126,7 +129,9 @@ def parsed_calls(model: Any, out: Any, tools: list[dict[str, Any]]) -> list[tupl
     """The calls read again from the whole answer's tokens (the answer after the thought)."""
     text = model.tokenizer.hf.decode(list(out.token_ids), skip_special_tokens=False)
     answer = text.split(model.family.think_end)[-1]
-    parser = ToolCallParser(get_tool_call_syntax(model.family.tool_call_syntax), tools=ToolSchemas.from_tools(tools))
+    parser = ToolCallParser(
+        get_tool_call_syntax(model.family.tool_call_syntax), tools=ToolSchemas.from_tools(tools)
+    )
     return [(c.name, c.arguments) for c in parser.parse(answer).calls]
 
 
@@ -195,17 +200,21 @@ def test_a_failing_lookalike_in_the_thought_is_not_a_call(smollm2, compiler) -> 
         names=reading.names,
     )
     call = '<tool_call>[{"name": "paint_wall", "arguments": {"color": "red", "coats": 1}}]</tool_call>'
-    thought = tokenizer.hf.encode("I could write " + call + " but " + smollm2.family.think_end, add_special_tokens=False)
+    thought = tokenizer.hf.encode(
+        "I could write " + call + " but " + smollm2.family.think_end, add_special_tokens=False
+    )
     for token in thought:
         settled = checked.settle([token], forced=0, logprob=None, allowed=2)
         assert settled.undo is None and [t.token for t in settled.release] == [token]
     answer = tokenizer.hf.encode(call, add_special_tokens=False)
     undo = None
-    for k, token in enumerate(answer):
+    fed = 0
+    for token in answer:
+        fed += 1
         settled = checked.settle([token], forced=0, logprob=None, allowed=2)
         if settled.undo is not None:
             undo = settled.undo
             break
     assert undo is not None, "the answer's call was not checked"
-    assert undo.tokens <= k + 1  # only the answer's own tokens are taken back
+    assert undo.tokens <= fed  # only the answer's own tokens are taken back
     assert undo.failure.keyword == "not" and "the arguments of paint_wall (call 0)" in undo.failure.describe()

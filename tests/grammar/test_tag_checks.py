@@ -48,7 +48,10 @@ PAINT = {
 }
 FEEL = {
     "type": "object",
-    "properties": {"mood": {"type": "string", "not": {"const": "sad"}}, "day": {"type": "string", "format": "date"}},
+    "properties": {
+        "mood": {"type": "string", "not": {"const": "sad"}},
+        "day": {"type": "string", "format": "date"},
+    },
     "required": ["mood"],
 }
 TOOLS = [("paint", PAINT), ("feel", FEEL)]
@@ -99,7 +102,11 @@ def test_each_call_is_checked_against_its_own_tools_schema(form_name: str, mode:
     checker = TagChecker(plan, names=names(form))
     failure = feed(checker, list(text))  # one character a piece
     assert failure is not None
-    assert (failure.keyword, failure.pointer, failure.schema_pointer) == ("not", "/mood", "/properties/mood/not")
+    assert (failure.keyword, failure.pointer, failure.schema_pointer) == (
+        "not",
+        "/mood",
+        "/properties/mood/not",
+    )
     assert text[failure.start : failure.end] == '"sad"'
     assert "the arguments of feel (call 1)" in failure.describe()
     # A whole answer at once finds the same value (no names given: the begin is quoted).
@@ -176,7 +183,11 @@ def test_rollback_then_refeed_is_as_if_never_fed(sizes: list[int], seed: int) ->
     plan = checks(form, "auto")
     text = answer(
         form,
-        [("feel", {"mood": "fine"}), ("paint", {"colors": ["green", "blue", "red"]}), ("feel", {"mood": "sad"})],
+        [
+            ("feel", {"mood": "fine"}),
+            ("paint", {"colors": ["green", "blue", "red"]}),
+            ("feel", {"mood": "sad"}),
+        ],
         before="Let me call. ",
     )
     pieces, at = [], 0
@@ -220,7 +231,9 @@ def test_strict_auto_checks_what_the_tag_grammar_skips() -> None:
         ("format", "/properties/day/format"),
     }
     lenient = next(plan(Constraint.structural_tag(tag), backend="auto", strict=False))
-    assert lenient.checks is None and any(p.endswith("/properties/colors/uniqueItems") for p in lenient.ignored)
+    assert lenient.checks is None and any(
+        p.endswith("/properties/colors/uniqueItems") for p in lenient.ignored
+    )
     plain = tool_call_structural_tag(HERMES_LIST, [("t", {"type": "object", "properties": {"a": {"enum": [1]}}})],
                                      mode="required", parallel=True)  # fmt: skip
     exact = next(plan(Constraint.structural_tag(plain), backend="auto", strict=True))

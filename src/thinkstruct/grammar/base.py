@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     import torch
 
     from thinkstruct.grammar.schema.tag_checks import Checks
-
     from thinkstruct.tokenizer import Tokenizer
 
 

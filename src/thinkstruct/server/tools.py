@@ -222,7 +222,9 @@ def _checked_tools(value: Any) -> list[dict[str, Any]]:
             )
         strict = function.get("strict")
         if strict is not None and not isinstance(strict, bool):
-            raise bad_request(f"{where}.function.strict must be true or false", param=f"{where}.function.strict")
+            raise bad_request(
+                f"{where}.function.strict must be true or false", param=f"{where}.function.strict"
+            )
         clean: dict[str, Any] = {"name": name, "parameters": parameters}
         if description is not None:
             clean["description"] = description
