@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thinkstruct import Constraint
-from thinkstruct.errors import UnsupportedConstraint
+from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
 from thinkstruct.grammar.runtime.tag_checks import TagChecker, first_failed_tag_check
 from thinkstruct.grammar.runtime.value_checks import first_failed_check
 from thinkstruct.grammar.schema.tag_checks import TagChecks, plan_tag_checks
@@ -156,6 +156,17 @@ def test_text_that_only_looks_like_a_call_is_let_go() -> None:
     text = '<args> are written so: <args>{"colors": ["red", "red", "blue"]}</args>'
     failure = first_failed_tag_check(plan, text)
     assert failure is not None and text[failure.start : failure.end] == '"red"' and failure.start > 30
+
+
+def test_a_check_that_cannot_run_is_said_not_taken_for_free_text() -> None:
+    remote = {
+        "type": "object",
+        "properties": {"a": {"uniqueItems": True, "items": {"$ref": "http://example.com/s"}}},
+    }
+    tag = tool_call_structural_tag(HERMES, [("t", remote)], mode="required", parallel=False)
+    plan = plan_tag_checks(tag, inexact=INEXACT["xgrammar"])
+    with pytest.raises(InvalidConstraint):
+        first_failed_tag_check(plan, answer(HERMES, [("t", {"a": [1, 2]})]))
 
 
 def test_held_from_covers_only_an_open_checked_value() -> None:

@@ -20,6 +20,7 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple, Protocol
 
+from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.runtime.value_checks import CheckFailure, ValueChecker
 from thinkstruct.grammar.schema.tag_checks import Checks, TagChecks, TagGroup, TagSegment, reach
 
@@ -110,7 +111,11 @@ class TagChecker:
 
     def feed(self, piece: str) -> CheckFailure | None:
         """Take the next piece of answer text; the first checked value of a call it closes
-        that fails, or ``None`` (then :meth:`rollback` before feeding again)."""
+        that fails, or ``None`` (then :meth:`rollback` before feeding again).
+
+        Raises:
+            InvalidConstraint: a check cannot run (see ``ValueChecker.feed``).
+        """
         current = self._calls[-1] if self._phase == _JSON else None
         self._marks.append(
             _Mark(
@@ -182,6 +187,8 @@ class TagChecker:
                     return None
                 try:
                     failure = call.checker.feed(rest)
+                except InvalidConstraint:
+                    raise  # a check that cannot run: the request ends with it
                 except ValueError:
                     # Not JSON a grammar holds (text a tag leaves free): not a call.
                     call.checker.rollback(1)

@@ -161,20 +161,18 @@ def plan_tag_checks(
             )
             problems.append((schema_pointer, plan(node.get("json_schema")), why))
     top = tag.get("format")
-    gated = isinstance(top, dict) and top.get("type") == "triggered_tags"
+    triggered = top if isinstance(top, dict) and top.get("type") == "triggered_tags" else None
     openers: list[TagSegment | TagGroup] = []
-    if gated:
-        assert isinstance(top, dict)  # gated says so
-        for i, triggered in enumerate(top.get("tags") or []):
-            opener = _opener(triggered, f"/format/tags/{i}", by_tag)
-            if opener is not None:
-                openers.append(opener)
+    for i, node in enumerate((triggered or {}).get("tags") or []):
+        opener = _opener(node, f"/format/tags/{i}", by_tag)
+        if opener is not None:
+            openers.append(opener)
     return _checks(
         tag,
         segments,
         openers,
-        gated=gated,
-        first_only=gated and bool(top.get("stop_after_first")),  # type: ignore[union-attr]
+        gated=triggered is not None,
+        first_only=triggered is not None and bool(triggered.get("stop_after_first")),
         problems=problems,
     )
 
