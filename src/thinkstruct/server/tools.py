@@ -14,6 +14,12 @@ A request's tools are read once into a :class:`ToolPlan`:
   arguments held to each tool's ``parameters`` schema; only the tools allowed can be
   named. ``parallel_tool_calls: false`` allows one call.
 
+Strict mode (the server's ``--strict``, or a tool's ``function.strict: true``): the
+keywords of the tools' schemas that the call grammar does not enforce (``uniqueItems``,
+``not``, ``format``...) are checked as each call's values close, each call against its own
+tool's schema, and a failed value is drawn again before it is streamed
+(:mod:`thinkstruct.grammar.runtime.tag_checks`); without it they are listed as ignored.
+
 The grammar applies after the thought (the reasoning wrapper), so a thinking budget still
 forces the end of the thought before a required call. The answer's content is read by the
 family's :class:`~thinkstruct.parsers.tool_calls.ToolCallParser` in the engine's output
