@@ -16,9 +16,16 @@ Per side: answers that finished (``stop``), the share of those that validate
 rollbacks and tokens resampled per answer, and tokens per second over the schemas on
 which the checked side never rolled back (what checking costs when nothing fails).
 
+Then tool calls (``--tool-seeds``, 0 to skip): ``tool_choice: "required"`` with two
+tools whose arguments need checks (three different stripes of a small ``enum``:
+``uniqueItems``; ``coats`` but not one: ``not: {const}``), asked for what breaks them,
+in SmolLM2's call syntax, checked (strict) and unchecked (lenient): per side, the share of
+calls whose arguments validate against their tool's schema, over the answers that
+finished with calls.
+
 Prints a table and asserts nothing.
 
-    python benchmarks/checked.py [--seeds 5] [--maskbench 8] [--max-tokens 200]
+    python benchmarks/checked.py [--seeds 5] [--maskbench 8] [--max-tokens 200] [--tool-seeds 8]
 """
 
 from __future__ import annotations
@@ -136,6 +143,92 @@ def valid(schema: Any, text: str) -> bool:
     return True
 
 
+TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
+    "paint_flag": {
+        "type": "object",
+        "properties": {"stripes": KEYWORD_SCHEMAS["uniqueItems"]},
+        "required": ["stripes"],
+        "additionalProperties": False,
+    },
+    "paint_wall": {
+        "type": "object",
+        "properties": {
+            "color": {"enum": COLORS},
+            "coats": {"type": "integer", "minimum": 1, "maximum": 3, "not": {"const": 1}},
+        },
+        "required": ["color", "coats"],
+        "additionalProperties": False,
+    },
+}
+TOOL_ASK = "Paint a flag with stripes red, red and red, and paint the wall with one coat."
+
+
+def tool_calls(model: Any, compiler: GrammarCompiler, engine: Engine, *, seeds: int, max_tokens: int) -> None:
+    """The tool-call case (see the module doc): one line per side."""
+    from thinkstruct.parsers.chat_template import render_chat
+    from thinkstruct.parsers.tool_calls import get_tool_call_syntax, tool_call_structural_tag
+    from thinkstruct.parsers.tool_calls.types import ToolSchemas
+    from thinkstruct.server.tools import ToolPlan
+
+    tools = [
+        {"type": "function", "function": {"name": n, "description": n.replace("_", " "), "parameters": s}}
+        for n, s in TOOL_SCHEMAS.items()
+    ]
+    syntax = get_tool_call_syntax(model.family.tool_call_syntax)
+    plan = ToolPlan(
+        tools=tools,
+        schemas=ToolSchemas.from_tools(tools),
+        choice="required",
+        allowed=tuple(TOOL_SCHEMAS),
+        parallel=True,
+        syntax=syntax,
+    )
+    assert syntax.form is not None  # SmolLM2's hermes-list calls are constrained
+    tag = tool_call_structural_tag(
+        syntax.form,
+        list(TOOL_SCHEMAS.items()),
+        mode="required",
+        parallel=True,
+        max_whitespace=compiler.config.json_format.max_whitespace,
+    )
+    prompt = render_chat(
+        [{"role": "user", "content": TOOL_ASK}],
+        family=model.family,
+        tokenizer=model.tokenizer,
+        chat_template=model.chat_template,
+        chat_template_kwargs={"enable_thinking": False},
+        tools=tools,
+    )
+    ids = model.tokenizer.hf.encode(prompt.text, add_special_tokens=False)
+    print(f"\ntool calls: 2 tools, {seeds} seeds, temperature 1, max_tokens {max_tokens}")
+    for side_name, strict in (("checked", True), ("unchecked", False)):
+        grammar = compiler.compile(Constraint.structural_tag(tag), strict=strict)
+        answers = finished = calls = valid_calls = rollbacks = errors = 0
+        for seed in range(seeds):
+            out = engine.submit(
+                GenerationRequest(
+                    prompt_ids=ids,
+                    sampling=SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed),
+                    grammar=grammar,
+                    tool_calls=plan.reading(),
+                )
+            ).wait()
+            answers += 1
+            rollbacks += out.usage.check_rollbacks if out.usage else 0
+            errors += out.finish_reason is FinishReason.ERROR
+            if out.finish_reason is not FinishReason.STOP or not out.tool_calls:
+                continue
+            finished += 1
+            for call in out.tool_calls:
+                calls += 1
+                valid_calls += valid(TOOL_SCHEMAS.get(call.name, {"not": {}}), call.arguments)
+        share = valid_calls / calls if calls else 0.0
+        print(
+            f"{side_name:9s} answers {answers:3d} | finished with calls {finished:3d} | calls {calls:3d} "
+            f"| valid arguments {share:6.1%} | ended by a check {errors:2d} | rollbacks {rollbacks:3d}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -143,6 +236,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--maskbench", type=int, default=8, help="MaskBench schemas compiled with checks")
     parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--tool-seeds", type=int, default=8, help="seeds of the tool-call case (0: skip it)")
+    parser.add_argument("--only-tools", action="store_true", help="run the tool-call case only")
     options = parser.parse_args()
     model = load_model(progress=False)
     schemas = dict(KEYWORD_SCHEMAS)
@@ -150,6 +245,12 @@ def main() -> None:
         GrammarCompiler(model.tokenizer) as compiler,
         Engine(model, config=EngineConfig(max_batch=4)) as engine,
     ):
+        if options.tool_seeds:
+            tool_calls(
+                model, compiler, engine, seeds=options.tool_seeds, max_tokens=min(options.max_tokens, 100)
+            )
+        if options.only_tools:
+            return
         taken = 0
         for case in load_maskbench():
             if taken >= options.maskbench:

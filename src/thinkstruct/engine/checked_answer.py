@@ -4,7 +4,9 @@ the keywords its grammar cannot enforce.
 The grammar holds the answer to what its backend enforces; the rest of the schema (a
 :class:`~thinkstruct.grammar.schema.checks.CheckPlan`: ``uniqueItems``, ``not``,
 ``format`` ...) is checked by a :class:`~thinkstruct.grammar.runtime.value_checks.ValueChecker`
-on the answer's text, token by token, as each value closes. Between the executor (which
+on the answer's text, token by token, as each value closes (in an answer held to a
+structural tag, a request's tool calls: each call's arguments, by a
+:class:`~thinkstruct.grammar.runtime.tag_checks.TagChecker`). Between the executor (which
 settles tokens) and the output processor (which turns them into text for the caller)
 this keeps back the tokens of an open value that holds checked keywords, so the caller
 never sees text that is later undone, and says what to undo when a value fails:
@@ -25,12 +27,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from thinkstruct.engine.output import SampledLogprob, ThoughtTracker
-from thinkstruct.grammar.runtime.value_checks import CheckFailure, ValueChecker
+from thinkstruct.grammar.runtime.tag_checks import AnswerChecker, answer_checker
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from thinkstruct.engine.detokenizer import TokenTexts
     from thinkstruct.grammar.runtime.end_tag import EndTagMatcher
-    from thinkstruct.grammar.schema.checks import CheckPlan
+    from thinkstruct.grammar.runtime.value_checks import CheckFailure
+    from thinkstruct.grammar.schema.tag_checks import Checks
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,27 +94,32 @@ class CheckedAnswer:
     """One request's answer checked as it is generated.
 
     Args:
-        plan: the keywords to check, by instance location.
+        plan: the keywords to check, by instance location (a JSON schema's), or by tag
+            (a structural tag's: each tool call's arguments against its tool's schema).
         texts: the bytes each token id stands for.
         end_tag: the family's end-of-thought tag (``None``: no thought).
         thinking: the request starts inside a thought.
         stop_ids: tokens that end the output (no text; they close the answer).
+        names: for a structural tag, the tool each call's begin text names (errors name
+            the tool).
     """
 
     def __init__(
         self,
-        plan: CheckPlan,
+        plan: Checks,
         *,
         texts: TokenTexts,
         end_tag: EndTagMatcher | None,
         thinking: bool,
         stop_ids: frozenset[int],
+        names: Mapping[str, str] | None = None,
     ) -> None:
         self._plan = plan
+        self._names = names
         self._texts = texts
         self._thought = ThoughtTracker(end_tag, thinking=thinking)
         self._stop_ids = stop_ids
-        self._checker: ValueChecker | None = None
+        self._checker: AnswerChecker | None = None
         # Per answer token fed to the checker: the token, and the decoder state before it.
         self._held: list[SettledToken] = []
         self._fed: list[SettledToken] = []
@@ -150,7 +160,7 @@ class CheckedAnswer:
 
     def _feed(self, settled: SettledToken) -> CheckFailure | None:
         if self._checker is None:
-            self._checker = ValueChecker(self._plan)
+            self._checker = answer_checker(self._plan, names=self._names)
         self._decoders.append(self._decoder.getstate())
         piece = self._decoder.decode(self._texts[settled.token])
         self._fed.append(settled)

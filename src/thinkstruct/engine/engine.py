@@ -395,12 +395,14 @@ class Engine:
             self._finish(seq, FinishReason.ERROR, f"the grammar is not usable: {e}")
             return
         if grammar is not None and grammar.checks is not None:
+            calls = seq.request.tool_calls
             seq.checked = CheckedAnswer(
                 grammar.checks,
                 texts=self._texts,
                 end_tag=self._end_tag_matcher,
                 thinking=seq.request.reasoning,
                 stop_ids=self._stop_ids,
+                names=None if calls is None else calls.names,
             )
             seq.drafter = None  # a draft would run past a value before it is checked
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import math
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -174,11 +174,15 @@ class ToolCallReading:
         schemas: the request's tools' ``parameters`` schemas (to read non-JSON syntaxes).
         parallel: more than one call may be made; with ``False`` only the first call is
             reported (the grammar allows one where it holds the calls).
+        names: the tool each constrained call's begin text names (the structural tag's
+            ``begin``), so that a checked keyword a call's arguments fail is reported
+            with its tool's name.
     """
 
     syntax: ToolCallSyntax
     schemas: ToolSchemas
     parallel: bool = True
+    names: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)

@@ -28,12 +28,13 @@ from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.grammar.json_format import COMPACT, JsonFormat
 from thinkstruct.grammar.runtime.matcher import GrammarMatcher, StopTokenMatcher
 from thinkstruct.grammar.runtime.reasoning import ReasoningGrammar
-from thinkstruct.grammar.schema.checks import CheckPlan, KeywordEnforcement
+from thinkstruct.grammar.schema.checks import KeywordEnforcement
 from thinkstruct.grammar.schema.keywords import assertions
 
 if TYPE_CHECKING:
     import torch
 
+    from thinkstruct.grammar.schema.tag_checks import Checks
     from thinkstruct.tokenizer import Tokenizer
 
 
@@ -53,8 +54,9 @@ class CompiledGrammar(abc.ABC):
 
     #: The keywords this grammar does not enforce and which are checked as each value
     #: closes instead (a strict compile's fallback; see
-    #: :mod:`thinkstruct.grammar.runtime.value_checks`); ``None`` when nothing is checked.
-    checks: CheckPlan | None = None
+    #: :mod:`thinkstruct.grammar.runtime.value_checks`; in a structural tag, each tag's
+    #: JSON: :mod:`thinkstruct.grammar.runtime.tag_checks`); ``None`` when nothing is checked.
+    checks: Checks | None = None
 
     #: The grammar's first mask (int32 ``[ceil(vocab_size / 32)]``), kept by the compile
     #: probe so that a fresh matcher's first fill is a 16 KB copy, not a recompute.
@@ -122,7 +124,7 @@ class CompiledGrammar(abc.ABC):
             self._spare[:] = [spare]
 
     def renamed(
-        self, constraint: Constraint, *, ignored_keywords: tuple[str, ...], checks: CheckPlan | None = None
+        self, constraint: Constraint, *, ignored_keywords: tuple[str, ...], checks: Checks | None = None
     ) -> CompiledGrammar:
         """This grammar under another name for its constraint (the one a request asked
         for, where a backend compiled a rewrite), its spare matcher moved along."""
@@ -135,8 +137,9 @@ class CompiledGrammar(abc.ABC):
         return named
 
     def enforcement(self) -> tuple[KeywordEnforcement, ...]:
-        """How each assertion keyword of a JSON schema is enforced: by this grammar,
-        checked as values close, or ignored (a lenient compile); ``()`` for other kinds."""
+        """How each assertion keyword of a JSON schema (or of the schemas in a structural
+        tag that checks some) is enforced: by this grammar, checked as values close, or
+        ignored (a lenient compile); ``()`` for other kinds."""
         if self.checks is not None:
             return self.checks.enforcement
         if self.constraint.kind is not ConstraintKind.JSON_SCHEMA:

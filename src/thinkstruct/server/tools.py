@@ -14,6 +14,12 @@ A request's tools are read once into a :class:`ToolPlan`:
   arguments held to each tool's ``parameters`` schema; only the tools allowed can be
   named. ``parallel_tool_calls: false`` allows one call.
 
+Strict mode (the server's ``--strict``, or a tool's ``function.strict: true``): the
+keywords of the tools' schemas that the call grammar does not enforce (``uniqueItems``,
+``not``, ``format``...) are checked as each call's values close, each call against its own
+tool's schema, and a failed value is drawn again before it is streamed
+(:mod:`thinkstruct.grammar.runtime.tag_checks`); without it they are listed as ignored.
+
 The grammar applies after the thought (the reasoning wrapper), so a thinking budget still
 forces the end of the thought before a required call. The answer's content is read by the
 family's :class:`~thinkstruct.parsers.tool_calls.ToolCallParser` in the engine's output
@@ -70,6 +76,11 @@ class ToolPlan:
         allowed: the names a call may take.
         parallel: more than one call may be made.
         syntax: the family's call syntax, ``None`` when nothing is parsed as a call.
+        strict: strict mode for the calls' constraint: ``True`` when a tool asks for it
+            (``function.strict``), ``False`` when one turns it off and none asks,
+            ``None`` (the server's ``--strict``) otherwise. Under it every keyword of the
+            tools' schemas holds: those no grammar enforces are checked as each call's
+            values close.
     """
 
     tools: list[dict[str, Any]] | None = None
@@ -78,12 +89,19 @@ class ToolPlan:
     allowed: tuple[str, ...] = ()
     parallel: bool = True
     syntax: ToolCallSyntax | None = None
+    strict: bool | None = None
 
     def reading(self) -> ToolCallReading | None:
         """How the engine reads the answer's calls (``None`` when calls are not parsed)."""
         if self.syntax is None:
             return None
-        return ToolCallReading(syntax=self.syntax, schemas=self.schemas, parallel=self.parallel)
+        form = self.syntax.form
+        names = (
+            {}
+            if form is None or self.choice == "none"
+            else {form.tag(name, {}, max_whitespace=None)["begin"]: name for name in self.allowed}
+        )
+        return ToolCallReading(syntax=self.syntax, schemas=self.schemas, parallel=self.parallel, names=names)
 
     def constraint(
         self,
@@ -116,7 +134,7 @@ class ToolPlan:
             max_whitespace=max_whitespace,
         )
         return RequestedConstraint(
-            constraint=Constraint.structural_tag(tag), param="tools", backend=body.backend, strict=None
+            constraint=Constraint.structural_tag(tag), param="tools", backend=body.backend, strict=self.strict
         )
 
 
@@ -156,7 +174,14 @@ def tool_plan(body: ChatCompletionRequest, family: ReasoningFamily) -> ToolPlan:
         allowed=(named,) if named else names,
         parallel=parallel is not False,
         syntax=syntax,
+        strict=_strictness(body.tools),
     )
+
+
+def _strictness(tools: list[dict[str, Any]]) -> bool | None:
+    """Strict mode as the tools ask (see :attr:`ToolPlan.strict`; ``tools`` checked)."""
+    asked = {t["function"].get("strict") for t in tools} - {None}
+    return True if True in asked else (False if asked else None)
 
 
 def _checked_tools(value: Any) -> list[dict[str, Any]]:
@@ -200,6 +225,11 @@ def _checked_tools(value: Any) -> list[dict[str, Any]]:
             raise bad_request(
                 f"{where}.function.parameters must be a JSON Schema object",
                 param=f"{where}.function.parameters",
+            )
+        strict = function.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise bad_request(
+                f"{where}.function.strict must be true or false", param=f"{where}.function.strict"
             )
         clean: dict[str, Any] = {"name": name, "parameters": parameters}
         if description is not None:

@@ -50,6 +50,7 @@ from typing import Any, NamedTuple
 
 from thinkstruct.grammar.constraint import escape_pointer
 from thinkstruct.grammar.schema.checks import CheckPlan, Wildcard
+from thinkstruct.grammar.schema.tag_checks import Checks, TagChecks
 
 # Where the scanner is.
 _OBJECT_FIRST = 0  # after "{": a key or "}"
@@ -93,6 +94,8 @@ class CheckFailure:
         schema_pointer: the failed keyword's place in the schema, as the validator took
             it (through ``$ref``s, the path inside the referenced subschema).
         message: the validator's message.
+        where: the JSON document the pointers are in, where it is not the whole answer
+            (``"the arguments of paint (call 0)"``); ``""``: the answer.
     """
 
     start: int
@@ -102,12 +105,12 @@ class CheckFailure:
     keyword: str
     schema_pointer: str
     message: str
+    where: str = ""
 
     def describe(self) -> str:
         """One line for an error naming the keyword and the JSON pointer."""
-        return (
-            f"{self.keyword} at {self.pointer or '/'} (schema {self.schema_pointer or '/'}): {self.message}"
-        )
+        at = f"{self.pointer or '/'} of {self.where}" if self.where else self.pointer or "/"
+        return f"{self.keyword} at {at} (schema {self.schema_pointer or '/'}): {self.message}"
 
 
 class _Node:
@@ -191,6 +194,7 @@ class _State(NamedTuple):
     key_start: int
     literal_end: int
     root_done: bool
+    ended: int | None
 
 
 class ValueChecker:
@@ -199,10 +203,15 @@ class ValueChecker:
 
     Args:
         plan: the compiled grammar's checks (``CompiledGrammar.checks``).
+        trailing: text after the root value is someone else's (a tool call's closing
+            syntax): it is not read, and :attr:`ended_at` says where the value ended.
+            Otherwise only whitespace may follow it.
     """
 
-    def __init__(self, plan: CheckPlan) -> None:
+    def __init__(self, plan: CheckPlan, *, trailing: bool = False) -> None:
         self._plan = plan
+        self._trailing = trailing
+        self._ended: int | None = None
         self._root: tuple[_Node, ...] = (_trie(plan),)
         self._text = ""
         self._mode = _VALUE
@@ -230,6 +239,11 @@ class ValueChecker:
     def text(self) -> str:
         """The answer text fed so far."""
         return self._text
+
+    @property
+    def ended_at(self) -> int | None:
+        """Offset just past the root value once it has closed, else ``None``."""
+        return self._ended
 
     def feed(self, piece: str) -> CheckFailure | None:
         """Take the next piece of answer text; the first checked value it closes that
@@ -303,6 +317,7 @@ class ValueChecker:
             self._key_start,
             self._literal_end,
             self._root_done,
+            self._ended,
         )
 
     def _restore(self, state: _State) -> None:
@@ -316,6 +331,7 @@ class ValueChecker:
         self._key_start = state.key_start
         self._literal_end = state.literal_end
         self._root_done = state.root_done
+        self._ended = state.ended
         self._failed = False
 
     # ---- scanning -------------------------------------------------------------------------
@@ -324,6 +340,8 @@ class ValueChecker:
         text = self._text
         n = len(text)
         while i < n:
+            if self._ended is not None and self._trailing:
+                return None  # what follows the value is not this checker's
             mode = self._mode
             if mode in (_STRING, _KEY):
                 if self._escape:
@@ -450,6 +468,7 @@ class ValueChecker:
         self._mode = _AFTER
         if self._frame is None:
             self._root_done = True
+            self._ended = end
         failure = self._validate(self._value_nodes, self._value_start, end, self._frame)
         return failure or self._unique_so_far(self._frame, self._value_start, end)
 
@@ -460,6 +479,7 @@ class ValueChecker:
         self._mode = _AFTER
         if frame.parent is None:
             self._root_done = True
+            self._ended = end
         failure = self._validate(frame.nodes, frame.start, end, frame.parent)
         return failure or self._unique_so_far(frame.parent, frame.start, end)
 
@@ -535,12 +555,17 @@ def _pointer(frame: _Frame | None) -> str:
     return "".join(reversed(steps))
 
 
-def first_failed_check(plan: CheckPlan, text: str) -> CheckFailure | None:
-    """The first failure of a whole answer ``text`` (JSON) under ``plan``, or ``None``.
+def first_failed_check(plan: Checks, text: str) -> CheckFailure | None:
+    """The first failure of a whole answer ``text`` under ``plan`` (a schema's: the text
+    is JSON; a structural tag's: each call's JSON is checked), or ``None``.
 
     Raises:
-        ValueError: ``text`` is not JSON.
+        ValueError: ``text`` is not JSON (a schema's plan).
     """
+    if isinstance(plan, TagChecks):
+        from thinkstruct.grammar.runtime.tag_checks import first_failed_tag_check
+
+        return first_failed_tag_check(plan, text)
     checker = ValueChecker(plan)
     return checker.feed(text) or checker.finish()
 

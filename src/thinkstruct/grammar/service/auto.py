@@ -23,11 +23,13 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from thinkstruct.errors import UnsupportedConstraint
 from thinkstruct.grammar.backends import backend_classes
 from thinkstruct.grammar.constraint import Constraint, ConstraintKind, escape_pointer
 from thinkstruct.grammar.schema.checks import CheckPlan, plan_checks
 from thinkstruct.grammar.schema.keywords import assertions, normalize
 from thinkstruct.grammar.schema.relaxations import has_unparseable_patterns, relax
+from thinkstruct.grammar.schema.tag_checks import TagChecks, plan_tag_checks
 from thinkstruct.grammar.schema.walk import subschemas
 
 # Every table below is derived from the backends' own declarations (the registry in
@@ -79,7 +81,7 @@ class Candidate:
     ignored: tuple[str, ...] = ()
     #: What is checked as values close, for the keywords its grammar skips (strict
     #: fallbacks only).
-    checks: CheckPlan | None = None
+    checks: CheckPlan | TagChecks | None = None
 
 
 def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Candidate]:
@@ -91,6 +93,9 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
     """
     if backend != "auto":
         yield Candidate(backend, constraint)
+        return
+    if constraint.kind is ConstraintKind.STRUCTURAL_TAG:
+        yield from _tag_candidates(constraint, strict=strict)
         return
     if constraint.kind is not ConstraintKind.JSON_SCHEMA:
         for name in KIND_ORDER[constraint.kind]:
@@ -142,6 +147,48 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
         if name in _HAS_LENIENT_MODE:
             yield from _relaxed(rewritten.document, lenient_mode=True)
     yield from _relaxed(rewritten.document, lenient_mode=False)
+
+
+def _tag_candidates(constraint: Constraint, *, strict: bool) -> Iterator[Candidate]:
+    """The backends for a structural tag (a request's tool calls). A backend that ignores
+    the keywords it does not enforce in the tag's schemas (xgrammar) takes it with them
+    checked as each call's values close in strict mode (a
+    :class:`~thinkstruct.grammar.schema.tag_checks.TagChecks`), ignored otherwise; one
+    that refuses them (llguidance) only takes a tag without them.
+
+    Raises:
+        UnsupportedConstraint: strict mode, and some JSON needing checks cannot be
+            checked (written in an XML-like style), naming its pointer.
+    """
+    problem: TagChecks | None = None
+    for name in KIND_ORDER[ConstraintKind.STRUCTURAL_TAG]:
+        cls = next(c for c in backend_classes() if c.name == name)
+        tag = plan_tag_checks(
+            constraint.document,
+            inexact=INEXACT[name],
+            # A backend guessing types skips keywords of untyped subschemas: checked too.
+            relaxed=_untyped if strict and cls.ignores_inexact else lambda _: frozenset(),
+        )
+        if not tag.checked:
+            yield Candidate(name, constraint)
+        elif not cls.ignores_inexact:
+            continue  # it would refuse them
+        elif not strict:
+            yield Candidate(name, constraint, ignored=tag.checked)
+        elif tag.runnable:
+            yield Candidate(name, constraint, checks=tag)
+        else:
+            problem = problem or tag
+    if problem is not None:
+        raise UnsupportedConstraint(
+            problem.problem or "a check of the tag's schemas cannot run",
+            pointer=problem.problem_at,
+            kind=constraint.kind.value,
+        )
+
+
+def _untyped(schema: object) -> frozenset[str]:
+    return frozenset(untyped_keywords(schema))
 
 
 def _relaxed(schema: object, *, lenient_mode: bool) -> Iterator[Candidate]:
