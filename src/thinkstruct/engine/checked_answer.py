@@ -12,9 +12,12 @@ this keeps back the tokens of an open value that holds checked keywords, so the 
 never sees text that is later undone, and says what to undo when a value fails:
 
 - the thought is never checked nor held (the checker starts with the answer);
-- when a value fails, the tokens from the first *sampled* token of the failed value to
-  the end are undone (tokens the grammar forced before it would come again), and that
-  token is banned at its position, so the next draw there differs;
+- when a value fails, the tokens from the first sampled token of the failed value that
+  *says something* to the end are undone, and that token is banned at its position, so
+  the next draw there differs. A token that only opens the value (whitespace, ``"``,
+  ``[``, ``{``, as ``' "'`` before ``red``) is kept: every other value would open the
+  same way, and banning it would leave little but whitespace to draw there. Tokens the
+  grammar forced are never the banned one (they would come again);
 - at the end of the answer (a stop token) a number at the root closes and is checked.
 
 Units: token counts; the checker's offsets are characters of the answer text.
@@ -36,6 +39,10 @@ if TYPE_CHECKING:
     from thinkstruct.grammar.runtime.end_tag import EndTagMatcher
     from thinkstruct.grammar.runtime.value_checks import CheckFailure
     from thinkstruct.grammar.schema.tag_checks import Checks
+
+
+#: Bytes that only open a value: the text of a token made of them alone says nothing yet.
+_OPENING = b' \t\n\r"[{'
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +194,10 @@ class CheckedAnswer:
             raise RuntimeError("a value failed before the answer started")
         span = checker.pieces_since(failure.start)
         fed = self._fed[len(self._fed) - span :]
-        first = next((i for i, t in enumerate(fed) if t.sampled), None)
+        drawn = [i for i, t in enumerate(fed) if t.sampled]
+        first = next(
+            (i for i in drawn if self._texts[fed[i].token].strip(_OPENING)), drawn[0] if drawn else None
+        )
         if first is not None:
             pieces = span - first
         else:  # the grammar forced the whole value: undo to the last token drawn before it
