@@ -7,6 +7,10 @@ without Ray. :meth:`RemoteEngine.submit` checks the request as the engine would 
 400s), then starts the remote stream at once through the engine deployment's
 ``DeploymentHandle``.
 
+A replica streams the deltas of all this ingress's requests it holds on whichever of
+their streams comes first (:mod:`.outbox`); :class:`Mailroom` hands each request its own,
+and the request's :class:`~.outbox.DeltaOrder` puts them in order.
+
 Faults (:class:`RemoteHandle`): a replica that dies or refuses before the request's first
 delta is replaced by one retry on another replica; a replica that dies later ends the
 stream with ``finish_reason: "error"`` (a streamed answer's error event) and makes
@@ -20,11 +24,13 @@ import asyncio
 import concurrent.futures
 import contextvars
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any, cast
 
 from thinkstruct.engine.detokenizer import TokenTexts
 from thinkstruct.engine.engine import EngineClosed, EngineStats, check_request, prompt_token_limit
 from thinkstruct.engine.request import Completion, Delta, FinishReason, join_deltas
+from thinkstruct.server.cluster.outbox import DeltaOrder
 from thinkstruct.server.cluster.wire import WireRequest
 from thinkstruct.server.errors import UNAVAILABLE, APIError
 
@@ -36,6 +42,7 @@ if TYPE_CHECKING:
 
     from thinkstruct.engine import GenerationRequest, LoadedModel
     from thinkstruct.grammar.service.compiler import GrammarCompiler
+    from thinkstruct.server.cluster.outbox import Entry
 
 log = logging.getLogger("thinkstruct.cluster")
 
@@ -55,6 +62,7 @@ class RemoteHandle:
         deployment: the engine deployment's handle.
         request: the request (its grammar may still be compiling: it is sent once ready).
         loop: the event loop the deltas are delivered to.
+        mailroom: where the ingress's streams hand each request its deltas.
         retries: replicas tried again, after the first, while no delta has come.
     """
 
@@ -64,6 +72,7 @@ class RemoteHandle:
         request: GenerationRequest,
         *,
         loop: asyncio.AbstractEventLoop,
+        mailroom: Mailroom,
         retries: int = 1,
     ) -> None:
         self.request_id = request.request_id
@@ -76,7 +85,10 @@ class RemoteHandle:
         self._retries = retries
         self._known = asyncio.Event()
         self._queue: asyncio.Queue[Delta] = asyncio.Queue()
+        self._order = DeltaOrder()
         self._finished = False
+        self._mailroom = mailroom
+        mailroom.register(self)
         self._task = loop.create_task(self._pump())
 
     @property
@@ -128,8 +140,20 @@ class RemoteHandle:
 
     def _end(self, delta: Delta) -> None:
         self._finished = True
+        self._mailroom.unregister(self)
         self._known.set()
         self._queue.put_nowait(delta)
+
+    def accept(self, seq: int, delta: Delta) -> None:
+        """Take the request's delta number ``seq`` (from any of the ingress's streams on
+        its replica; repeats and early arrivals are sorted out here)."""
+        if self._finished:
+            return
+        for ready in self._order.accept(seq, delta):
+            if ready.finish_reason is not None:
+                self._end(ready)
+                return
+            self._queue.put_nowait(ready)
 
     async def _pump(self) -> None:
         grammar = self._request.grammar
@@ -139,26 +163,23 @@ class RemoteHandle:
         except Exception as e:  # noqa: BLE001 - the caller reports the compile's own error
             self._end(Delta(finish_reason=FinishReason.ERROR, error=f"the grammar is not usable: {e}"))
             return
-        wire = WireRequest.of(self._request, grammar)
+        wire = WireRequest.of(self._request, grammar, ingress=self._mailroom.ingress)
         failure = "no replica answered"
         for attempt in range(1 + self._retries):
+            self._order = DeltaOrder()  # a retry's replica numbers the deltas from 0 again
             stream = cast(
                 "DeploymentResponseGenerator[Any]",
                 self._deployment.options(stream=True).generate.remote(wire),
             )
-            produced = False
             try:
                 async for item in stream:
                     if isinstance(item, str):
                         self.replicas.append(item)
                         self._known.set()
                         continue
-                    produced = True
-                    for delta in item:
-                        if delta.finish_reason is not None:
-                            self._end(delta)
-                            return
-                        self._queue.put_nowait(delta)
+                    self._mailroom.deliver(item)
+                    if self._finished:
+                        return
                 failure = "the replica's stream ended before the request did"
             except asyncio.CancelledError:
                 stream.cancel()  # type: ignore[no-untyped-call]
@@ -170,8 +191,8 @@ class RemoteHandle:
             log.warning(
                 "request %s on replica %s failed (try %d): %s", self.request_id, where, attempt + 1, failure
             )
-            if produced:
-                break
+            if self._order.delivered:
+                break  # part of the answer went out: no other replica can continue it
         self.replica_failure = failure
         self._end(
             Delta(
@@ -183,6 +204,33 @@ class RemoteHandle:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else "no message"
+
+
+class Mailroom:
+    """The ingress's requests in flight, by id: each item a replica streams holds deltas
+    of several of them (see :mod:`.outbox`), and :meth:`deliver` hands each its own.
+
+    Args:
+        ingress: this ingress's id (the replicas keep one outbox per ingress).
+    """
+
+    def __init__(self, ingress: str) -> None:
+        self.ingress = ingress
+        self._handles: dict[str, RemoteHandle] = {}
+
+    def register(self, handle: RemoteHandle) -> None:
+        self._handles[handle.request_id] = handle
+
+    def unregister(self, handle: RemoteHandle) -> None:
+        if self._handles.get(handle.request_id) is handle:
+            del self._handles[handle.request_id]
+
+    def deliver(self, entries: list[Entry]) -> None:
+        """Hand each entry's delta to its request (one that has ended drops it)."""
+        for request_id, seq, delta in entries:
+            handle = self._handles.get(request_id)
+            if handle is not None:
+                handle.accept(seq, delta)
 
 
 class RemoteEngine:
@@ -212,6 +260,7 @@ class RemoteEngine:
         self.max_prompt_tokens = prompt_token_limit(max_prompt_tokens, model.context_length)
         self._totals = totals
         self._deployment = deployment
+        self._mailroom = Mailroom(uuid.uuid4().hex)
         self._closed = False
 
     @property
@@ -235,7 +284,9 @@ class RemoteEngine:
         check_request(request, vocab_size=self.tokenizer.vocab_size, max_prompt_tokens=self.max_prompt_tokens)
         if self._closed:
             raise EngineClosed("the service is stopping")
-        handle = RemoteHandle(self._deployment, request, loop=loop or asyncio.get_running_loop())
+        handle = RemoteHandle(
+            self._deployment, request, loop=loop or asyncio.get_running_loop(), mailroom=self._mailroom
+        )
         submitted = _submitted.get()
         if submitted is not None:
             submitted.append(handle)

@@ -1,9 +1,10 @@
 """The engine deployment: :class:`EngineReplica`, one engine and grammar compiler per replica.
 
 :meth:`EngineReplica.generate` is a streaming method: it first yields the replica's name
-(so the ingress knows, before any token, who serves the request), then the engine's
-:class:`~thinkstruct.engine.Delta` events in lists (those that came while the last list
-was being sent). Ray Serve cancelling the call (the client went
+(so the ingress knows, before any token, who serves the request), then lists of
+:class:`~thinkstruct.engine.Delta` events, each with its request's id and its place in
+it: the deltas of all the requests the same ingress has here ride on whichever of their
+streams comes first (see :mod:`.outbox`). Ray Serve cancelling the call (the client went
 away, the ingress retried elsewhere) cancels the engine request. :meth:`check_health`
 fails when the engine thread is gone or has work but stopped stepping, and Ray Serve then
 replaces the replica.
@@ -19,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 from ray import serve
 
+from thinkstruct.server.cluster.outbox import Entry, Outbox, stream_request
 from thinkstruct.server.cluster.stats_board import StatsPoster, engine_numbers
 from thinkstruct.server.cluster.wire import WireRequest
 
 if TYPE_CHECKING:
-    from thinkstruct.engine import Delta, Engine
-    from thinkstruct.engine.handle import RequestHandle
+    from thinkstruct.engine import Engine
 
 
 class ReplicaStalled(RuntimeError):
@@ -64,41 +65,6 @@ def replica_name() -> str:
     return str(serve.get_replica_context().replica_id.unique_id)
 
 
-async def in_batches(handle: RequestHandle, *, interval_s: float) -> AsyncIterator[list[Delta]]:
-    """A request's deltas in lists, up to the last delta: each list holds what arrived
-    while the previous one was being sent and for ``interval_s`` seconds after it was.
-    The first delta is never held, nor the last (a finished request ends the wait).
-    Leaving the iteration early cancels the request."""
-    pending: list[Delta] = []
-    arrived = asyncio.Event()
-    finished = asyncio.Event()
-
-    async def gather() -> None:
-        async for delta in handle:
-            pending.append(delta)
-            arrived.set()
-            if delta.finish_reason is not None:
-                finished.set()
-
-    gathering = asyncio.ensure_future(gather())
-    try:
-        while True:
-            # Each streamed item costs a Ray round of its own (about a millisecond of CPU).
-            await arrived.wait()
-            arrived.clear()
-            batch = pending[:]
-            pending.clear()
-            yield batch
-            if batch[-1].finish_reason is not None:
-                return
-            if interval_s > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(finished.wait(), interval_s)
-    finally:
-        gathering.cancel()
-        handle.cancel()
-
-
 class EngineReplica:
     """One engine replica (the class Ray Serve deploys N times).
 
@@ -125,11 +91,13 @@ class EngineReplica:
         self._name = replica_name()
         self._watch = StallWatch(stall_s=stall_s)
         self._interval_s = stream_interval_s
+        self._outboxes: dict[str, Outbox] = {}  # by ingress
         self._poster = StatsPoster(board, self._name, self.stats)
 
-    async def generate(self, wire: WireRequest) -> AsyncIterator[str | list[Delta]]:
-        """The replica's name, then the request's deltas up to the last one, in batches
-        (what arrived since the last batch was sent).
+    async def generate(self, wire: WireRequest) -> AsyncIterator[str | list[Entry]]:
+        """The replica's name, then entries (this request's deltas and those of the
+        ingress's other requests here), ending with all of this request's deltas, its
+        last delta last (:func:`~.outbox.stream_request`).
 
         Raises:
             InvalidConstraint: the constraint does not compile here (the ingress compiled
@@ -146,9 +114,19 @@ class EngineReplica:
                 spec.constraint, backend=spec.backend, strict=spec.strict
             )
         handle = engine.submit(wire.with_grammar(grammar), loop=asyncio.get_running_loop())
-        async with contextlib.aclosing(in_batches(handle, interval_s=self._interval_s)) as batches:
-            async for batch in batches:
-                yield batch
+        outbox = self._outboxes.setdefault(wire.ingress, Outbox())
+        outbox.users += 1
+        stream = stream_request(
+            handle, outbox, request_id=wire.request.request_id, interval_s=self._interval_s
+        )
+        try:
+            async with contextlib.aclosing(stream) as items:
+                async for item in items:
+                    yield item
+        finally:
+            outbox.users -= 1
+            if outbox.users == 0:
+                del self._outboxes[wire.ingress]
 
     def stats(self) -> dict[str, Any]:
         """The replica's name, its engine's counters and its compiler's."""

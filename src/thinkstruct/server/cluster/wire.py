@@ -32,19 +32,24 @@ class GrammarSpec:
 
 @dataclass(frozen=True, slots=True)
 class WireRequest:
-    """A generation request without its compiled grammar, and what to compile it from."""
+    """A generation request without its compiled grammar, what to compile it from, and
+    the ingress that sent it (its deltas share that ingress's streams, see
+    :mod:`.outbox`)."""
 
     request: GenerationRequest
     grammar: GrammarSpec | None
+    ingress: str = ""
 
     @property
     def prompt_ids(self) -> list[int]:
         return self.request.prompt_ids
 
     @classmethod
-    def of(cls, request: GenerationRequest, grammar: CompiledGrammar | None) -> WireRequest:
-        """``request`` to send, with ``grammar``, its compiled grammar (resolved: a future
-        does not travel)."""
+    def of(
+        cls, request: GenerationRequest, grammar: CompiledGrammar | None, *, ingress: str = ""
+    ) -> WireRequest:
+        """``request`` to send from ``ingress``, with ``grammar``, its compiled grammar
+        (resolved: a future does not travel)."""
         spec = None
         if grammar is not None:
             fallback = grammar.checks is not None or bool(grammar.ignored_keywords)
@@ -53,7 +58,7 @@ class WireRequest:
                 "auto" if fallback else grammar.backend,
                 strict=not grammar.ignored_keywords,
             )
-        return cls(request=dataclasses.replace(request, grammar=None), grammar=spec)
+        return cls(request=dataclasses.replace(request, grammar=None), grammar=spec, ingress=ingress)
 
     def with_grammar(self, compiled: CompiledGrammar | None) -> GenerationRequest:
         """The request for the local engine, with the replica's own compiled grammar."""

@@ -1,0 +1,126 @@
+"""How replicas stream deltas (``outbox``), on a real engine over the tiny model: the
+requests of one ingress share their streams (fewer items than deltas), yet each request
+gets every delta once and in order, its own stream ends with all of them, the end is
+never held however long the interval, and leaving early cancels the request. At the
+ingress, ``DeltaOrder`` puts any arrival order with repeats back in order."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))  # tiny_model
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))  # server_harness
+
+from server_harness import start_engine, stop_engine
+
+from thinkstruct.engine import Delta, GenerationRequest, SamplingParams
+from thinkstruct.server.cluster.outbox import DeltaOrder, Entry, Outbox, stream_request
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from tiny_model import build_tiny_model
+
+    from thinkstruct.engine import load_model
+
+    model = load_model(build_tiny_model(tmp_path_factory.mktemp("models")), dtype="float32", progress=False)
+    engine = start_engine(model, warm=False, max_batch=4)
+    yield engine
+    stop_engine(engine)
+
+
+def request(tokens: int, first: int) -> GenerationRequest:
+    return GenerationRequest(
+        prompt_ids=[first, 6, 7, 8], sampling=SamplingParams(max_tokens=tokens, temperature=0.0)
+    )
+
+
+async def shared_streams(
+    engine: Any, requests: list[GenerationRequest], interval_s: float
+) -> list[list[list[Entry]]]:
+    """Each request's stream (all on one outbox), read concurrently to their ends."""
+    outbox = Outbox()
+    loop = asyncio.get_running_loop()
+
+    async def read(r: GenerationRequest) -> list[list[Entry]]:
+        handle = engine.submit(r, loop=loop)
+        return [
+            item
+            async for item in stream_request(handle, outbox, request_id=r.request_id, interval_s=interval_s)
+        ]
+
+    return list(await asyncio.gather(*(read(r) for r in requests)))
+
+
+@pytest.mark.parametrize("interval_s", [0.0, 0.01])
+def test_shared_streams_give_each_request_every_delta_once_in_order(engine: Any, interval_s: float) -> None:
+    requests = [request(12, first) for first in (5, 9, 13, 17)]
+    alone = {
+        r.request_id: list(engine.submit(request(12, r.prompt_ids[0])).wait().token_ids) for r in requests
+    }
+    streams = asyncio.run(asyncio.wait_for(shared_streams(engine, requests, interval_s), 120))
+    orders = {r.request_id: DeltaOrder() for r in requests}
+    got: dict[str, list[Delta]] = {r.request_id: [] for r in requests}
+    for stream in streams:
+        for item in stream:
+            assert item
+            for request_id, seq, delta in item:
+                got[request_id].extend(orders[request_id].accept(seq, delta))
+    for r, stream in zip(requests, streams, strict=True):
+        deltas = got[r.request_id]
+        assert [d.finish_reason is not None for d in deltas] == [False] * (len(deltas) - 1) + [True]
+        assert [t for d in deltas for t in d.token_ids] == alone[r.request_id]
+        # Its own stream ends with all of its deltas, in order, the last one last.
+        own = [(seq, d) for request_id, seq, d in stream[-1] if request_id == r.request_id]
+        assert [seq for seq, _ in own] == list(range(len(deltas)))
+    items = sum(len(stream) for stream in streams)
+    assert items < sum(len(d) for d in got.values())  # the streams shared their items
+
+
+def test_a_long_interval_holds_neither_the_first_delta_nor_the_end(engine: Any) -> None:
+    # An hour between items: the stream still ends as soon as its request does (the
+    # deadline below is what a held end would miss), in the first item and one more.
+    r = request(12, 5)
+    alone = list(engine.submit(request(12, 5)).wait().token_ids)
+    (stream,) = asyncio.run(asyncio.wait_for(shared_streams(engine, [r], 3600.0), 120))
+    assert len(stream) <= 2
+    assert stream[-1][-1][2].finish_reason is not None
+    assert [t for _, _, d in stream[-1] for t in d.token_ids] == alone  # the last item: all of it
+
+
+def test_leaving_early_cancels_the_request(engine: Any) -> None:
+    async def first_item_only() -> Any:
+        r = request(400, 5)
+        handle = engine.submit(r, loop=asyncio.get_running_loop())
+        items = stream_request(handle, Outbox(), request_id=r.request_id, interval_s=0.0)
+        await anext(items)
+        await items.aclose()
+        return handle
+
+    handle = asyncio.run(asyncio.wait_for(first_item_only(), 120))
+    assert handle.cancelled
+
+
+@given(
+    st.integers(1, 12).flatmap(
+        lambda n: st.tuples(st.just(n), st.permutations(range(n)), st.lists(st.integers(0, n - 1)))
+    )
+)
+def test_delta_order_hands_on_each_delta_once_in_order(case: tuple[int, list[int], list[int]]) -> None:
+    n, order, repeats = case
+    deltas = [Delta(content=str(i)) for i in range(n)]
+    arrivals = list(order)
+    for k, seq in enumerate(repeats):  # repeats anywhere, before or after the first copy
+        arrivals.insert((k * 7) % (len(arrivals) + 1), seq)
+    book = DeltaOrder()
+    out = [d for seq in arrivals for d in book.accept(seq, deltas[seq])]
+    assert out == deltas
+    assert book.delivered == n
