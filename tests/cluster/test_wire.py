@@ -30,3 +30,14 @@ def test_a_replica_compiles_the_ingress_grammar_again(constraint: Constraint, st
     assert replica.ignored_keywords == ingress.ignored_keywords
     assert (replica.checks is None) == (ingress.checks is None)
     assert replica.enforcement() == ingress.enforcement()
+
+
+def test_a_named_backends_checked_grammar_travels_under_its_name() -> None:
+    schema = {"type": "object", "properties": {"price": {"type": "number", "multipleOf": 0.25}}}
+    with GrammarCompiler(Tokenizer.default(), CompilerConfig(worker_processes=0)) as compiler:
+        ingress = compiler.compile(Constraint.json_schema(schema), backend="xgrammar", strict=True)
+        spec = WireRequest.of(GenerationRequest(prompt_ids=[1]), ingress).grammar
+        assert spec is not None and spec.backend == "xgrammar"
+        replica = compiler.compile(spec.constraint, backend=spec.backend, strict=spec.strict)
+    assert replica.backend == "xgrammar" and replica.checks is not None
+    assert replica.enforcement() == ingress.enforcement()

@@ -406,3 +406,23 @@ def test_names_with_pointer_and_uri_escapes_are_checked_where_they_are() -> None
     assert failure is not None and failure.pointer == "/x~1~0%25" and failure.value_pointer == "/x~1~0%25/1"
     failure = first_failed_check(plan, '{"y":[3,3]}')
     assert failure is not None and failure.schema_pointer.startswith("/$defs/a%b")
+
+
+PRICE = {"type": "object", "properties": {"price": {"type": "number", "multipleOf": 0.25, "maximum": 10}},
+         "required": ["price"], "additionalProperties": False}  # fmt: skip
+
+
+def test_a_backend_asked_for_by_name_checks_what_it_does_not_enforce(strict: GrammarCompiler) -> None:
+    """xgrammar compiles ``multipleOf`` on a number as if it were not there: asked for by
+    name in strict mode, the keyword is checked (it was reported as the grammar's, and
+    answers like 7.095 came back); in lenient mode it is listed as ignored."""
+    named = strict.compile(Constraint.json_schema(PRICE), backend="xgrammar", strict=True)
+    assert named.backend == "xgrammar" and named.requested == "xgrammar"
+    assert named.checks is not None
+    by_keyword = {e.keyword: e.enforcement for e in named.enforcement()}
+    assert by_keyword["multipleOf"] == "checked" and by_keyword["maximum"] == "grammar"
+    assert first_failed_check(named.checks, '{"price": 7.095}') is not None
+    assert first_failed_check(named.checks, '{"price": 7.25}') is None
+    lenient = strict.compile(Constraint.json_schema(PRICE), backend="xgrammar", strict=False)
+    assert lenient.checks is None
+    assert lenient.ignored_keywords == ("/properties/price/multipleOf",)

@@ -57,6 +57,9 @@ class CompiledGrammar(abc.ABC):
     #: :mod:`thinkstruct.grammar.runtime.value_checks`; in a structural tag, each tag's
     #: JSON: :mod:`thinkstruct.grammar.runtime.tag_checks`); ``None`` when nothing is checked.
     checks: Checks | None = None
+    #: The backend the compile was asked for: ``"auto"``, or a backend's name (then
+    #: ``backend`` is that name, with its checks or ignored keywords).
+    requested: str = "auto"
 
     #: The grammar's first mask (int32 ``[ceil(vocab_size / 32)]``), kept by the compile
     #: probe so that a fresh matcher's first fill is a 16 KB copy, not a recompute.
@@ -124,12 +127,17 @@ class CompiledGrammar(abc.ABC):
             self._spare[:] = [spare]
 
     def renamed(
-        self, constraint: Constraint, *, ignored_keywords: tuple[str, ...], checks: Checks | None = None
+        self,
+        constraint: Constraint,
+        *,
+        ignored_keywords: tuple[str, ...],
+        checks: Checks | None = None,
+        requested: str = "auto",
     ) -> CompiledGrammar:
         """This grammar under another name for its constraint (the one a request asked
         for, where a backend compiled a rewrite), its spare matcher moved along."""
         named = dataclasses.replace(
-            self, constraint=constraint, ignored_keywords=ignored_keywords, checks=checks
+            self, constraint=constraint, ignored_keywords=ignored_keywords, checks=checks, requested=requested
         )
         spare = self._take_spare()
         if spare is not None:

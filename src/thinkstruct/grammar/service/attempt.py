@@ -247,7 +247,12 @@ class CompileAttempt:
             return
         # The key and the result name the constraint as asked, not as rewritten.
         self._finish(
-            result.renamed(self.constraint, ignored_keywords=candidate.ignored, checks=candidate.checks),
+            result.renamed(
+                self.constraint,
+                ignored_keywords=candidate.ignored,
+                checks=candidate.checks,
+                requested=self.backend,
+            ),
             remember=True,
         )
 

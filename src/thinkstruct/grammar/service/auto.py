@@ -92,7 +92,7 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
     keywords; in lenient mode they list them as ignored.
     """
     if backend != "auto":
-        yield Candidate(backend, constraint)
+        yield from _named(constraint, name=backend, strict=strict)
         return
     if constraint.kind is ConstraintKind.STRUCTURAL_TAG:
         yield from _tag_candidates(constraint, strict=strict)
@@ -147,6 +147,39 @@ def plan(constraint: Constraint, *, backend: str, strict: bool) -> Iterator[Cand
         if name in _HAS_LENIENT_MODE:
             yield from _relaxed(rewritten.document, lenient_mode=True)
     yield from _relaxed(rewritten.document, lenient_mode=False)
+
+
+def _named(constraint: Constraint, *, name: str, strict: bool) -> Iterator[Candidate]:
+    """A backend asked for by name. One that compiles a JSON schema's keywords it does not
+    enforce as if they were not there (xgrammar: ``multipleOf`` on a number, ``format``,
+    ``not`` ...) gets them checked as values close in strict mode and listed as ignored
+    otherwise, as ``auto``'s fallbacks do; one that refuses them says so when it compiles.
+
+    Raises:
+        UnsupportedConstraint: strict mode, and a check cannot run (a pattern Python's
+            regex engine does not take).
+    """
+    cls = next(c for c in backend_classes() if c.name == name)
+    if constraint.kind is not ConstraintKind.JSON_SCHEMA or not cls.ignores_inexact:
+        yield Candidate(name, constraint)
+        return
+    document = constraint.document
+    if not strict:
+        ignored = tuple(p for k, p in assertions(document) if k in INEXACT[name])
+        yield Candidate(name, constraint, ignored=ignored)
+        return
+    # It also skips the keywords of subschemas without a type (see _typed_throughout).
+    checks = plan_checks(document, inexact=INEXACT[name], relaxed=_untyped(document))
+    if not checks.checks:
+        yield Candidate(name, constraint)
+    elif checks.runnable:
+        yield Candidate(name, constraint, checks=checks)
+    else:
+        raise UnsupportedConstraint(
+            f"the {name} backend does not enforce some keywords of this schema, and their "
+            "checks cannot run (a pattern Python's regex engine does not take)",
+            kind=constraint.kind.value,
+        )
 
 
 def _tag_candidates(constraint: Constraint, *, strict: bool) -> Iterator[Candidate]:

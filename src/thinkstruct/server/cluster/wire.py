@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 class GrammarSpec:
     """A constraint, the backend that compiled it at the ingress, and whether it is held
     exactly (a lenient compile that ignored keywords is not). A grammar that checks or
-    ignores keywords came from ``auto``'s fallbacks (a lenient mode, a relaxed schema),
-    which a backend asked for by name never takes: it travels as ``auto``, whose plan is
-    the same on every replica."""
+    ignores keywords travels as the backend asked for: ``auto``'s fallbacks (a lenient
+    mode, a relaxed schema) as ``auto``, whose plan is the same on every replica; a
+    backend asked for by name as that name (its checks are the same everywhere too)."""
 
     constraint: Constraint
     backend: str
@@ -55,7 +55,7 @@ class WireRequest:
             fallback = grammar.checks is not None or bool(grammar.ignored_keywords)
             spec = GrammarSpec(
                 grammar.constraint,
-                "auto" if fallback else grammar.backend,
+                grammar.requested if fallback else grammar.backend,
                 strict=not grammar.ignored_keywords,
             )
         return cls(request=dataclasses.replace(request, grammar=None), grammar=spec, ingress=ingress)
