@@ -14,7 +14,7 @@ tokens with and without speculation.
 
 A pass over one row's 1 + k positions costs about what a pass over one does only while
 the weight reads dominate: past a few positions a CPU's arithmetic does (on two cores with
-AVX-512, 4 positions cost about 1.3 passes of one, 8 about 2.3: measured on SmolLM2's int8
+AVX-512, 4 positions cost about 1.3 passes of one, 8 about 1.9: measured on SmolLM2's int8
 weights). So a row drafts as far as it pays: each draft token has odds of being kept (the
 row's own record for drafts from suffix matches of that length, from a prior; 1 for a
 token the grammar forces), and :func:`draft_lengths` cuts the drafts where the expected
@@ -58,16 +58,16 @@ class SpeculationConfig:
         after_forced_prior: the odds of those tokens, before the row's own record.
     """
 
-    max_draft: int = 8
+    max_draft: int = 12
     min_ngram: int = 1
-    max_ngram: int = 4
+    max_ngram: int = 6
     max_batch: int = 4
-    free_positions: float = 2.8
-    position_cost: float = 0.25
+    free_positions: float = 1.5
+    position_cost: float = 0.14
     prior: tuple[float, ...] = (0.3, 0.45, 0.65, 0.75, 0.8, 0.85)
     prior_weight: float = 4.0
     after_forced: int = 2
-    after_forced_prior: float = 0.6
+    after_forced_prior: float = 0.9
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram or self.max_draft < 1 or self.max_batch < 1:
@@ -108,6 +108,9 @@ def draft_lengths(odds: Sequence[Sequence[float]], *, positions: int, rows: int,
     return lengths
 
 
+#: How many of a pair's own checks weigh as much as its class's odds.
+PAIR_WEIGHT = 1.0
+
 #: The class of a draft token the grammar forces (kept once the token before it is).
 FORCED = -1
 
@@ -132,8 +135,13 @@ class NgramDrafter:
         self._tried = [0] * len(self._odds_prior)
         self._kept = [0] * len(self._odds_prior)
         self._after_class = len(config.prior)
-        #: The last proposal's tokens' classes (FORCED for forced tokens).
+        #: The last proposal's tokens' classes (FORCED for forced tokens) and pairs (the
+        #: token before each, and it).
         self._classes: list[int] = []
+        self._pairs: list[tuple[int, int]] = []
+        #: Draft tokens checked and kept, by pair: a pair's own record sharpens its class's
+        #: odds (``": "`` after a key is always kept, the first digit of a value seldom).
+        self._pair_record: dict[tuple[int, int], list[int]] = {}
         #: What the row took after the grammar's last forced run, and the run being recorded.
         self._after_forced: list[int] = []
         self._recording: list[int] | None = None
@@ -159,10 +167,17 @@ class NgramDrafter:
     def odds(self) -> list[float]:
         """The odds that each token of the last proposal is kept once those before it are."""
         w = self.config.prior_weight
-        return [
-            1.0 if c == FORCED else (self._kept[c] + w * self._odds_prior[c]) / (self._tried[c] + w)
-            for c in self._classes
-        ]
+        out = []
+        for c, pair in zip(self._classes, self._pairs, strict=True):
+            if c == FORCED:
+                out.append(1.0)
+                continue
+            odds = (self._kept[c] + w * self._odds_prior[c]) / (self._tried[c] + w)
+            record = self._pair_record.get(pair)
+            if record is not None:
+                odds = (record[1] + PAIR_WEIGHT * odds) / (record[0] + PAIR_WEIGHT)
+            out.append(odds)
+        return out
 
     def propose(
         self, limit: int, matcher: GrammarMatcher | None = None, stop_ids: Container[int] = ()
@@ -179,7 +194,7 @@ class NgramDrafter:
         row took after the last forced run. The matcher is left as it was. A draft never
         holds a token of ``stop_ids``.
         """
-        self._classes = []
+        self._classes, self._pairs = [], []
         limit = min(limit, self.config.max_draft)
         if limit < 1:
             return []
@@ -199,6 +214,7 @@ class NgramDrafter:
                             break
                         n = matcher.accept_tokens(forced)
                         taken += n
+                        self._pairs += [(-1, t) for t in forced[:n]]
                         draft += forced[:n]
                         classes += [FORCED] * n
                         if n < len(forced):
@@ -223,6 +239,7 @@ class NgramDrafter:
                 else:
                     break
                 taken += matcher is not None
+                self._pairs.append((draft[-1] if draft else ctx[-1] if ctx else -1, token))
                 draft.append(token)
         finally:
             if taken and matcher is not None:
@@ -248,7 +265,11 @@ class NgramDrafter:
     def record(self, proposed: int, accepted: int) -> None:
         """How the last proposal's first ``proposed`` tokens fared: the first ``accepted``
         were kept; the one after them (if any) was checked and refused."""
-        for j, c in enumerate(self._classes[: min(proposed, accepted + 1)]):
+        checked = min(proposed, accepted + 1)
+        for j, (c, pair) in enumerate(zip(self._classes[:checked], self._pairs[:checked], strict=True)):
             if c != FORCED:
                 self._tried[c] += 1
                 self._kept[c] += j < accepted
+                record = self._pair_record.setdefault(pair, [0, 0])
+                record[0] += 1
+                record[1] += j < accepted
