@@ -24,7 +24,6 @@ where the odds are poor (free text pays almost nothing for trying).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -85,7 +84,9 @@ def pass_cost(positions: float, config: SpeculationConfig) -> float:
     return 1.0 + config.position_cost * max(0.0, positions - config.free_positions)
 
 
-def draft_lengths(odds: Sequence[Sequence[float]], *, positions: int, rows: int, config: SpeculationConfig) -> list[int]:
+def draft_lengths(
+    odds: Sequence[Sequence[float]], *, positions: int, rows: int, config: SpeculationConfig
+) -> list[int]:
     """How much of each row's draft to feed: draft ``i``'s token ``j`` is kept with odds
     ``odds[i][j]`` once the tokens before it are; the pass feeds ``positions`` positions
     without drafts and yields ``rows`` tokens. Row by row, the length with the most
@@ -229,13 +230,15 @@ class NgramDrafter:
                 token = ctx[source] if source is not None and source < len(ctx) else -1
                 if token >= 0 and token not in stop_ids and (matcher is None or matcher.accept_token(token)):
                     classes.append(min(matched, top) - 1)
-                    source, matched = source + 1 if source is not None else None, matched + 1
+                    source, matched = (source or 0) + 1, matched + 1
                 elif fallback:
                     token = fallback.pop(0)
                     if token in stop_ids or (matcher is not None and not matcher.accept_token(token)):
                         break
                     classes.append(self._after_class)
                     source, matched = self._lookup([*draft, token])
+                    if source is not None:  # the lookup has something again: read on there
+                        fallback = []
                 else:
                     break
                 taken += matcher is not None
