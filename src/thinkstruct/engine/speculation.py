@@ -6,8 +6,8 @@ few tokens of a request, looked up in what it has seen (its prompt and its answe
 far), often continue as they did the last time. :class:`NgramDrafter` proposes that
 continuation; the engine feeds it after the row's own token in the same pass, gets the
 logits of every fed position, and keeps the draft's tokens as long as each is what the
-row would have sampled there (one draw of the row's own generator per position, as
-without a draft). For a deterministic draft that is exactly the standard acceptance rule
+row would have sampled there, or what its grammar forces after that (one draw of the
+row's own generator per sampled position, as without a draft). For a deterministic draft that is exactly the standard acceptance rule
 (accept with the target probability, else draw from the rest), so the output
 distribution is unchanged, and on a batch-invariant runner a seed gives the very same
 tokens with and without speculation.
@@ -16,8 +16,8 @@ A pass over one row's 1 + k positions costs about what a pass over one does only
 the weight reads dominate: past a few positions a CPU's arithmetic does (on two cores with
 AVX-512, 4 positions cost about 1.3 passes of one, 8 about 1.9: measured on SmolLM2's int8
 weights). So a row drafts as far as it pays: each draft token has odds of being kept (the
-row's own record for drafts from suffix matches of that length, from a prior; 1 for a
-token the grammar forces), and :func:`draft_lengths` cuts the drafts where the expected
+row's own record for draft tokens from suffix matches of that length and for the pair of
+tokens it continues, from a prior; 1 for a token the grammar forces), and :func:`draft_lengths` cuts the drafts where the expected
 tokens per unit of pass cost (:func:`pass_cost`) are highest, which is no draft at all
 where the odds are poor (free text pays almost nothing for trying).
 """
