@@ -1,7 +1,8 @@
 """Speculative decoding (n-gram drafts) on and off, one request at a time, side by side.
 
-Two engines over the same loaded model (the embedded SmolLM2 with int8 weights, as
-``thinkstruct serve`` loads it), one with speculation, one without; each prompt runs on
+Two engines over the same loaded model (the embedded SmolLM2, by default with the
+quantization ``thinkstruct serve`` picks for it: its GGUF blocks; ``--quantize
+int8-weights`` for int8 weights), one with speculation, one without; each prompt runs on
 both, the side that goes first alternating prompt by prompt. Thinking off, greedy.
 
 Workloads:
@@ -10,12 +11,14 @@ Workloads:
   JSON schema of its fields: the answer copies names, addresses and numbers from the
   prompt, what n-gram drafts predict;
 - **free**: short open questions, free text (drafts rarely right: shows what trying
-  costs).
+  costs);
+- **8 clients**: the extraction prompts, 8 at once (more rows than speculation drafts
+  for until the batch thins out): the time until all 8 are done.
 
 Prints tokens/s per side, the ratio, draft tokens accepted per draft token fed, and
 whether the answers are identical (they must be: the runner is batch-invariant).
 
-    python benchmarks/speculation.py [--rounds 2]
+    python benchmarks/speculation.py [--rounds 2] [--quantize auto|int8-weights|gguf]
 """
 
 from __future__ import annotations
@@ -124,13 +127,31 @@ def _run(engine: Engine, ids: list[int], grammar: Any, max_tokens: int) -> tuple
     return time.perf_counter() - start, tuple(out.token_ids)
 
 
+def _run_many(engine: Engine, items: list[tuple[list[int], Any, int]]) -> tuple[float, list[tuple[int, ...]]]:
+    start = time.perf_counter()
+    handles = [
+        engine.submit(
+            GenerationRequest(
+                prompt_ids=ids,
+                sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                grammar=grammar,
+            )
+        )
+        for ids, grammar, max_tokens in items
+    ]
+    outs = [tuple(h.wait().token_ids) for h in handles]
+    return time.perf_counter() - start, outs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--quantize", default="auto", help="as thinkstruct serve's --quantize (default auto)")
     args = parser.parse_args()
-    model = load_model(quantize="int8-weights", progress=False)
+    model = load_model(quantize=args.quantize, progress=False)
+    print(f"SmolLM2-135M-Instruct, quantize={model.quantize}")
     on = Engine(model, config=EngineConfig(speculation=SpeculationConfig(), prefix_cache_bytes=0)).start()
     off = Engine(
         model, config=EngineConfig(speculation=None, prefix_cache_bytes=0), compiler=on.compiler
@@ -166,6 +187,22 @@ def main() -> None:
                 f" {seconds['off'] / seconds['on']:>6.2f}x {kept / max(drafted, 1):>8.0%} {same!s:>5}"
                 f"   (per request: median {statistics.median(ratios):.2f}x)"
             )
+        seconds = {"on": 0.0, "off": 0.0}
+        same = True
+        batch = [jobs["extraction"][k % len(jobs["extraction"])] for k in range(8)]
+        for r in range(args.rounds):
+            order = [("on", on), ("off", off)] if r % 2 == 0 else [("off", off), ("on", on)]
+            got = {}
+            for side, engine in order:
+                elapsed, outs = _run_many(engine, batch)
+                seconds[side] += elapsed
+                got[side] = outs
+            same &= got["on"] == got["off"]
+        tokens = args.rounds * sum(len(t) for t in got["on"])
+        print(
+            f"{'8 clients':<11} {tokens:>7} {tokens / seconds['on']:>9.1f} {tokens / seconds['off']:>10.1f}"
+            f" {seconds['off'] / seconds['on']:>6.2f}x {'':>9} {same!s:>5}"
+        )
         sample_ids, sample_grammar, _ = jobs["extraction"][0]
         print(
             "extraction answer:",

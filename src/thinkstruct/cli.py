@@ -138,9 +138,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         "--speculate",
         choices=("ngram", "off"),
         default="ngram",
-        help="speculative decoding from n-gram drafts of the prompt and answer so far, verified in "
-        "the decoding pass (same tokens as without, on int8 weights; only while a few requests "
-        "decode); default ngram",
+        help="speculative decoding from n-gram drafts of the prompt and answer so far, built through "
+        "the grammar and cut where they pay, verified in the decoding pass (same tokens as without, "
+        "on int8 weights or GGUF blocks; only while a few requests decode); default ngram",
     )
     g.add_argument(
         "--max-queue",

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from thinkstruct import Constraint
 from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
-from thinkstruct.engine.speculation import NgramDrafter, SpeculationConfig
+from thinkstruct.engine.speculation import NgramDrafter, SpeculationConfig, draft_lengths, pass_cost
+from thinkstruct.grammar.runtime.matcher import GrammarMatcher
 
 CONFIG = SpeculationConfig(max_draft=5, min_ngram=2, max_ngram=3)
 
@@ -35,16 +36,96 @@ def test_a_draft_is_what_followed_the_suffix_the_last_time(context: list[int], l
     assert any(context[e : e + len(draft)] == draft for e in matches)
 
 
-def test_the_drafter_grows_with_the_answer_and_backs_off_when_refused() -> None:
-    drafter = NgramDrafter(
-        [1, 2, 3, 4, 9], SpeculationConfig(max_draft=2, min_acceptance=0.5, backoff_steps=3)
-    )
+def test_the_drafter_grows_with_the_answer_and_learns_its_odds() -> None:
+    drafter = NgramDrafter([1, 2, 3, 4, 9], SpeculationConfig(max_draft=2, min_ngram=2))
     assert drafter.propose(8) == []
     drafter.extend([1, 2])
     assert drafter.propose(8) == [3, 4]  # "1 2" was followed by "3 4"
-    for _ in range(4):
-        drafter.record(2, 0)  # nothing kept: poor acceptance
-    assert [drafter.propose(8) for _ in range(4)] == [[], [], [], [3, 4]]
+    before = drafter.odds()
+    for _ in range(6):
+        drafter.propose(8)
+        drafter.record(2, 0)  # the first token refused every time
+    after = drafter.odds()
+    assert after[0] < before[0] / 2 and after[1] == before[1]  # the second was never checked
+
+
+class _Script(GrammarMatcher):
+    """A grammar over a script of positions: each allows a set of tokens (``None``: any);
+    a position that allows one token forces it."""
+
+    def __init__(self, script: list[set[int] | None]) -> None:
+        self.script, self.at = script, 0
+
+    def accept_token(self, token_id: int) -> bool:
+        allowed = self.script[self.at] if self.at < len(self.script) else set()
+        if allowed is not None and token_id not in allowed:
+            return False
+        self.at += 1
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        self.at -= num_tokens
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        raise NotImplementedError
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def jump_forward(self) -> list[int]:
+        forced = []
+        for allowed in self.script[self.at :]:
+            if allowed is None or len(allowed) != 1:
+                break
+            forced.append(next(iter(allowed)))
+        return forced
+
+    def copy(self) -> GrammarMatcher:
+        return _Script(self.script)
+
+
+def test_a_draft_goes_through_the_grammar() -> None:
+    """Cut where the grammar refuses, its forced tokens spliced in (odds 1), the lookup
+    going on after them, the matcher left where it was."""
+    config = SpeculationConfig(max_draft=8, after_forced=0)
+    drafter = NgramDrafter([5, 1, 2, 3, 9, 9, 7, 8, 4, 6, 1, 2], config)
+    grammar = _Script([{3, 4}, {7}, {8}, None, None, {0, 99}])
+    # "1 2" was followed by "3 9 9 ...": 3 is allowed, then the grammar forces 7 8 (not 9
+    # 9), after "7 8" came "4 6", and the grammar refuses the 1 after them.
+    assert drafter.propose(8, grammar) == [3, 7, 8, 4, 6]
+    odds = drafter.odds()
+    assert odds[1:3] == [1.0, 1.0] and all(0 < p < 1 for p in (odds[0], *odds[3:]))
+    assert grammar.at == 0
+    assert drafter.propose(3, grammar) == [3, 7, 8]
+    assert drafter.propose(8, grammar, stop_ids={4}) == [3, 7, 8]
+
+
+def test_after_a_forced_run_the_draft_takes_what_the_row_took_last_time() -> None:
+    """A JSON key is forced, the ``": "`` after it is not: the row's tokens after its last
+    forced run are drafted where the lookup has nothing the grammar allows."""
+    drafter = NgramDrafter([50, 51], SpeculationConfig(max_draft=8))
+    drafter.extend([10, 11, 12], forced=2)  # sampled 10, then the grammar forced 11 12
+    drafter.extend([20])
+    drafter.extend([21])  # after the forced run: 20 21
+    drafter.extend([30])
+    drafter.extend([10])
+    grammar = _Script([{11, 13}, {14}, {15}, {20, 22}, {21, 23}, None, None, None])
+    # "10" was followed by "11 12"; the grammar takes 11 but forces 14 15 after it;
+    # nothing followed "15", so 20 21 (what followed the last forced run), then the lookup
+    # reads on after "20 21".
+    assert drafter.propose(8, grammar) == [11, 14, 15, 20, 21, 30, 10]
+    assert grammar.at == 0
+
+
+def test_drafts_are_cut_where_they_pay_most() -> None:
+    config = SpeculationConfig(free_positions=1.5, position_cost=0.14)
+    assert pass_cost(1, config) == 1.0 and pass_cost(4, config) == pytest.approx(1.35)
+    assert draft_lengths([[0.05] * 8], positions=1, rows=1, config=config) == [0]
+    assert draft_lengths([[1.0] * 8], positions=1, rows=1, config=config) == [8]
+    short, long = draft_lengths([[0.6] * 8, [0.95] * 8], positions=2, rows=2, config=config)
+    assert 0 < short < long
+    # Forced tokens (odds 1) after a likely first token are worth their positions.
+    assert draft_lengths([[0.9, 1.0, 1.0, 1.0, 0.1]], positions=1, rows=1, config=config) == [4]
 
 
 # ---- the runner: logits of a row's last tokens -----------------------------------------
@@ -94,7 +175,15 @@ def test_the_same_tokens_with_and_without_speculation(int8w: Any) -> None:
     """A random tiny model repeats itself, so n-gram drafts are often right: greedy, seeded
     sampling and a grammar give the very tokens they give without drafts."""
     ids = list(int8w.tokenizer.encode("copy this: alpha beta gamma delta, alpha beta gamma delta"))
-    grammar = Engine(int8w).compiler.compile(Constraint.regex("[a-z ]{20,60}"))
+    compiler = Engine(int8w).compiler
+    grammar = compiler.compile(Constraint.regex("[a-z ]{20,60}"))
+    # Forced keys: drafts splice them in and the rows keep them with the draft.
+    props = {name: {"type": "string", "maxLength": 12} for name in ("alpha", "beta", "gamma", "delta")}
+    schema = compiler.compile(
+        Constraint.json_schema(
+            {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+        )
+    )
     requests = [
         GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=48, temperature=0.0)),
         *(
@@ -105,6 +194,17 @@ def test_the_same_tokens_with_and_without_speculation(int8w: Any) -> None:
         ),
         GenerationRequest(
             prompt_ids=ids, sampling=SamplingParams(max_tokens=40, temperature=0.0), grammar=grammar
+        ),
+        GenerationRequest(
+            prompt_ids=ids, sampling=SamplingParams(max_tokens=80, temperature=0.0), grammar=schema
+        ),
+        *(
+            GenerationRequest(
+                prompt_ids=ids,
+                sampling=SamplingParams(max_tokens=80, temperature=1.0, seed=seed),
+                grammar=schema,
+            )
+            for seed in range(2)
         ),
     ]
     plain, _ = _answers(int8w, requests, speculate=False)

@@ -422,19 +422,21 @@ static TS_AVX512 void w8_stream512(const int accumulate, const float *x, int64_t
 #undef TS_TILE
 }
 
-/* rows (1 or 2) x TS_WIDE blocks of 16 outputs in one pass over k. A lone row in
- * w8_tile512 is one chain of fused multiply-adds, each waiting on the last one's latency
- * (14 GB/s of weights on one block at a time, measured); four blocks side by side are four
- * chains, and each output is still the same chain over k in order, then the same scaling
- * and additions: the same bits as w8_tile512. */
+/* rows (1 to TS_WIDE_ROWS) x TS_WIDE blocks of 16 outputs in one pass over k. A row in
+ * w8_tile512 is one chain of fused multiply-adds per block, each waiting on the last
+ * one's latency (14 GB/s of weights on one block at a time, measured; 3 to 8 rows took
+ * about as long as one row of four blocks side by side takes thrice); four blocks side by
+ * side are four chains a row, and each output is still the same chain over k in order,
+ * then the same scaling and additions: the same bits as w8_tile512. */
 #define TS_WIDE 4
+#define TS_WIDE_ROWS 6
 
 static inline __attribute__((always_inline)) TS_AVX512 void w8_wide512(const int rows, const int accumulate,
                                                                        const float *x, int64_t ld_x,
                                                                        const int8_t *wq, int64_t K,
                                                                        const float *scale, const float *bias,
                                                                        float *out, int64_t ld_out) {
-    __m512 acc[2][TS_WIDE];
+    __m512 acc[TS_WIDE_ROWS][TS_WIDE];
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < TS_WIDE; j++) acc[r][j] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
@@ -456,16 +458,23 @@ static inline __attribute__((always_inline)) TS_AVX512 void w8_wide512(const int
     }
 }
 
+/* M (1 to TS_WIDE_ROWS) rows against TS_WIDE blocks. */
 static TS_AVX512 void w8_wide(const int accumulate, const float *x, int64_t M, int64_t ld_x, const int8_t *wq,
                               int64_t K, const float *scale, const float *bias, float *out, int64_t ld_out) {
-    if (M == 1) {
-        if (accumulate) w8_wide512(1, 1, x, ld_x, wq, K, scale, bias, out, ld_out);
-        else w8_wide512(1, 0, x, ld_x, wq, K, scale, bias, out, ld_out);
-    } else {
-        if (accumulate) w8_wide512(2, 1, x, ld_x, wq, K, scale, bias, out, ld_out);
-        else w8_wide512(2, 0, x, ld_x, wq, K, scale, bias, out, ld_out);
+#define TS_TILE(n)                                                                              \
+    case n:                                                                                     \
+        if (accumulate) w8_wide512(n, 1, x, ld_x, wq, K, scale, bias, out, ld_out);             \
+        else w8_wide512(n, 0, x, ld_x, wq, K, scale, bias, out, ld_out);                        \
+        break;
+    switch (M) {
+        TS_TILE(1) TS_TILE(2) TS_TILE(3) TS_TILE(4) TS_TILE(5) TS_TILE(6)
     }
+#undef TS_TILE
 }
+
+/* Up to this many rows (a decoding pass, a speculative draft's verification) run in
+ * w8_wide's tiles, split as evenly as they go (9 rows: 5 + 4); more (prefill) stream. */
+#define TS_WIDE_MAX_ROWS 16
 
 /* 1: the AVX-512 tiles run (the CPU has them and ts_use_avx512 did not turn them off). */
 static int ts_avx512 = -1;
@@ -491,10 +500,15 @@ int ts_use_avx512(int on) {
 static void w8_blocks(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_t *w, const float *scale,
                       const float *bias, float *out, int64_t ld_out, int64_t b_lo, int64_t b_hi, float *wf,
                       int accumulate) {
-    if (avx512_on() && M <= 2) /* decoding one or two rows: TS_WIDE blocks at a time */
+    if (avx512_on() && M <= TS_WIDE_MAX_ROWS) { /* decoding few rows: TS_WIDE blocks at a time */
+        const int64_t tiles = (M + TS_WIDE_ROWS - 1) / TS_WIDE_ROWS;
         for (; b_lo + TS_WIDE <= b_hi; b_lo += TS_WIDE)
-            w8_wide(accumulate, x, M, ld_x, w + b_lo * K * 16, K, scale + b_lo * 16,
-                    bias == NULL ? NULL : bias + b_lo * 16, out + b_lo * 16, ld_out);
+            for (int64_t t = 0; t < tiles; t++) {
+                const int64_t m = M * t / tiles, rows = M * (t + 1) / tiles - m;
+                w8_wide(accumulate, x + m * ld_x, rows, ld_x, w + b_lo * K * 16, K, scale + b_lo * 16,
+                        bias == NULL ? NULL : bias + b_lo * 16, out + m * ld_out + b_lo * 16, ld_out);
+            }
+    }
     for (int64_t b = b_lo; b < b_hi; b++) {
         const int8_t *wq = w + b * K * 16;
         const float *sb = scale + b * 16;

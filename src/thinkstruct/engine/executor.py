@@ -34,6 +34,7 @@ from thinkstruct.engine.prefix_cache import PrefixCache
 from thinkstruct.engine.request import FinishReason
 from thinkstruct.engine.runner import ModelRunner, TransformersRunner
 from thinkstruct.engine.sampler import sample
+from thinkstruct.engine.speculation import draft_lengths
 from thinkstruct.grammar.runtime.bitmask import TokenBitmask, allowed_count, apply_bitmask_inplace
 
 if TYPE_CHECKING:
@@ -273,12 +274,15 @@ class Executor:
         self, rows: list[Sequence], ready: list[int], feeds: list[list[int]], width: int
     ) -> list[list[int]]:
         """Each row's n-gram draft for this step (none where speculation does not pay or
-        is off): within the step's positions, ``max_tokens`` and the context, cut at a
-        stop token and at the first token the grammar refuses."""
+        is off): within the step's positions, ``max_tokens`` and the context, through the
+        grammar (cut where it refuses, its forced tokens in), cut where it pays most
+        (:func:`~thinkstruct.engine.speculation.draft_lengths`)."""
         drafts: list[list[int]] = [[] for _ in rows]
         config = self.speculation
         if config is None or not self.runner.batch_invariant or len(rows) > config.max_batch:
             return drafts
+        odds: list[list[float]] = []
+        drafting: list[int] = []
         for i in ready:
             seq = rows[i]
             if seq.drafter is None or seq.finish_reason is not None:
@@ -288,45 +292,52 @@ class Executor:
                 seq.params.max_tokens - seq.generated - 1,
                 self.context_length - seq.cached - len(feeds[i]) - 1,
             )
-            draft = seq.drafter.propose(room)
-            for k, token in enumerate(draft):
-                if token in self._stop_ids:
-                    draft = draft[:k]
-                    break
-            if draft and seq.matcher is not None:
-                try:
-                    draft = draft[: seq.matcher.validate_tokens(draft)]
-                except Exception:  # noqa: BLE001 - no draft then; the row decodes as usual
-                    draft = []
-            drafts[i] = draft
+            try:
+                draft = seq.drafter.propose(room, seq.matcher, self._stop_ids)
+            except Exception:  # noqa: BLE001 - no draft then; the row decodes as usual
+                draft = []
+            if draft:
+                drafts[i] = draft
+                drafting.append(i)
+                odds.append(seq.drafter.odds())
+        if drafting:
+            lengths = draft_lengths(odds, positions=sum(map(len, feeds)), rows=len(ready), config=config)
+            for i, length in zip(drafting, lengths, strict=True):
+                del drafts[i][length:]
         return drafts
 
     def _verify_drafts(
         self, rows: list[Sequence], drafts: list[list[int]], logits: torch.Tensor, firsts: list[int]
     ) -> None:
-        """Keep each row's draft tokens while they are what the row samples there.
+        """Keep each row's draft tokens while they are what the row takes there.
 
-        Position ``j`` of a row's draft was fed after ``j`` draft tokens; the token the row
-        sampled at ``j`` (from the logits before it, one draw of its own generator, as
-        without a draft) either equals draft token ``j`` (its keys and values are already
-        in the slot: keep it and sample at ``j + 1``) or replaces it (fed next step; the
-        slot's positions past it are simply overwritten)."""
-        active = [i for i, d in enumerate(drafts) if d]
-        kept = dict.fromkeys(active, 0)
-        j = 0
+        Position ``p`` of a row's draft was fed after ``p`` draft tokens. The row samples
+        there from the logits before it (one draw of its own generator, as without a
+        draft) and its grammar adds the tokens it forces: while those tokens are the
+        draft's next ones, their keys and values are already in the slot (keep them and
+        sample after the last); from the first that differs on, the row feeds its tokens
+        next step (the slot's positions past the kept ones are simply overwritten)."""
+        at = {i: 0 for i, d in enumerate(drafts) if d}  # the draft position sampled next
+        kept = dict.fromkeys(at, 0)
+        active = list(at)
         while active:
             still = []
             for i in active:
-                seq, draft = rows[i], drafts[i]
-                if seq.finish_reason is None and seq.pending == [draft[j]]:
-                    seq.cached += 1  # fed as draft token j
-                    seq.pending = []
-                    kept[i] += 1
+                seq, draft, p = rows[i], drafts[i], at[i]
+                if seq.finish_reason is not None:
+                    continue
+                n = _common_prefix(seq.pending, draft[p:], len(seq.pending))
+                if n == 0:
+                    continue
+                seq.cached += n  # fed as draft tokens p .. p + n - 1
+                seq.pending = seq.pending[n:]
+                kept[i] += n
+                at[i] = p + n
+                if not seq.pending:
                     still.append(i)
-            j += 1
             if not still:
                 break
-            view = logits[[firsts[i] + j for i in still]]
+            view = logits[[firsts[i] + at[i] for i in still]]
             constrained = [k for k, i in enumerate(still) if rows[i].matcher is not None]
             if constrained:
                 masks = self._masks.rows(len(still))
@@ -336,7 +347,7 @@ class Executor:
                 if live:
                     _apply_rows(view, masks, live)
             self.sample_and_advance([rows[i] for i in still], view)
-            active = [i for i in still if j < len(drafts[i])]
+            active = [i for i in still if at[i] < len(drafts[i])]
         for i, n in kept.items():
             seq = rows[i]
             if seq.drafter is not None:
@@ -439,7 +450,7 @@ class Executor:
             seq.allowed_now = self.vocab_size
         new = [token, *forced]
         if seq.drafter is not None:
-            seq.drafter.extend(new)
+            seq.drafter.extend(new, forced=len(forced))
         if seq.adjustments is not None:
             seq.adjustments.add(new)
         seq.pending = [] if stop else new

@@ -163,13 +163,13 @@ _ENGINE_FIELDS = (
     (
         "draft_tokens",
         "thinkstruct_engine_draft_tokens",
-        "Speculative draft tokens fed for verification (n-gram drafts)",
+        "Speculative draft tokens fed for verification (n-gram drafts, with the tokens the grammar forces within them)",
         True,
     ),
     (
         "accepted_draft_tokens",
         "thinkstruct_engine_accepted_draft_tokens",
-        "Speculative draft tokens kept: each one a decoding pass saved",
+        "Speculative draft tokens kept (a kept token the grammar did not force is a decoding pass saved)",
         True,
     ),
     ("generated_tokens", "thinkstruct_engine_generated_tokens", "Tokens generated (all requests)", True),
