@@ -153,8 +153,10 @@ def test_any_split_gives_the_documents_verdict_and_the_failed_values_start(
     expected = _first_invalid(plan, doc)
     assert (failure.value_pointer if failure else None) == expected
     if failure is not None:
-        # The reported start is where the failed value's text begins.
-        assert json.loads(text[failure.start : failure.end]) == _post_value(doc, failure.value_pointer)
+        # The reported start is where the text of the failed value begins, or of the
+        # member of it the error is about (then only that member is drawn again).
+        part, _ = json.JSONDecoder().raw_decode(text[: failure.end], failure.start)
+        assert part in (_post_value(doc, failure.value_pointer), _post_value(doc, failure.pointer))
         assert text[failure.start] in '{["-0123456789tfn'
     # Checking every keyword of the schema is validating the document.
     everything = frozenset(k for k in _all_keywords(schema))
@@ -307,3 +309,20 @@ def test_regexes_python_cannot_run_make_a_plan_unrunnable() -> None:
     assert plan_checks(
         {"type": "string", "pattern": "^\\p{L}+$"}, inexact=NO_BACKEND_ENFORCES
     ).runnable  # nothing checked
+
+
+def test_a_failure_about_a_member_starts_at_that_member() -> None:
+    """``then`` fails on ``legs``: the failure starts at the ``legs`` value (the part to
+    draw again), not at the object, and its pointers still name the keyword's place."""
+    schema = {"properties": {"kind": {"enum": ["cat", "dog"]}, "legs": {"type": "integer"}},
+              "if": {"properties": {"kind": {"const": "cat"}}}, "then": {"properties": {"legs": {"const": 3}}}}  # fmt: skip
+    plan = plan_checks(schema, inexact=frozenset({"if", "then"}))
+    text = '{"kind": "cat", "legs": 4, "name": {"a": [1, 2]}}'
+    failure = first_failed_check(plan, text)
+    assert failure is not None
+    assert text[failure.start :].startswith("4, ")
+    assert (failure.value_pointer, failure.pointer, failure.keyword) == ("", "/legs", "const")
+    # A key that breaks propertyNames: the whole object is the part (the key is not a value).
+    names = plan_checks({"propertyNames": {"pattern": "^[a-z]+$"}}, inexact=frozenset({"propertyNames"}))
+    failure = first_failed_check(names, '{"ok": 1, "Bad": 2}')
+    assert failure is not None and failure.start == 0

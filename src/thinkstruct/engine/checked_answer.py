@@ -12,9 +12,10 @@ this keeps back the tokens of an open value that holds checked keywords, so the 
 never sees text that is later undone, and says what to undo when a value fails:
 
 - the thought is never checked nor held (the checker starts with the answer);
-- when a value fails, the tokens from the first sampled token of the failed value that
-  *says something* to the end are undone, and that token is banned at its position, so
-  the next draw there differs. A token that only opens the value (whitespace, ``"``,
+- when a value fails, the tokens from the first sampled token of the failed part that
+  *says something* to the end are undone (the failed part: the value, or the member its
+  error is about, as ``legs`` when ``then`` fails on it), and that token is banned at
+  its position, so the next draw there differs. A token that only opens the value (whitespace, ``"``,
   ``[``, ``{``, as ``' "'`` before ``red``) is kept: every other value would open the
   same way, and banning it would leave little but whitespace to draw there. Tokens the
   grammar forced are never the banned one (they would come again);
@@ -41,8 +42,8 @@ if TYPE_CHECKING:
     from thinkstruct.grammar.schema.tag_checks import Checks
 
 
-#: Bytes that only open a value: the text of a token made of them alone says nothing yet.
-_OPENING = b' \t\n\r"[{'
+#: Characters that only open a value: a token's text made of them alone says nothing yet.
+_OPENING = ' \t\n\r"[{'
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +131,8 @@ class CheckedAnswer:
         # Per answer token fed to the checker: the token, and the decoder state before it.
         self._held: list[SettledToken] = []
         self._fed: list[SettledToken] = []
+        #: Per answer token fed: where its text starts in the answer text, and the text.
+        self._texts_fed: list[tuple[int, str]] = []
         self._decoders: list[tuple[bytes, int]] = []
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
@@ -170,6 +173,8 @@ class CheckedAnswer:
             self._checker = answer_checker(self._plan, names=self._names)
         self._decoders.append(self._decoder.getstate())
         piece = self._decoder.decode(self._texts[settled.token])
+        last = self._texts_fed[-1] if self._texts_fed else (0, "")
+        self._texts_fed.append((last[0] + len(last[1]), piece))
         self._fed.append(settled)
         self._held.append(settled)
         return self._checker.feed(piece)
@@ -194,10 +199,14 @@ class CheckedAnswer:
             raise RuntimeError("a value failed before the answer started")
         span = checker.pieces_since(failure.start)
         fed = self._fed[len(self._fed) - span :]
+        texts = self._texts_fed[len(self._texts_fed) - span :]
         drawn = [i for i, t in enumerate(fed) if t.sampled]
-        first = next(
-            (i for i in drawn if self._texts[fed[i].token].strip(_OPENING)), drawn[0] if drawn else None
-        )
+
+        def says_something(i: int) -> bool:  # its text from the failed part's start on
+            start, text = texts[i]
+            return bool(text[max(0, failure.start - start) :].strip(_OPENING))
+
+        first = next((i for i in drawn if says_something(i)), drawn[0] if drawn else None)
         if first is not None:
             pieces = span - first
         else:  # the grammar forced the whole value: undo to the last token drawn before it
@@ -210,6 +219,7 @@ class CheckedAnswer:
         banned = self._fed[-pieces].token
         checker.rollback(pieces)
         del self._fed[-pieces:]
+        del self._texts_fed[-pieces:]
         del self._held[-pieces:]
         self._decoder.setstate(self._decoders[-pieces])
         del self._decoders[-pieces:]

@@ -84,8 +84,9 @@ class CheckFailure:
     """A value that closed and broke a checked keyword.
 
     Attributes:
-        start: offset of the failed value's first character in the answer text: roll
-            back to the token that holds it.
+        start: offset in the answer text of the first character of the failed part:
+            the value, or the member of it the error is about (``then`` failing on a
+            sibling's ``legs``: that value); roll back to the token that holds it.
         end: offset just past its last character.
         value_pointer: the failed value's instance JSON pointer (``""``: the whole answer).
         pointer: the instance JSON pointer where the keyword failed (the value itself or
@@ -522,13 +523,14 @@ class ValueChecker:
         checks = [index for node in nodes for index in node.checks]
         if not checks:
             return None
-        value = json.loads(self._text[start:end])
+        text = self._text[start:end]
+        value = json.loads(text)
         for index in checks:
             error = self._plan.first_error(index, value)
             if error is not None:
                 value_pointer = _pointer(parent)
                 return CheckFailure(
-                    start=start,
+                    start=start + _culprit_offset(text, error),
                     end=end,
                     value_pointer=value_pointer,
                     pointer=value_pointer
@@ -544,6 +546,52 @@ class ValueChecker:
         return ValueError(
             f"the answer is not JSON at character {offset}: {self._text[offset : offset + 20]!r}"
         )
+
+
+def _culprit_offset(text: str, error: Any) -> int:
+    """Where in a failed value's ``text`` the part its error is about starts (``then``
+    failing on a sibling's ``legs``: that member's value), so that only it is drawn
+    again; 0 (the whole value) where the error is about the value itself, or about
+    property names (the part is a key, not the value under it)."""
+    path = list(error.absolute_path)
+    if not path or "propertyNames" in error.absolute_schema_path:
+        return 0
+    return _value_offset(text, path) or 0
+
+
+def _value_offset(text: str, path: list[Any]) -> int | None:
+    """The offset in ``text`` (one JSON value) of the value at ``path``, or ``None``."""
+    decoder = json.JSONDecoder()
+    pos = _skip_space(text, 0)
+    for step in path:
+        opening = text[pos : pos + 1]
+        if opening not in ("{", "[") or isinstance(step, int) != (opening == "["):
+            return None
+        pos = _skip_space(text, pos + 1)
+        index = 0
+        while text[pos : pos + 1] not in ("}", "]", ""):
+            if opening == "{":
+                key, pos = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]
+                pos = _skip_space(text, _skip_space(text, pos) + 1)  # past the colon
+                found = key == step
+            else:
+                found = index == step
+            if found:
+                break
+            _, pos = decoder.raw_decode(text, pos)
+            pos = _skip_space(text, pos)
+            if text[pos : pos + 1] == ",":
+                pos = _skip_space(text, pos + 1)
+            index += 1
+        else:
+            return None
+    return pos
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\n\r":
+        pos += 1
+    return pos
 
 
 def _pointer(frame: _Frame | None) -> str:
