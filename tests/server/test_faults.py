@@ -69,11 +69,20 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot_within_one_step(
     wait_until(lambda: stats.slots_used == 0, "the engine is idle")
     cancelled = threading.Event()
     real_cancel = RequestHandle.cancel
+    real_submit = type(tiny_engine).submit
+    mine: list[RequestHandle] = []
+
+    def submit(engine: Any, *args: Any, **kwargs: Any) -> RequestHandle:
+        handle = real_submit(engine, *args, **kwargs)
+        mine.append(handle)
+        return handle
 
     def cancel(handle: RequestHandle) -> None:  # the server's cancel, noted for the step log
         real_cancel(handle)
-        cancelled.set()
+        if any(handle is h for h in mine):  # not a late cancel of an earlier test's request
+            cancelled.set()
 
+    monkeypatch.setattr(type(tiny_engine), "submit", submit)
     monkeypatch.setattr(RequestHandle, "cancel", cancel)
     aborted = stats.finished["abort"]
     body = {"model": model, "messages": MESSAGES, "max_tokens": 2000, "stream": True, "temperature": 1.0}
