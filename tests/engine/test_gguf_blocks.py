@@ -2,7 +2,7 @@
 
 The packed blocks must hold exactly the weights ``gguf.quants`` dequantizes from the same
 bytes; the multiply must be that float32 matrix's product with the activations rounded to
-int8 per block of 32 (as llama.cpp multiplies these blocks), up to summation order; and a
+int16 per block of 32, up to summation order; and a
 row's result must not depend on the other rows of the call or on the AVX2 / AVX-512 path,
 bit for bit (a seeded request's tokens would otherwise change with its batch).
 """
@@ -49,14 +49,14 @@ def test_packed_blocks_hold_what_gguf_dequantizes(kernels, fmt: str) -> None:
 
 
 def _quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """What the kernels multiply for float32 ``x [M, K]``: each block of 32 rounded to int8
-    against its largest magnitude (``gq_quantize``, llama.cpp's q8 activations), as float32
-    values ``dx * xq``, and the blocks' float sums ``[M, K / 32]``."""
+    """What the kernels multiply for float32 ``x [M, K]``: each block of 32 rounded to int16
+    against its largest magnitude (``gq_quantize``), as values ``dx * xq``, and the
+    blocks' float sums ``[M, K / 32]``."""
     blocks = x.reshape(x.shape[0], -1, 32)
     amax = blocks.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    scale = torch.where(amax > 0, torch.tensor(32767.0) / amax, torch.zeros_like(amax))
     xq = (blocks * scale).round()  # ties to even, as the kernels' conversion
-    return (xq * (amax / 127)).reshape(x.shape), blocks.sum(dim=-1)
+    return (xq.double() * (amax / 32767).double()).reshape(x.shape), blocks.sum(dim=-1)
 
 
 def _q4_1_mins(raw: np.ndarray, rows: int, inputs: int) -> torch.Tensor:
@@ -77,7 +77,7 @@ def _q4_1_mins(raw: np.ndarray, rows: int, inputs: int) -> torch.Tensor:
 def test_multiply_matches_the_dequantized_weights(kernels, fmt, rows, groups, blocks, bias, seed) -> None:
     """Any number of rows (the 1-2 row wide tiles, 2- and 8-row tiles and their
     remainders) and of 16-output groups (whole and partial runs of four): the dequantized
-    weights times the activations as rounded to int8 a block, Q4_1's m times the exact
+    weights times the activations as rounded to int16 a block, Q4_1's m times the exact
     float sums of the blocks."""
     outputs, inputs = 16 * groups, 32 * blocks
     raw, weight = _blocks(fmt, outputs, inputs, seed)
@@ -98,7 +98,7 @@ def test_multiply_matches_the_dequantized_weights(kernels, fmt, rows, groups, bl
     assert bool(((got.double() - expected).abs() <= bound).all())
     # And within the activations' rounding of the float32 product: half a step a block.
     exact = x.double() @ weight.double().T + (0 if b is None else b.double())
-    step = (x.abs().reshape(rows, -1, 32).amax(-1) / 127).double()
+    step = (x.abs().reshape(rows, -1, 32).amax(-1) / 32767).double()
     limit = 0.5 * step @ scaled.abs().reshape(outputs, -1, 32).sum(-1).T * 1.001 + 1e-4
     assert bool(((got.double() - exact).abs() <= limit + bound).all())
 

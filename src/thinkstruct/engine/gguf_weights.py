@@ -122,8 +122,8 @@ class GGUFLinear(torch.nn.Module):
 def pack_blocks(fmt: str, raw: np.ndarray[Any, Any]) -> torch.Tensor:
     """A GGUF tensor's blocks ``raw [out, row bytes]`` (uint8, each row its blocks of 32
     weights in order) laid out for the kernels: ``[out / 16][in / 32]`` groups, each the
-    16 rows' float16 fields, then their quants 4 bytes of a row at a time with the rows
-    side by side (Q8_0's quants offset by 128 as unsigned bytes; ``gguf_blocks.c``)."""
+    16 rows' float16 fields, then their quants 2 bytes of a row at a time with the rows
+    side by side (``gguf_blocks.c``)."""
     spec = GGUF_FORMATS[fmt]
     block = 2 * spec.halves + spec.quant_bytes
     rows = raw.shape[0]
@@ -133,10 +133,8 @@ def pack_blocks(fmt: str, raw: np.ndarray[Any, Any]) -> torch.Tensor:
         blocks[..., 2 * i : 2 * i + 2].transpose(0, 2, 1, 3).reshape(rows // 16, nb, 32)
         for i in range(spec.halves)
     ]
-    quants = blocks[..., 2 * spec.halves :].reshape(rows // 16, 16, nb, spec.quant_bytes // 4, 4)
-    quants = quants.transpose(0, 2, 3, 1, 4)  # [groups, nb, 4 bytes c, row, byte 4c + i]
-    if fmt == "Q8_0":
-        quants = quants ^ np.uint8(0x80)  # int8 q as the unsigned byte q + 128
+    quants = blocks[..., 2 * spec.halves :].reshape(rows // 16, 16, nb, spec.quant_bytes // 2, 2)
+    quants = quants.transpose(0, 2, 3, 1, 4)  # [groups, nb, 2 bytes c, row, byte 2c + i]
     parts.append(quants.reshape(rows // 16, nb, 16 * spec.quant_bytes))
     return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=-1)).reshape(-1))
 
