@@ -5,10 +5,12 @@ A GGUF's Q4_0, Q4_1 and Q8_0 tensors are multiplied by the compiled kernels bloc
 (:data:`~thinkstruct.engine.cpu_kernels.GGUF_FORMATS`, ``gguf_blocks.c``): the model
 computes what its file says, where dequantizing to float and re-quantizing to int8
 (``--quantize int8-weights``) rounds every weight a second time and reads more bytes a
-step (int8 is 1.03 bytes a weight with its scales, Q4_1 0.625, Q8_0 1.06). Activations
-stay float32: each block's 16 or 32 quants are widened to float32 in registers and
-multiplied into float32 activations, then scaled by the block's ``d`` (and ``m``), so a
-result is the file's weights' up to float summation order.
+step (int8 is 1.03 bytes a weight with its scales, Q4_1 0.625, Q8_0 1.06). The multiply
+is integer: each row's activations are rounded to int16 per block of 32 (1/65534 of the
+block's largest magnitude at most), multiplied by the block's quants in int32 lanes
+(exact), then scaled by the block's ``d`` (and ``m`` times the block's float sum), so a
+result is the file's weights' product up to that rounding and float summation order (on
+SmolLM2 the float32 model's top-1 tokens, teacher-forced, 100 %).
 
 The raw blocks are read through the file's tensor table (memory-mapped; ``gguf``'s own
 reader parses the whole vocabulary first, 4 s for SmolLM2), mapped to the model's
