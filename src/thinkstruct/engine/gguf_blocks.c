@@ -107,6 +107,9 @@ static inline int32_t gq_pair(const int16_t *p) {
  * one register. fmt, groups, rows and accumulate are constants at each call (folded
  * away). Few chains (groups x rows <= 4) keep two integer sums a block so that the dot
  * products do not wait on each other's latency. */
+#ifndef TS_GQ_PREFETCH
+#define TS_GQ_PREFETCH 1
+#endif
 #define TS_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 static inline __attribute__((always_inline)) TS_VNNI void gq_tile512(const int fmt, const int groups,
@@ -122,6 +125,11 @@ static inline __attribute__((always_inline)) TS_VNNI void gq_tile512(const int f
         _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) acc[g][r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const int16_t *xb = a.xq + 32 * b;
+        if (TS_GQ_PREFETCH)
+            _Pragma("GCC unroll 8") for (int g = 0; g < groups; g++) {
+                const char *ahead = (const char *)w + ((g + groups) * nb + b) * gb;
+                for (int64_t line = 0; line < gb; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+            }
         __m512i s0[4][8], s1[4][8];
         _Pragma("GCC unroll 8") for (int g = 0; g < groups; g++)
             _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) s0[g][r] = s1[g][r] = _mm512_setzero_si512();
