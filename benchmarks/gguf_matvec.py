@@ -34,13 +34,17 @@ from thinkstruct.engine.int8_weights import Int8Linear
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--inputs", type=int, default=576)
     parser.add_argument("--outputs", type=int, default=98304)
     parser.add_argument("--formats", nargs="+", default=["Q4_0", "Q4_1", "Q8_0"])
-    parser.add_argument("--other", default=None, help="another checkout's root: its GGUF kernels as more sides")
+    parser.add_argument(
+        "--other", default=None, help="another checkout's root: its GGUF kernels as more sides"
+    )
     args = parser.parse_args()
     kernels = cpu_kernels()
     assert kernels is not None
@@ -55,7 +59,10 @@ def main() -> None:
         raw = quantize(weights, GGMLQuantizationType[fmt])
         for label, (lib, pack) in trees.items():
             packed = pack(fmt, raw)
-            sides[label + fmt] = (packed.numel(), lambda x, p=packed, f=fmt, lb=lib: lb.gguf_linear(x, f, p, n))
+            sides[label + fmt] = (
+                packed.numel(),
+                lambda x, p=packed, f=fmt, lb=lib: lb.gguf_linear(x, f, p, n),
+            )
     linear = torch.nn.Linear(k, n, bias=False)
     with torch.no_grad():
         linear.weight.copy_(torch.from_numpy(weights))
@@ -66,7 +73,9 @@ def main() -> None:
     data = torch.ones(64 * 1024 * 1024)
     best_read = min(_time(lambda: data.sum()) for _ in range(8))
     bandwidth = data.numel() * 4 / best_read
-    print(f"# {n} x {k} weights, torch threads {torch.get_num_threads()}, read bandwidth {bandwidth / 1e9:.1f} GB/s")
+    print(
+        f"# {n} x {k} weights, torch threads {torch.get_num_threads()}, read bandwidth {bandwidth / 1e9:.1f} GB/s"
+    )
     print(f"{'rows':>4} " + " ".join(f"{s + ' GB/s':>14}" for s in sides) + "  (x of bandwidth)")
     with torch.inference_mode():
         for rows in args.rows:
@@ -75,7 +84,10 @@ def main() -> None:
             for _ in range(args.repeats):
                 for side, (_, run) in sides.items():
                     best[side] = min(best[side], _time(lambda r=run: r(x)))
-            cells = " ".join(f"{sides[s][0] / best[s] / 1e9:>8.1f} {sides[s][0] / best[s] / bandwidth:>4.2f}x" for s in sides)
+            cells = " ".join(
+                f"{sides[s][0] / best[s] / 1e9:>8.1f} {sides[s][0] / best[s] / bandwidth:>4.2f}x"
+                for s in sides
+            )
             print(f"{rows:>4} {cells}")
 
 
@@ -83,13 +95,19 @@ def _other_tree(root: str) -> tuple[CpuKernels, object]:
     """Another checkout's compiled kernels and ``pack_blocks``."""
     src = os.path.join(root, "src")
     path = subprocess.run(
-        [sys.executable, "-c", "from thinkstruct.engine.cpu_kernels import _built_library; print(_built_library())"],
+        [
+            sys.executable,
+            "-c",
+            "from thinkstruct.engine.cpu_kernels import _built_library; print(_built_library())",
+        ],
         env={**os.environ, "PYTHONPATH": src},
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    spec = importlib.util.spec_from_file_location("other_gguf_weights", os.path.join(src, "thinkstruct/engine/gguf_weights.py"))
+    spec = importlib.util.spec_from_file_location(
+        "other_gguf_weights", os.path.join(src, "thinkstruct/engine/gguf_weights.py")
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up

@@ -228,7 +228,9 @@ def main() -> None:
             rate = {s: tokens[s] / seconds[s] for s in sides}
             cells = " ".join(f"{rate[s]:>15.1f}" for s in sides)
             versus = f"{rate['gguf'] / rate['llama.cpp']:>14.2f}x" if llama is not None else ""
-            print(f"{name:<9} {cells}   {rate['gguf'] / rate['int8']:>8.2f}x {versus} {rate['gguf'] / ceiling:>12.2f}x")
+            print(
+                f"{name:<9} {cells}   {rate['gguf'] / rate['int8']:>8.2f}x {versus} {rate['gguf'] / ceiling:>12.2f}x"
+            )
         bandwidth = max(bandwidth, _read_bandwidth())
         step = _step_seconds(models, jobs["free"][0][0])
         for label, loaded in models.items():
