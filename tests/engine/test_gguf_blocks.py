@@ -110,8 +110,8 @@ def test_a_row_gets_the_same_bits_in_any_batch_and_on_both_paths(kernels, fmt: s
     x = torch.randn(41, 160, generator=torch.Generator().manual_seed(4))
     bias = torch.randn(112, generator=torch.Generator().manual_seed(5))
     alone = torch.cat([kernels.gguf_linear(x[i : i + 1], fmt, packed, 112, bias) for i in range(41)])
-    # 1-2 rows: wide streaming tiles; up to 32: 8-row streaming tiles; more: decoded groups.
-    for width in (2, 3, 8, 9, 21, 33, 41):
+    # 1-2 rows: four groups side by side; 3-4 rows: two; more: 8-row tiles and remainders.
+    for width in (2, 3, 4, 8, 9, 21, 33, 41):
         batched = torch.cat(
             [kernels.gguf_linear(x[i : i + width], fmt, packed, 112, bias) for i in range(0, 41, width)]
         )
@@ -122,6 +122,27 @@ def test_a_row_gets_the_same_bits_in_any_batch_and_on_both_paths(kernels, fmt: s
         assert torch.equal(kernels.gguf_linear(x[:1], fmt, packed, 112, bias), alone[:1])
     finally:
         kernels.use_avx512(True)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_blocks_of_zeros_and_of_one_outlier_round_as_they_should(kernels, fmt: str) -> None:
+    """A block of zero activations (no scale to divide by) contributes nothing; a block
+    whose one large value sets the scale still carries its small ones to 1/65534 of it."""
+    raw, weight = _blocks(fmt, 32, 96, seed=7)
+    x = torch.randn(2, 96, generator=torch.Generator().manual_seed(8))
+    x[0, :32] = 0
+    x[1, 40] = 1e4
+    got = kernels.gguf_linear(x, fmt, pack_blocks(fmt, raw), 32)
+    assert bool(torch.isfinite(got).all())
+    exact = x.double() @ weight.double().T
+    step = (x.abs().reshape(2, -1, 32).amax(-1) / 32767).double()
+    scaled = weight.double().abs()
+    if fmt == "Q4_1":
+        scaled = (weight.double() - _q4_1_mins(raw, 32, 96).double().repeat_interleave(32, dim=1)).abs()
+    limit = 0.5 * step @ scaled.reshape(32, -1, 32).sum(-1).T + 1e-5 * (
+        x.double().abs() @ weight.double().abs().T
+    )
+    assert bool(((got.double() - exact).abs() <= limit * 1.01 + 1e-4).all())
 
 
 def test_stacked_layers_compute_their_parts(kernels) -> None:
