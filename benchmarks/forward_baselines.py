@@ -20,7 +20,8 @@ loop counts the same way); :class:`ForwardTiming` also gives the decode-only rat
 ``python benchmarks/forward_baselines.py`` prints both tables for bf16, fp32 and int8 on
 the embedded SmolLM2 (``--variants`` adds ``int8w``, int8 weights, and ``gguf``, the
 file's own Q4_1/Q8_0 blocks: against fp32, the float32 model transformers dequantizes from
-the same file, gguf should be that model up to float summation order); the sides whose timings are compared are interleaved round by round
+the same file, gguf should be that model up to its int16 activations' rounding and float
+summation order); the sides whose timings are compared are interleaved round by round
 (this machine is noisy) and each cell is the median over rounds. It asserts nothing.
 
     python benchmarks/forward_baselines.py [--model PATH] [--variants bf16 int8 fp32]

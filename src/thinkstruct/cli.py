@@ -106,7 +106,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_QUANTIZE,
         choices=("auto", "gguf", "int8-weights", "int8", "none"),
         help="Linear layers: gguf (a GGUF's own Q4_0/Q4_1/Q8_0 blocks on the compiled CPU kernels, "
-        "float activations), int8-weights (int8 weights, float activations, as close to float32 as "
+        "activations rounded to int16 per block of 32), int8-weights (int8 weights, float activations, as close to float32 as "
         "bfloat16), int8 (activations too) or none; auto (default): gguf for a GGUF whose blocks "
         "the kernels run, otherwise int8-weights",
     )

@@ -1,7 +1,8 @@
 """GGUF blocks on the compiled kernels (``gguf_blocks.c``) against the ``gguf`` package.
 
 The packed blocks must hold exactly the weights ``gguf.quants`` dequantizes from the same
-bytes; the multiply must be that float32 matrix's product up to summation order; and a
+bytes; the multiply must be that float32 matrix's product with the activations rounded to
+int16 per block of 32, up to summation order; and a
 row's result must not depend on the other rows of the call or on the AVX2 / AVX-512 path,
 bit for bit (a seeded request's tokens would otherwise change with its batch).
 """
@@ -47,6 +48,23 @@ def test_packed_blocks_hold_what_gguf_dequantizes(kernels, fmt: str) -> None:
     assert torch.equal(kernels.gguf_dequantize(fmt, packed, 48, 96), reference)
 
 
+def _quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the kernels multiply for float32 ``x [M, K]``: each block of 32 rounded to int16
+    against its largest magnitude (``gq_quantize``), as values ``dx * xq``, and the
+    blocks' float sums ``[M, K / 32]``."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, torch.tensor(32767.0) / amax, torch.zeros_like(amax))
+    xq = (blocks * scale).round()  # ties to even, as the kernels' conversion
+    return (xq.double() * (amax / 32767).double()).reshape(x.shape), blocks.sum(dim=-1)
+
+
+def _q4_1_mins(raw: np.ndarray, rows: int, inputs: int) -> torch.Tensor:
+    """Q4_1 blocks' m ``[rows, inputs / 32]`` (float16 after d in each 20-byte block)."""
+    fields = np.ascontiguousarray(raw).reshape(rows, inputs // 32, 20)[..., 2:4].copy()
+    return torch.from_numpy(fields.view(np.float16).reshape(rows, inputs // 32).astype(np.float32))
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     fmt=st.sampled_from(FORMATS),
@@ -57,18 +75,32 @@ def test_packed_blocks_hold_what_gguf_dequantizes(kernels, fmt: str) -> None:
     seed=st.integers(0, 2**16),
 )
 def test_multiply_matches_the_dequantized_weights(kernels, fmt, rows, groups, blocks, bias, seed) -> None:
-    """Any number of rows (the 1-2 row wide tiles, 8-row tiles and their remainders) and of
-    16-output groups (whole and partial runs of four)."""
+    """Any number of rows (the 1-2 row wide tiles, 2- and 8-row tiles and their
+    remainders) and of 16-output groups (whole and partial runs of four): the dequantized
+    weights times the activations as rounded to int16 a block, Q4_1's m times the exact
+    float sums of the blocks."""
     outputs, inputs = 16 * groups, 32 * blocks
     raw, weight = _blocks(fmt, outputs, inputs, seed)
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, inputs, generator=generator) * 3
     b = torch.randn(outputs, generator=generator) if bias else None
     got = kernels.gguf_linear(x, fmt, pack_blocks(fmt, raw), outputs, b)
-    expected = x.double() @ weight.double().T + (0 if b is None else b.double())
+    xr, sums = _quantized_activations(x)
+    expected = xr.double() @ weight.double().T + (0 if b is None else b.double())
+    bound = 1e-5 * (xr.double().abs() @ weight.double().abs().T) + 1e-5
+    scaled = weight.double()  # what multiplies the rounded activations: d q (Q4_1: w - m)
+    if fmt == "Q4_1":  # m times the exact block sums, where the rounded activations had it
+        mins = _q4_1_mins(raw, outputs, inputs).double()
+        expected += (sums.double() - xr.double().reshape(rows, -1, 32).sum(-1)) @ mins.T
+        bound += 1e-5 * (sums.double().abs() @ mins.abs().T)
+        scaled = scaled - mins.repeat_interleave(32, dim=1)
     # Float32 summation in another order: bounded by a few ulps of sum |x| |w| per output.
-    bound = 1e-5 * (x.double().abs() @ weight.double().abs().T) + 1e-5
     assert bool(((got.double() - expected).abs() <= bound).all())
+    # And within the activations' rounding of the float32 product: half a step a block.
+    exact = x.double() @ weight.double().T + (0 if b is None else b.double())
+    step = (x.abs().reshape(rows, -1, 32).amax(-1) / 32767).double()
+    limit = 0.5 * step @ scaled.abs().reshape(outputs, -1, 32).sum(-1).T * 1.001 + 1e-4
+    assert bool(((got.double() - exact).abs() <= limit + bound).all())
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -78,8 +110,8 @@ def test_a_row_gets_the_same_bits_in_any_batch_and_on_both_paths(kernels, fmt: s
     x = torch.randn(41, 160, generator=torch.Generator().manual_seed(4))
     bias = torch.randn(112, generator=torch.Generator().manual_seed(5))
     alone = torch.cat([kernels.gguf_linear(x[i : i + 1], fmt, packed, 112, bias) for i in range(41)])
-    # 1-2 rows: wide streaming tiles; up to 32: 8-row streaming tiles; more: decoded groups.
-    for width in (2, 3, 8, 9, 21, 33, 41):
+    # 1-2 rows: four groups side by side; 3-4 rows: two; more: 8-row tiles and remainders.
+    for width in (2, 3, 4, 8, 9, 21, 33, 41):
         batched = torch.cat(
             [kernels.gguf_linear(x[i : i + width], fmt, packed, 112, bias) for i in range(0, 41, width)]
         )
@@ -90,6 +122,27 @@ def test_a_row_gets_the_same_bits_in_any_batch_and_on_both_paths(kernels, fmt: s
         assert torch.equal(kernels.gguf_linear(x[:1], fmt, packed, 112, bias), alone[:1])
     finally:
         kernels.use_avx512(True)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_blocks_of_zeros_and_of_one_outlier_round_as_they_should(kernels, fmt: str) -> None:
+    """A block of zero activations (no scale to divide by) contributes nothing; a block
+    whose one large value sets the scale still carries its small ones to 1/65534 of it."""
+    raw, weight = _blocks(fmt, 32, 96, seed=7)
+    x = torch.randn(2, 96, generator=torch.Generator().manual_seed(8))
+    x[0, :32] = 0
+    x[1, 40] = 1e4
+    got = kernels.gguf_linear(x, fmt, pack_blocks(fmt, raw), 32)
+    assert bool(torch.isfinite(got).all())
+    exact = x.double() @ weight.double().T
+    step = (x.abs().reshape(2, -1, 32).amax(-1) / 32767).double()
+    scaled = weight.double().abs()
+    if fmt == "Q4_1":
+        scaled = (weight.double() - _q4_1_mins(raw, 32, 96).double().repeat_interleave(32, dim=1)).abs()
+    limit = 0.5 * step @ scaled.reshape(32, -1, 32).sum(-1).T + 1e-5 * (
+        x.double().abs() @ weight.double().abs().T
+    )
+    assert bool(((got.double() - exact).abs() <= limit * 1.01 + 1e-4).all())
 
 
 def test_stacked_layers_compute_their_parts(kernels) -> None:

@@ -5,10 +5,12 @@ A GGUF's Q4_0, Q4_1 and Q8_0 tensors are multiplied by the compiled kernels bloc
 (:data:`~thinkstruct.engine.cpu_kernels.GGUF_FORMATS`, ``gguf_blocks.c``): the model
 computes what its file says, where dequantizing to float and re-quantizing to int8
 (``--quantize int8-weights``) rounds every weight a second time and reads more bytes a
-step (int8 is 1.03 bytes a weight with its scales, Q4_1 0.625, Q8_0 1.06). Activations
-stay float32: each block's 16 or 32 quants are widened to float32 in registers and
-multiplied into float32 activations, then scaled by the block's ``d`` (and ``m``), so a
-result is the file's weights' up to float summation order.
+step (int8 is 1.03 bytes a weight with its scales, Q4_1 0.625, Q8_0 1.06). The multiply
+is integer: each row's activations are rounded to int16 per block of 32 (1/65534 of the
+block's largest magnitude at most), multiplied by the block's quants in int32 lanes
+(exact), then scaled by the block's ``d`` (and ``m`` times the block's float sum), so a
+result is the file's weights' product up to that rounding and float summation order (on
+SmolLM2 the float32 model's top-1 tokens, teacher-forced, 100 %).
 
 The raw blocks are read through the file's tensor table (memory-mapped; ``gguf``'s own
 reader parses the whole vocabulary first, 4 s for SmolLM2), mapped to the model's
@@ -122,7 +124,8 @@ class GGUFLinear(torch.nn.Module):
 def pack_blocks(fmt: str, raw: np.ndarray[Any, Any]) -> torch.Tensor:
     """A GGUF tensor's blocks ``raw [out, row bytes]`` (uint8, each row its blocks of 32
     weights in order) laid out for the kernels: ``[out / 16][in / 32]`` groups, each the
-    16 rows' float16 fields, then their quants with the rows side by side (``gguf_blocks.c``)."""
+    16 rows' float16 fields, then their quants 2 bytes of a row at a time with the rows
+    side by side (``gguf_blocks.c``)."""
     spec = GGUF_FORMATS[fmt]
     block = 2 * spec.halves + spec.quant_bytes
     rows = raw.shape[0]
@@ -132,7 +135,8 @@ def pack_blocks(fmt: str, raw: np.ndarray[Any, Any]) -> torch.Tensor:
         blocks[..., 2 * i : 2 * i + 2].transpose(0, 2, 1, 3).reshape(rows // 16, nb, 32)
         for i in range(spec.halves)
     ]
-    quants = blocks[..., 2 * spec.halves :].transpose(0, 2, 3, 1)  # [groups, nb, quant byte, row]
+    quants = blocks[..., 2 * spec.halves :].reshape(rows // 16, 16, nb, spec.quant_bytes // 2, 2)
+    quants = quants.transpose(0, 2, 3, 1, 4)  # [groups, nb, 2 bytes c, row, byte 2c + i]
     parts.append(quants.reshape(rows // 16, nb, 16 * spec.quant_bytes))
     return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=-1)).reshape(-1))
 

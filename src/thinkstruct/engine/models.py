@@ -69,7 +69,8 @@ float32 elsewhere), except layers whose inputs carry outliers (see :func:`load_m
 ``"int8-weights"`` stores the weights as int8 (one scale per output row) and keeps the
 activations float32 (:mod:`thinkstruct.engine.int8_weights`): much closer to float32,
 slower to prefill; ``"gguf"`` (a GGUF only) multiplies by the file's own Q4_0/Q4_1/Q8_0
-blocks on the compiled kernels, float32 activations (:mod:`thinkstruct.engine.gguf_weights`).
+blocks on the compiled kernels, activations rounded to int16 per block of 32
+(:mod:`thinkstruct.engine.gguf_weights`).
 All compute in float32."""
 
 AUTO = "auto"
@@ -177,7 +178,8 @@ def load_model(
             quantized from the float32 weights; a layer whose input has outliers (found on
             one calibration forward) stays float32; ``"int8-weights"``: int8 weights on
             every bias-free ``nn.Linear``, float32 activations; ``"gguf"``: a GGUF's own
-            Q4_0/Q4_1/Q8_0 blocks (others int8 rows), float32 activations; ``"auto"``:
+            Q4_0/Q4_1/Q8_0 blocks (others int8 rows), activations rounded to int16 per
+            block of 32 for the integer multiply; ``"auto"``:
             :func:`default_quantize`. The model then computes in float32 whatever
             ``dtype`` says.
         reasoning_parser: a reasoning family name (or ``"plain"``) that overrides detection.
