@@ -269,6 +269,33 @@ def test_with_int8_weights_a_rows_logits_do_not_depend_on_its_batch(tiny_model) 
             kernels.use_avx512(True)
 
 
+@pytest.mark.parametrize("threads", [2, 5])
+def test_a_pass_gives_the_same_bits_on_any_number_of_threads(tiny_model, threads) -> None:
+    """The stacked pass's threads take its phases' chunks first come first served, so
+    which thread computes what changes from pass to pass, and a preempted thread's
+    chunks are taken by the others: 5 threads on this machine's cores are preempted all
+    the time. Prefill (a long pass: norms in phases of their own) and decoding passes
+    (each thread's own norms) must give the bits of one thread, every time."""
+    model = _int8_weights_copy(tiny_model.model)
+    feeds = [([list(range(3, 40)), [5, 6]], [0, 0]), ([[7], [8, 9, 10]], [37, 2]), ([[11], [12]], [38, 5])]
+
+    def run(n: int) -> list[torch.Tensor]:
+        runner = DecoderRunner(model, slots=SLOTS, context_length=tiny_model.context_length)
+        assert runner.stacked
+        before = torch.get_num_threads()
+        torch.set_num_threads(n)
+        try:
+            with torch.inference_mode():
+                return [runner.forward(0, ids, starts) for ids, starts in feeds]
+        finally:
+            torch.set_num_threads(before)
+
+    one = run(1)
+    for _ in range(5):
+        for got, want in zip(run(threads), one, strict=True):
+            assert torch.equal(got, want)
+
+
 def _small_llama(**config: object):
     """A one-layer random Llama with 4 query heads over 2 key/value heads, vocabulary 300."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -25,9 +25,11 @@
 #include <math.h>
 #include <stdint.h>
 #include <omp.h>
-#include <sched.h>
+#include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -566,34 +568,68 @@ int ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_
  * Small torch operations and separate parallel regions cost more than their arithmetic
  * at decoding sizes: every region wakes the sleeping OpenMP threads (about 100 us each
  * on two cores with OMP_WAIT_POLICY=PASSIVE, which the server needs), and a layer makes
- * about ten of them. ts_decoder_layers runs every layer of a pass inside one region; its
- * threads split each phase (by tokens, by 16-output weight blocks, by token x head) and
- * meet at a spinning barrier between phases. Each value is computed by the same code as
- * in the kernels above, so a token's result still depends on its own inputs only. */
+ * about ten of them. ts_decoder_layers runs every layer of a pass inside one region.
+ *
+ * Its phases (norm, projections, rotary + cache store, attention, ...) are cut into
+ * chunks (4 blocks of 16 outputs, a few tokens, one token x head) that the threads take
+ * from a counter, first come first served; a thread that has no chunk left waits until
+ * every chunk of the phase is done, then goes on to the next. So a thread the system
+ * preempts (another process, Ray's threads in a replica, the HTTP loop) holds the others
+ * up for at most the chunk it holds: the rest of the phase is taken by those running, and
+ * when it runs again it finds the phases it missed done and catches up. With a fixed
+ * half each, every preemption stalled the whole pass at the next of its 210 meeting
+ * points: 8 clients on a machine with one other busy process measured 52 tok/s on two
+ * threads against 486 on one.
+ *
+ * Each value is computed by the same code whichever thread takes its chunk, so a token's
+ * result still depends on its own inputs only. */
 
-/* Two or more threads meeting between phases: spin (they are all running), yield the
- * core once the wait grows long (another thread of the process may need it). */
+/* One phase's counters: chunks taken, chunks done, and whether a thread sleeps until
+ * the phase is done (a cache line a phase). */
 typedef struct {
-    atomic_int arrived;
-    atomic_int generation;
-} ts_barrier;
+    atomic_int taken, done, sleepers;
+    char pad[52];
+} ts_phase;
 
-static void ts_barrier_wait(ts_barrier *b, int threads) {
-    if (threads == 1) return;
-    const int generation = atomic_load_explicit(&b->generation, memory_order_acquire);
-    if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == threads - 1) {
-        atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
-        atomic_store_explicit(&b->generation, generation + 1, memory_order_release);
-        return;
-    }
-    for (int spins = 0; atomic_load_explicit(&b->generation, memory_order_acquire) == generation; spins++) {
-        if (spins < 2000) _mm_pause();
-        else sched_yield();
-    }
+/* The next chunk of phase p for this thread, or -1 when all n are taken. */
+static inline int ts_take(ts_phase *p, int n) {
+    if (atomic_load_explicit(&p->taken, memory_order_relaxed) >= n) return -1;
+    const int c = atomic_fetch_add_explicit(&p->taken, 1, memory_order_relaxed);
+    return c < n ? c : -1;
 }
 
-/* Passes of at most this many tokens compute their norms and gated SiLU on every thread. */
+/* A chunk of phase p (of n) is finished: its writes visible to whoever sees it counted;
+ * the last one wakes the threads sleeping on the phase. */
+static inline void ts_finish(ts_phase *p, int n) {
+    if (atomic_fetch_add(&p->done, 1) + 1 == n && atomic_load(&p->sleepers))
+        syscall(SYS_futex, &p->done, FUTEX_WAKE_PRIVATE, INT32_MAX, NULL, NULL, 0);
+}
+
+/* Until all n chunks of phase p are done: spin while the wait is short (the last chunks
+ * are being computed on the other cores), then sleep until the last one wakes us. Not
+ * sched_yield: a yielding thread keeps its core busy, so the scheduler leaves a preempted
+ * thread holding a chunk queued behind another process on its own core; a sleeping one
+ * leaves its core idle and the scheduler moves the preempted thread onto it. */
+static void ts_wait(ts_phase *p, int n) {
+    for (int spins = 0; spins < 1000; spins++) {
+        if (atomic_load_explicit(&p->done, memory_order_acquire) >= n) return;
+        _mm_pause();
+    }
+    atomic_store(&p->sleepers, 1);
+    for (int seen; (seen = atomic_load(&p->done)) < n;)
+        syscall(SYS_futex, &p->done, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+}
+
+/* Passes of at most this many tokens compute their norms and gated SiLU on every thread
+ * that takes a chunk of the projection after them (into its own buffers: the same
+ * values), instead of in a phase of their own: 6 phases a layer instead of 9. */
 #define TS_OWN_GLUE 16
+/* Chunks: 16-output blocks of a projection (a multiple of the GGUF and int8 tiles'
+ * widths), tokens of the norms, rotary and gated SiLU. */
+#define TS_CHUNK_BLOCKS 4
+#define TS_CHUNK_TOKENS 4
+/* Phases a layer (the slots of the counters; the own-glue ones unused in short passes). */
+#define TS_PHASES 9
 
 /* One decoder layer's parameters: projections (q/k/v stacked into qkv, gate/up into
  * gate_up) of format *_format: int8 rows packed as above with their scales (TS_INT8), or
@@ -611,6 +647,10 @@ typedef struct {
     int64_t qkv_format, out_format, gate_up_format, down_format;
     float attn_eps, mlp_eps, qk_eps, scaling;
 } ts_layer;
+
+/* Chunk c of n over [0, total) in steps of size: its first and end. */
+#define TS_SPAN(c, size, total) (c) * (size), ((c) + 1) * (size) < (total) ? ((c) + 1) * (size) : (total)
+#define TS_CHUNKS(total, size) (int)(((total) + (size) - 1) / (size))
 
 /* h [T, hidden] (the residual stream, updated in place) through layers[0..n_layers):
  * per layer h += o(attention(rope(qk_norm(qkv(norm(h)))))), h += down(silu_mul(gate_up(norm(h)))).
@@ -642,23 +682,30 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
     float *att = (float *)malloc((size_t)T * att_n * sizeof(float));
     float *gate_up = (float *)malloc((size_t)T * 2 * inter * sizeof(float));
     float *act = (float *)malloc((size_t)T * inter * sizeof(float));
+    ts_phase *phases = (ts_phase *)aligned_alloc(64, (size_t)(n_layers > 0 ? n_layers : 1) * TS_PHASES * sizeof(ts_phase));
     /* The widest input a projection reads: hidden (qkv, gate_up), att_n (o), inter (down). */
     const int64_t k_max = hidden > inter ? (hidden > att_n ? hidden : att_n) : (inter > att_n ? inter : att_n);
     const int64_t padded = (span + 7) & ~(int64_t)7;
-    int failed = x == NULL || qkv == NULL || att == NULL || gate_up == NULL || act == NULL;
-    ts_barrier barrier = {0, 0};
+    int failed = x == NULL || qkv == NULL || att == NULL || gate_up == NULL || act == NULL || phases == NULL;
+    if (phases != NULL)
+        for (int64_t i = 0; i < n_layers * TS_PHASES; i++) {
+            atomic_init(&phases[i].taken, 0);
+            atomic_init(&phases[i].done, 0);
+            atomic_init(&phases[i].sleepers, 0);
+        }
+    /* Chunks of each phase. */
+    const int c_tokens = TS_CHUNKS(T, TS_CHUNK_TOKENS), c_units = (int)(T * heads);
+    const int c_qkv = TS_CHUNKS(qkv_n / 16, TS_CHUNK_BLOCKS), c_hidden = TS_CHUNKS(hidden / 16, TS_CHUNK_BLOCKS);
+    const int c_gate_up = TS_CHUNKS(2 * inter / 16, TS_CHUNK_BLOCKS);
 #pragma omp parallel if (!failed)
     {
-        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        const int64_t t_lo = T * id / nt, t_hi = T * (id + 1) / nt, t_n = t_hi - t_lo;
         float *wf = w8_scratch(T, k_max);
         float *xs = (float *)malloc((size_t)gguf_scratch_floats(T, k_max) * sizeof(float)); /* GGUF blocks' */
         float *scores = (float *)aligned_alloc(32, (size_t)padded * sizeof(float));
-        /* A decoding pass (few tokens): each thread computes the norms and the gated SiLU
-         * of every token itself, into its own buffers (the same values), so the phases
-         * after them need not wait for the others: 7 barriers a layer instead of 10. A
-         * barrier is where a preempted thread holds the other up (two shared cores). */
-        const int own = nt > 1 && T <= TS_OWN_GLUE;
+        /* A short pass: each thread computes the norms and the gated SiLU of every token
+         * itself, into its own buffers, once it has taken a chunk of the projection that
+         * reads them (see TS_OWN_GLUE). */
+        const int own = T <= TS_OWN_GLUE;
         float *x_own = own ? (float *)malloc((size_t)T * hidden * sizeof(float)) : NULL;
         float *act_own = own ? (float *)malloc((size_t)T * inter * sizeof(float)) : NULL;
         float *const x_in = own ? x_own : x, *const act_in = own ? act_own : act;
@@ -671,51 +718,78 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
         int stop;
 #pragma omp atomic read
         stop = failed;
-#define TS_BLOCKS(n) ((n) / 16) * id / nt, ((n) / 16) * (id + 1) / nt
         for (int64_t i = 0; i < n_layers && !stop; i++) {
             const ts_layer *L = &layers[i];
             const ts_qk qk = {L->q_norm, L->k_norm, L->qk_eps, rot_half, L->rotate};
-            if (own) {
-                ts_rms_norm_rows(h, T, hidden, hidden, L->attn_norm, L->attn_eps, x_own, hidden);
-            } else {
-                ts_rms_norm_rows(h + t_lo * hidden, t_n, hidden, hidden, L->attn_norm, L->attn_eps,
-                                 x + t_lo * hidden, hidden);
-                ts_barrier_wait(&barrier, nt);
+            ts_phase *P = phases + i * TS_PHASES;
+            ts_input in;
+            int c, ready;
+            if (!own) {
+                for (; (c = ts_take(&P[0], c_tokens)) >= 0; ts_finish(&P[0], c_tokens)) {
+                    const int64_t t0 = (int64_t)c * TS_CHUNK_TOKENS, tn = t0 + TS_CHUNK_TOKENS < T ? TS_CHUNK_TOKENS : T - t0;
+                    ts_rms_norm_rows(h + t0 * hidden, tn, hidden, hidden, L->attn_norm, L->attn_eps, x + t0 * hidden, hidden);
+                }
+                ts_wait(&P[0], c_tokens);
             }
-            ts_projection(L->qkv_format, x_in, T, hidden, hidden, L->qkv, L->qkv_scale, L->qkv_bias, qkv, qkv_n,
-                          TS_BLOCKS(qkv_n), wf, xs, 0);
-            ts_barrier_wait(&barrier, nt);
-            rope_store_rows(qkv, t_lo, t_hi, qkv_n, heads, kv_heads, dim, &qk, cos_t, sin_t, slot_of, pos_of,
-                            L->keys, L->values, &pages);
-            ts_barrier_wait(&barrier, nt);
-            for (int64_t unit = id; unit < T * heads; unit += nt)
-                attend_unit(qkv, unit, qkv_n, heads, kv_heads, dim, slot_of, pos_of, L->keys, L->values,
-                            &pages, L->window, L->scaling, scores, att, att_n);
-            ts_barrier_wait(&barrier, nt);
-            ts_projection(L->out_format, att, T, att_n, att_n, L->out, L->out_scale, L->out_bias, h, hidden,
-                          TS_BLOCKS(hidden), wf, xs, 1);
-            ts_barrier_wait(&barrier, nt);
-            if (own) {
-                ts_rms_norm_rows(h, T, hidden, hidden, L->mlp_norm, L->mlp_eps, x_own, hidden);
-            } else {
-                ts_rms_norm_rows(h + t_lo * hidden, t_n, hidden, hidden, L->mlp_norm, L->mlp_eps,
-                                 x + t_lo * hidden, hidden);
-                ts_barrier_wait(&barrier, nt);
+            for (ready = 0; (c = ts_take(&P[1], c_qkv)) >= 0; ts_finish(&P[1], c_qkv)) {
+                if (!ready) {
+                    if (own) ts_rms_norm_rows(h, T, hidden, hidden, L->attn_norm, L->attn_eps, x_own, hidden);
+                    in = ts_input_of(L->qkv_format, x_in, T, hidden, hidden, xs);
+                    ready = 1;
+                }
+                ts_projection(L->qkv_format, &in, L->qkv, L->qkv_scale, L->qkv_bias, qkv, qkv_n,
+                              TS_SPAN((int64_t)c, TS_CHUNK_BLOCKS, qkv_n / 16), wf, 0);
             }
-            ts_projection(L->gate_up_format, x_in, T, hidden, hidden, L->gate_up, L->gate_up_scale, L->gate_up_bias,
-                          gate_up, 2 * inter, TS_BLOCKS(2 * inter), wf, xs, 0);
-            ts_barrier_wait(&barrier, nt);
-            if (own) {
-                silu_mul_rows(gate_up, T, inter, act_own);
-            } else {
-                silu_mul_rows(gate_up + t_lo * 2 * inter, t_n, inter, act + t_lo * inter);
-                ts_barrier_wait(&barrier, nt);
+            ts_wait(&P[1], c_qkv);
+            for (; (c = ts_take(&P[2], c_tokens)) >= 0; ts_finish(&P[2], c_tokens))
+                rope_store_rows(qkv, TS_SPAN((int64_t)c, TS_CHUNK_TOKENS, T), qkv_n, heads, kv_heads, dim, &qk, cos_t,
+                                sin_t, slot_of, pos_of, L->keys, L->values, &pages);
+            ts_wait(&P[2], c_tokens);
+            for (; (c = ts_take(&P[3], c_units)) >= 0; ts_finish(&P[3], c_units))
+                attend_unit(qkv, c, qkv_n, heads, kv_heads, dim, slot_of, pos_of, L->keys, L->values, &pages,
+                            L->window, L->scaling, scores, att, att_n);
+            ts_wait(&P[3], c_units);
+            for (ready = 0; (c = ts_take(&P[4], c_hidden)) >= 0; ts_finish(&P[4], c_hidden)) {
+                if (!ready) in = ts_input_of(L->out_format, att, T, att_n, att_n, xs), ready = 1;
+                ts_projection(L->out_format, &in, L->out, L->out_scale, L->out_bias, h, hidden,
+                              TS_SPAN((int64_t)c, TS_CHUNK_BLOCKS, hidden / 16), wf, 1);
             }
-            ts_projection(L->down_format, act_in, T, inter, inter, L->down, L->down_scale, L->down_bias, h, hidden,
-                          TS_BLOCKS(hidden), wf, xs, 1);
-            ts_barrier_wait(&barrier, nt);
+            ts_wait(&P[4], c_hidden);
+            if (!own) {
+                for (; (c = ts_take(&P[5], c_tokens)) >= 0; ts_finish(&P[5], c_tokens)) {
+                    const int64_t t0 = (int64_t)c * TS_CHUNK_TOKENS, tn = t0 + TS_CHUNK_TOKENS < T ? TS_CHUNK_TOKENS : T - t0;
+                    ts_rms_norm_rows(h + t0 * hidden, tn, hidden, hidden, L->mlp_norm, L->mlp_eps, x + t0 * hidden, hidden);
+                }
+                ts_wait(&P[5], c_tokens);
+            }
+            for (ready = 0; (c = ts_take(&P[6], c_gate_up)) >= 0; ts_finish(&P[6], c_gate_up)) {
+                if (!ready) {
+                    if (own) ts_rms_norm_rows(h, T, hidden, hidden, L->mlp_norm, L->mlp_eps, x_own, hidden);
+                    in = ts_input_of(L->gate_up_format, x_in, T, hidden, hidden, xs);
+                    ready = 1;
+                }
+                ts_projection(L->gate_up_format, &in, L->gate_up, L->gate_up_scale, L->gate_up_bias, gate_up,
+                              2 * inter, TS_SPAN((int64_t)c, TS_CHUNK_BLOCKS, 2 * inter / 16), wf, 0);
+            }
+            ts_wait(&P[6], c_gate_up);
+            if (!own) {
+                for (; (c = ts_take(&P[7], c_tokens)) >= 0; ts_finish(&P[7], c_tokens)) {
+                    const int64_t t0 = (int64_t)c * TS_CHUNK_TOKENS, tn = t0 + TS_CHUNK_TOKENS < T ? TS_CHUNK_TOKENS : T - t0;
+                    silu_mul_rows(gate_up + t0 * 2 * inter, tn, inter, act + t0 * inter);
+                }
+                ts_wait(&P[7], c_tokens);
+            }
+            for (ready = 0; (c = ts_take(&P[8], c_hidden)) >= 0; ts_finish(&P[8], c_hidden)) {
+                if (!ready) {
+                    if (own) silu_mul_rows(gate_up, T, inter, act_own);
+                    in = ts_input_of(L->down_format, act_in, T, inter, inter, xs);
+                    ready = 1;
+                }
+                ts_projection(L->down_format, &in, L->down, L->down_scale, L->down_bias, h, hidden,
+                              TS_SPAN((int64_t)c, TS_CHUNK_BLOCKS, hidden / 16), wf, 1);
+            }
+            ts_wait(&P[8], c_hidden);
         }
-#undef TS_BLOCKS
         free(wf);
         free(xs);
         free(scores);
@@ -727,8 +801,12 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
     free(att);
     free(gate_up);
     free(act);
+    free(phases);
     return failed ? -1 : 0;
 }
+
+#undef TS_SPAN
+#undef TS_CHUNKS
 
 /* ---- sampling ------------------------------------------------------------------------
  * One token per row of logits [rows, vocab] (row stride ld), in one call instead of a

@@ -310,14 +310,12 @@ static inline __attribute__((always_inline)) void gq_blocks(const int fmt, const
  * activations. */
 static int64_t gguf_scratch_floats(int64_t M, int64_t K) { return gq_quantize_floats(M, K); }
 
-/* Output blocks [b_lo, b_hi) of 16 of x [M, K] (row stride ld_x) times the packed GGUF
- * weights w of format fmt, plus bias [N] where not NULL, into out (row stride ld_out);
- * accumulate: add to what out holds. xs: scratch of gguf_scratch_floats(M, K) floats. */
-static void gguf_blocks(int64_t fmt, const float *x, int64_t M, int64_t K, int64_t ld_x, const uint8_t *w,
-                        const float *bias, float *out, int64_t ld_out, int64_t b_lo, int64_t b_hi, float *xs,
-                        int accumulate) {
+/* Output blocks [b_lo, b_hi) of 16 of the M rows a (x rounded by gq_quantize for fmt)
+ * times the packed GGUF weights w of format fmt, plus bias [N] where not NULL, into out
+ * (row stride ld_out); accumulate: add to what out holds. */
+static void gguf_blocks(int64_t fmt, const gq_acts a, int64_t M, int64_t K, const uint8_t *w, const float *bias,
+                        float *out, int64_t ld_out, int64_t b_lo, int64_t b_hi, int accumulate) {
     if (b_lo >= b_hi) return;
-    const gq_acts a = gq_quantize(fmt, x, M, K, ld_x, xs);
 #define TS_GB(f)                                                                                   \
     if (accumulate) gq_blocks(f, 1, a, M, K, w, bias, out, ld_out, b_lo, b_hi);                    \
     else gq_blocks(f, 0, a, M, K, w, bias, out, ld_out, b_lo, b_hi);
@@ -329,15 +327,31 @@ static void gguf_blocks(int64_t fmt, const float *x, int64_t M, int64_t K, int64
 #undef TS_GB
 }
 
-/* One projection of format fmt: int8 rows with their scales (w8_blocks, wf its scratch) or
- * GGUF blocks (gguf_blocks, xs its scratch). */
-static void ts_projection(int64_t fmt, const float *x, int64_t M, int64_t K, int64_t ld_x, const void *w,
-                          const float *scale, const float *bias, float *out, int64_t ld_out, int64_t b_lo,
-                          int64_t b_hi, float *wf, float *xs, int accumulate) {
+/* A projection's input as one thread reads it for every block of outputs it computes:
+ * x [M, K] (row stride ld_x), and for GGUF blocks x rounded once (gq_quantize into the
+ * thread's scratch of gguf_scratch_floats(M, K) floats), not once a block range. */
+typedef struct {
+    const float *x;
+    int64_t M, K, ld_x;
+    gq_acts a;
+} ts_input;
+
+static ts_input ts_input_of(int64_t fmt, const float *x, int64_t M, int64_t K, int64_t ld_x, float *xs) {
+    ts_input in = {x, M, K, ld_x, {0}};
+    if (fmt != TS_INT8) in.a = gq_quantize(fmt, x, M, K, ld_x, xs);
+    return in;
+}
+
+/* Output blocks [b_lo, b_hi) of one projection of format fmt over in (prepared by
+ * ts_input_of for fmt): int8 rows with their scales (w8_blocks, wf its scratch) or GGUF
+ * blocks (gguf_blocks). */
+static void ts_projection(int64_t fmt, const ts_input *in, const void *w, const float *scale, const float *bias,
+                          float *out, int64_t ld_out, int64_t b_lo, int64_t b_hi, float *wf, int accumulate) {
     if (fmt == TS_INT8)
-        w8_blocks(x, M, K, ld_x, (const int8_t *)w, scale, bias, out, ld_out, b_lo, b_hi, wf, accumulate);
+        w8_blocks(in->x, in->M, in->K, in->ld_x, (const int8_t *)w, scale, bias, out, ld_out, b_lo, b_hi, wf,
+                  accumulate);
     else
-        gguf_blocks(fmt, x, M, K, ld_x, (const uint8_t *)w, bias, out, ld_out, b_lo, b_hi, xs, accumulate);
+        gguf_blocks(fmt, in->a, in->M, in->K, (const uint8_t *)w, bias, out, ld_out, b_lo, b_hi, accumulate);
 }
 
 /* out [M, N] (row stride ld_out) = x [M, K] (row stride ld_x) times the packed GGUF
@@ -356,7 +370,8 @@ int ts_gguf_linear(int64_t fmt, const float *x, int64_t M, int64_t K, int64_t ld
         if (xs == NULL)
             failed = 1;
         else
-            gguf_blocks(fmt, x, M, K, ld_x, w, bias, out, ld_out, N / 16 * id / nt, N / 16 * (id + 1) / nt, xs, 0);
+            gguf_blocks(fmt, gq_quantize(fmt, x, M, K, ld_x, xs), M, K, w, bias, out, ld_out, N / 16 * id / nt,
+                        N / 16 * (id + 1) / nt, 0);
         free(xs);
     }
     return failed ? -1 : 0;
