@@ -223,13 +223,17 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--chats", type=int, default=20, help="two-turn chats on two replicas")
+    p.add_argument(
+        "--replica-cpus", default="2", help="the 1-replica side's --replica-cpus: its engine's threads (default 2, as the single process)"
+    )
     args = p.parse_args()
 
     single = Service("single process")
-    # --replica-cpus at its default (1): the replica's engine runs one thread and leaves the
-    # other core to the ingress and Ray's own processes (with 2, measured 0.66x: Ray's
-    # threads in the replica preempt the engine's two threads at their barriers).
-    ray1 = Service("Ray, 1 replica", "--ray-address", "local", "--replicas", "1")
+    # The replica's engine on as many threads as the single process's (2 here): like with
+    # like. (Before the decoder stack's threads took chunks first come first served, two
+    # threads in a replica measured 0.66x: Ray's threads preempted them at their meeting
+    # points, and one thread was the better choice.)
+    ray1 = Service("Ray, 1 replica", "--ray-address", "local", "--replicas", "1", "--replica-cpus", args.replica_cpus)
     sides = [single, ray1]
     try:
         for s in sides:

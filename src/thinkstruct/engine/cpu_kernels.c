@@ -541,22 +541,28 @@ static float *w8_scratch(int64_t M, int64_t K) {
     return w8_needs_scratch(M) ? (float *)aligned_alloc(32, (size_t)K * 16 * sizeof(float)) : NULL;
 }
 
+/* Blocks of 16 outputs a chunk of a whole linear layer (ts_w8_linear, ts_gguf_linear: the
+ * output layer, 49k rows), taken first come first served by the threads. */
+#define TS_LINEAR_CHUNK 32
+
 /* x [M, K] (row stride ld_x), packed w as above, scale [N], bias [N] or NULL, out [M, N]
  * (row stride ld_out); N % 16 == 0. Returns 0; -2 for sizes it cannot take (nothing
  * computed); -1 when a thread's scratch could not be allocated (out is not all written). */
 int ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_t *w, const float *scale,
                  const float *bias, int64_t N, float *out, int64_t ld_out) {
     if (M < 0 || K < 1 || N < 16 || N % 16 || ld_x < K || ld_out < N) return -2;
-    const int64_t blocks = N / 16;
+    const int64_t blocks = N / 16, chunks = (blocks + TS_LINEAR_CHUNK - 1) / TS_LINEAR_CHUNK;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
-        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
         float *wf = w8_scratch(M, K);
-        if (wf == NULL && w8_needs_scratch(M))
-            failed = 1;
-        else
-            w8_blocks(x, M, K, ld_x, w, scale, bias, out, ld_out, blocks * id / nt, blocks * (id + 1) / nt, wf, 0);
+        const int ok = wf != NULL || !w8_needs_scratch(M);
+        if (!ok) failed = 1;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t c = 0; c < chunks; c++)
+            if (ok)
+                w8_blocks(x, M, K, ld_x, w, scale, bias, out, ld_out, c * TS_LINEAR_CHUNK,
+                          (c + 1) * TS_LINEAR_CHUNK < blocks ? (c + 1) * TS_LINEAR_CHUNK : blocks, wf, 0);
         free(wf);
     }
     return failed ? -1 : 0;

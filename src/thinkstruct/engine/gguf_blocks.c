@@ -363,15 +363,20 @@ int ts_gguf_linear(int64_t fmt, const float *x, int64_t M, int64_t K, int64_t ld
         ld_out < N)
         return -2;
     int failed = 0;
+    /* Chunks of TS_LINEAR_CHUNK blocks taken first come first served (see ts_decoder_layers:
+     * a preempted thread's share is taken by the others). */
+    const int64_t chunks = (N / 16 + TS_LINEAR_CHUNK - 1) / TS_LINEAR_CHUNK;
 #pragma omp parallel reduction(| : failed) if (M * N * K >= (int64_t)1 << 18)
     {
-        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
         float *xs = (float *)malloc((size_t)gguf_scratch_floats(M, K) * sizeof(float));
-        if (xs == NULL)
-            failed = 1;
-        else
-            gguf_blocks(fmt, gq_quantize(fmt, x, M, K, ld_x, xs), M, K, w, bias, out, ld_out, N / 16 * id / nt,
-                        N / 16 * (id + 1) / nt, 0);
+        gq_acts a = {0};
+        if (xs == NULL) failed = 1;
+        else a = gq_quantize(fmt, x, M, K, ld_x, xs);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t c = 0; c < chunks; c++)
+            if (xs != NULL)
+                gguf_blocks(fmt, a, M, K, w, bias, out, ld_out, c * TS_LINEAR_CHUNK,
+                            (c + 1) * TS_LINEAR_CHUNK < N / 16 ? (c + 1) * TS_LINEAR_CHUNK : N / 16, 0);
         free(xs);
     }
     return failed ? -1 : 0;
