@@ -32,7 +32,7 @@ test: $(STAMP)
 	test $$tests -eq 0 && test $$types -eq 0
 
 serve: $(STAMP)
-	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(VENV)/bin/thinkstruct serve $(SERVE_ARGS)
+	$(VENV)/bin/thinkstruct serve $(SERVE_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/mask_overhead.py

@@ -27,3 +27,8 @@ def test_an_operators_setting_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     env = ray_serve_env(port=8000)
     assert env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] == "30"
     assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+
+
+def test_the_replicas_openmp_threads_sleep_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert ray_serve_env(port=8000)["OMP_WAIT_POLICY"] == "PASSIVE"

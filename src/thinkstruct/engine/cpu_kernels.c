@@ -615,7 +615,7 @@ static inline void ts_finish(ts_phase *p, int n) {
  * are being computed on the other cores), then sleep until the last one wakes us. Not
  * sched_yield: a yielding thread keeps its core busy, so the scheduler leaves a preempted
  * thread holding a chunk queued behind another process on its own core; a sleeping one
- * leaves its core idle and the scheduler moves the preempted thread onto it. */
+ * leaves its core idle for it. */
 static void ts_wait(ts_phase *p, int n) {
     for (int spins = 0; spins < 1000; spins++) {
         if (atomic_load_explicit(&p->done, memory_order_acquire) >= n) return;
