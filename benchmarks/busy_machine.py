@@ -26,7 +26,7 @@ import json, sys, time, torch
 torch.set_num_threads(int(sys.argv[1]))
 from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
 from thinkstruct.parsers import render_chat
-model = load_model(progress=False)
+model = load_model(quantize="auto", progress=False)  # as thinkstruct serve picks it
 engine = Engine(model, config=EngineConfig(prefix_cache_bytes=0)).start()
 questions = ["Tell me about the history of Rome.", "Write a poem about autumn.", "Explain photosynthesis.",
              "What is machine learning?", "Describe Paris.", "How do airplanes fly?", "Why is the sea salty?",
