@@ -1,5 +1,6 @@
 """The pieces of the replicated service that need no Ray cluster: the prefix index the
-router keeps, the stall watch behind the health check, the replica options."""
+router keeps, the stall watch behind the health check, the replica options, the
+service's totals over the replicas' counters."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from thinkstruct.cli import main
 from thinkstruct.server.cluster.replica import ReplicaStalled, StallWatch
 from thinkstruct.server.cluster.router import PrefixIndex, block_keys
 from thinkstruct.server.cluster.service import ClusterOptions
-from thinkstruct.server.cluster.stats_board import StatsBoard
+from thinkstruct.server.cluster.stats_board import ServiceTotals, StatsBoard
 
 tokens = st.lists(st.integers(min_value=0, max_value=200_000), max_size=80)
 
@@ -97,6 +98,24 @@ def test_replica_options_that_contradict_each_other_are_refused() -> None:
     assert ClusterOptions(replicas=2).autoscaling is None
 
 
+def test_autoscaling_delays_and_window_reach_ray_serve() -> None:
+    default = ClusterOptions(max_replicas=2).autoscaling
+    assert default is not None  # Ray Serve's own defaults
+    assert (default.upscale_delay_s, default.downscale_delay_s, default.look_back_period_s) == (30, 600, 30)
+    assert default.metrics_interval_s == 10
+    quick = ClusterOptions(
+        max_replicas=2, upscale_delay_s=0.5, downscale_delay_s=2, scaling_window_s=3
+    ).autoscaling
+    assert quick is not None
+    assert (quick.upscale_delay_s, quick.downscale_delay_s, quick.look_back_period_s) == (0.5, 2, 3)
+    # The ingress reports its counts several times a window, or the window averages nothing.
+    assert quick.metrics_interval_s == 1
+    with pytest.raises(ValueError, match="--scaling-window"):
+        ClusterOptions(max_replicas=2, scaling_window_s=0).check()
+    with pytest.raises(ValueError, match="--downscale-delay"):
+        ClusterOptions(max_replicas=2, downscale_delay_s=-1).check()
+
+
 def test_the_stats_board_forgets_a_replica_that_stopped_posting() -> None:
     clock = Clock()
     board = StatsBoard(max_age_s=10.0, clock=clock)
@@ -110,8 +129,40 @@ def test_the_stats_board_forgets_a_replica_that_stopped_posting() -> None:
     assert board.read() == {}
 
 
+def replica(generated: int, waiting: int, stop: int) -> dict[str, object]:
+    return {"engine": {"generated_tokens": generated, "waiting": waiting, "finished": {"stop": stop}}}
+
+
+def test_the_services_counters_keep_a_removed_replicas_counts_and_its_gauges_do_not() -> None:
+    totals = ServiceTotals()
+    totals.update({"a": replica(100, 2, 3), "b": replica(50, 1, 1)})
+    both = totals.total()
+    assert (both.generated_tokens, both.waiting, both.finished["stop"]) == (150, 3, 4)
+    totals.update({"a": replica(120, 0, 4)})  # b scaled down
+    after = totals.total()
+    assert (after.generated_tokens, after.waiting, after.finished["stop"]) == (170, 0, 5)
+    totals.update({"a": replica(120, 0, 4), "b": replica(60, 0, 1)})  # b late, not gone
+    assert totals.total().generated_tokens == 180
+    totals.update({"a": replica(130, 0, 4)})
+    assert totals.total().generated_tokens == 190
+    assert set(totals.replicas) == {"a"}
+
+
 def test_serve_refuses_contradicting_replica_flags_before_starting_ray(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["serve", "--min-replicas", "3", "--max-replicas", "2"]) == 2
     assert "--min-replicas (3) is more than --max-replicas (2)" in capsys.readouterr().err
+
+
+def test_serve_passes_the_autoscaling_flags_to_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    from thinkstruct.server.cluster import service
+
+    got: list[ClusterOptions] = []
+    monkeypatch.setattr(service, "serve_cluster", lambda *args, **kwargs: got.append(args[3]) or 0)
+    flags = ["--min-replicas", "1", "--max-replicas", "3", "--target-ongoing-requests", "2"]
+    delays = ["--upscale-delay", "1", "--downscale-delay", "20", "--scaling-window", "6"]
+    assert main(["serve", *flags, *delays]) == 0
+    (options,) = got
+    assert (options.min_replicas, options.max_replicas, options.target_ongoing_requests) == (1, 3, 2)
+    assert (options.upscale_delay_s, options.downscale_delay_s, options.scaling_window_s) == (1, 20, 6)

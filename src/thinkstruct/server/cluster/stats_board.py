@@ -5,7 +5,9 @@ a second (:class:`StatsPoster`); the ingress reads the board as often
 (:class:`BoardReader`) and ``/metrics`` exports every replica's numbers with a
 ``replica`` label (``thinkstruct_replica_*``) beside the service's totals (the usual
 ``thinkstruct_engine_*``, summed over the replicas). A replica that stops posting (dead,
-scaled down) leaves the board after ``max_age_s``.
+scaled down) leaves the board after ``max_age_s``; the service's counters keep its last
+counts (a counter that went down as the service shrank would read to Prometheus as a
+reset, and the next rate as a burst), its gauges (queue lengths) drop it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from thinkstruct.engine.engine import EngineStats
+from thinkstruct.server.metrics import ENGINE_COUNTERS
 
 log = logging.getLogger("thinkstruct.cluster")
 
@@ -96,22 +99,35 @@ class StatsPoster(_Repeating):
             pass
 
 
-class BoardReader(_Repeating):
-    """The ingress's side: the board's latest read, and the service's totals."""
+class ServiceTotals:
+    """Each replica's latest numbers, and the service's totals over them (see the
+    module's docstring: a replica that left keeps its counters in the totals)."""
 
-    def __init__(self, board: Any) -> None:
+    def __init__(self) -> None:
+        #: The latest numbers of each replica on the board, by name.
         self.replicas: dict[str, dict[str, Any]] = {}
-        super().__init__(self._read, period_s=PERIOD_S, name="stats-read")
-        self._board = board
+        #: The last engine counters of each replica that left the board, by name.
+        self._retired: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
 
-    def _read(self) -> None:
-        self.replicas = ray.get(self._board.read.remote(), timeout=5)
+    def update(self, replicas: dict[str, dict[str, Any]]) -> None:
+        """Take a read of the board: a replica gone from it retires its counters."""
+        with self._lock:
+            for name, entry in self.replicas.items():
+                if name not in replicas:
+                    self._retired[name] = {k: v for k, v in entry["engine"].items() if k in ENGINE_COUNTERS}
+            for name in replicas:
+                self._retired.pop(name, None)  # back after a late post: counted live again
+            self.replicas = replicas
 
     def total(self) -> EngineStats:
-        """The replicas' engine counters summed (gauges too: queue lengths add up)."""
+        """The replicas' engine numbers summed (gauges too: queue lengths add up), the
+        counters with those of the replicas that left."""
+        with self._lock:
+            engines = [entry["engine"] for entry in self.replicas.values()] + list(self._retired.values())
         total = EngineStats()
-        for entry in self.replicas.values():
-            for name, value in entry["engine"].items():
+        for numbers in engines:
+            for name, value in numbers.items():
                 if isinstance(value, bool):
                     continue
                 if isinstance(value, (int, float)):
@@ -121,6 +137,25 @@ class BoardReader(_Repeating):
                     for key, count in value.items():
                         merged[key] = merged.get(key, 0) + count
         return total
+
+
+class BoardReader(_Repeating):
+    """The ingress's side: reads the board into :attr:`totals`."""
+
+    def __init__(self, board: Any) -> None:
+        self.totals = ServiceTotals()
+        super().__init__(self._read, period_s=PERIOD_S, name="stats-read")
+        self._board = board
+
+    def _read(self) -> None:
+        self.totals.update(ray.get(self._board.read.remote(), timeout=5))
+
+    @property
+    def replicas(self) -> dict[str, dict[str, Any]]:
+        return self.totals.replicas
+
+    def total(self) -> EngineStats:
+        return self.totals.total()
 
 
 class ReplicaCollector(Collector):
