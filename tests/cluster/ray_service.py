@@ -93,6 +93,17 @@ class RayService:
                 pass
         return found
 
+    def session_dir(self) -> Path | None:
+        """The local Ray instance's session directory (its logs are under ``logs/``)."""
+        for p in self.descendants():
+            try:
+                for arg in p.cmdline():
+                    if arg.startswith("--session-dir="):
+                        return Path(arg.split("=", 1)[1])
+            except psutil.NoSuchProcess:
+                pass
+        return None
+
     def stop(self, *, timeout_s: float = 60.0) -> int | None:
         """SIGTERM, wait for the exit; the exit status (``None``: it had to be killed)."""
         family = self.descendants()
@@ -117,3 +128,14 @@ class RayService:
 
     def http(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=120.0, **kwargs)
+
+
+def metric_values(text: str, name: str) -> dict[str, float]:
+    """``name``'s samples in a /metrics body, by their ``replica`` label ("" without one)."""
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            labels, _, value = line.rpartition(" ")
+            replica = labels.split('replica="')[1].split('"')[0] if 'replica="' in labels else ""
+            values[replica] = float(value)
+    return values
