@@ -93,17 +93,6 @@ class RayService:
                 pass
         return found
 
-    def session_dir(self) -> Path | None:
-        """The local Ray instance's session directory (its logs are under ``logs/``)."""
-        for p in self.descendants():
-            try:
-                for arg in p.cmdline():
-                    if arg.startswith("--session-dir="):
-                        return Path(arg.split("=", 1)[1])
-            except psutil.NoSuchProcess:
-                pass
-        return None
-
     def stop(self, *, timeout_s: float = 60.0) -> int | None:
         """SIGTERM, wait for the exit; the exit status (``None``: it had to be killed)."""
         family = self.descendants()
