@@ -37,6 +37,8 @@ LOAD = 6
 LONG = 8000
 #: The tiny model's end-of-sequence token, kept out of answers that must run to max_tokens.
 NO_EOS = {"1": -100}
+# The first test's time includes the service's start (up to ray_service.START_S).
+pytestmark = pytest.mark.timeout(600)
 #: Seconds any one phase may take on a loaded 2-core machine (a replica starts in
 #: about 20 s idle, more under load).
 PHASE_S = 150.0

@@ -12,7 +12,7 @@ from thinkstruct.cli import main
 from thinkstruct.server.cluster.replica import ReplicaStalled, StallWatch
 from thinkstruct.server.cluster.router import PrefixIndex, block_keys
 from thinkstruct.server.cluster.service import ClusterOptions
-from thinkstruct.server.cluster.stats_board import ServiceTotals, StatsBoard
+from thinkstruct.server.cluster.stats_board import StatsBoard
 
 tokens = st.lists(st.integers(min_value=0, max_value=200_000), max_size=80)
 
@@ -116,36 +116,40 @@ def test_autoscaling_delays_and_window_reach_ray_serve() -> None:
         ClusterOptions(max_replicas=2, downscale_delay_s=-1).check()
 
 
-def test_the_stats_board_forgets_a_replica_that_stopped_posting() -> None:
-    clock = Clock()
-    board = StatsBoard(max_age_s=10.0, clock=clock)
-    board.post("a", {"steps": 1})
-    clock.now = 6.0
-    board.post("b", {"steps": 2})
-    assert board.read() == {"a": {"steps": 1}, "b": {"steps": 2}}
-    clock.now = 12.0
-    assert board.read() == {"b": {"steps": 2}}
-    board.drop("b")
-    assert board.read() == {}
-
-
-def replica(generated: int, waiting: int, stop: int) -> dict[str, object]:
+def replica(generated: int, waiting: int = 0, stop: int = 0) -> dict[str, object]:
     return {"engine": {"generated_tokens": generated, "waiting": waiting, "finished": {"stop": stop}}}
 
 
+def test_the_stats_board_forgets_a_replica_that_stopped_posting() -> None:
+    clock = Clock()
+    board = StatsBoard(max_age_s=10.0, clock=clock)
+    board.post("a", replica(1))
+    clock.now = 6.0
+    board.post("b", replica(2))
+    assert board.read().replicas == {"a": replica(1), "b": replica(2)}
+    clock.now = 12.0
+    assert board.read().replicas == {"b": replica(2)}
+    board.drop("b")
+    assert board.read().replicas == {}
+
+
 def test_the_services_counters_keep_a_removed_replicas_counts_and_its_gauges_do_not() -> None:
-    totals = ServiceTotals()
-    totals.update({"a": replica(100, 2, 3), "b": replica(50, 1, 1)})
-    both = totals.total()
+    clock = Clock()
+    board = StatsBoard(max_age_s=10.0, clock=clock)
+    board.post("a", replica(100, waiting=2, stop=3))
+    board.post("b", replica(50, waiting=1, stop=1))
+    both = board.read().total()
     assert (both.generated_tokens, both.waiting, both.finished["stop"]) == (150, 3, 4)
-    totals.update({"a": replica(120, 0, 4)})  # b scaled down
-    after = totals.total()
-    assert (after.generated_tokens, after.waiting, after.finished["stop"]) == (170, 0, 5)
-    totals.update({"a": replica(120, 0, 4), "b": replica(60, 0, 1)})  # b late, not gone
-    assert totals.total().generated_tokens == 180
-    totals.update({"a": replica(130, 0, 4)})
-    assert totals.total().generated_tokens == 190
-    assert set(totals.replicas) == {"a"}
+    board.drop("b", replica(60, stop=2))  # scaled down: its final counts, after its last post
+    board.post("a", replica(120, stop=4))
+    after = board.read().total()
+    assert (after.generated_tokens, after.waiting, after.finished["stop"]) == (180, 0, 6)
+    clock.now = 11.0  # a killed: its last post's counts stay
+    board.post("c", replica(5))
+    killed = board.read()
+    assert set(killed.replicas) == {"c"} and killed.total().generated_tokens == 185
+    board.post("a", replica(130))  # a late post, not a death: counted live, not twice
+    assert board.read().total().generated_tokens == 195
 
 
 def test_serve_refuses_contradicting_replica_flags_before_starting_ray(
