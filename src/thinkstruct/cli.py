@@ -267,6 +267,28 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="autoscaling: requests in flight per replica Ray Serve scales toward (default 8)",
     )
     c.add_argument(
+        "--upscale-delay",
+        type=_non_negative_float,
+        default=30.0,
+        metavar="S",
+        help="autoscaling: seconds the load must call for more replicas before one is added (default 30)",
+    )
+    c.add_argument(
+        "--downscale-delay",
+        type=_non_negative_float,
+        default=600.0,
+        metavar="S",
+        help="autoscaling: seconds the load must call for fewer replicas before one is drained and "
+        "removed (default 600)",
+    )
+    c.add_argument(
+        "--scaling-window",
+        type=_positive_float,
+        default=30.0,
+        metavar="S",
+        help="autoscaling: seconds of requests-in-flight counts averaged for each decision (default 30)",
+    )
+    c.add_argument(
         "--replica-cpus",
         type=_positive_float,
         default=1.0,
@@ -510,6 +532,9 @@ def _serve_on_ray(args: argparse.Namespace, settings: Any, *, on_listening: Call
             min_replicas=args.min_replicas,
             max_replicas=args.max_replicas,
             target_ongoing_requests=args.target_ongoing_requests,
+            upscale_delay_s=args.upscale_delay,
+            downscale_delay_s=args.downscale_delay,
+            scaling_window_s=args.scaling_window,
             ray_address=args.ray_address,
             replica_cpus=args.replica_cpus,
             stream_interval_s=args.stream_interval / 1000,

@@ -22,8 +22,9 @@ import openai
 import psutil
 
 #: Seconds a local Ray instance with the tiny model's replicas may take to come up on a
-#: loaded 2-core machine.
-START_S = 180.0
+#: loaded 2-core machine (`make test` may start two such services at once: up to ~190 s
+#: seen with other work on the machine).
+START_S = 300.0
 
 
 def free_port() -> int:
@@ -117,3 +118,14 @@ class RayService:
 
     def http(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=120.0, **kwargs)
+
+
+def metric_values(text: str, name: str) -> dict[str, float]:
+    """``name``'s samples in a /metrics body, by their ``replica`` label ("" without one)."""
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            labels, _, value = line.rpartition(" ")
+            replica = labels.split('replica="')[1].split('"')[0] if 'replica="' in labels else ""
+            values[replica] = float(value)
+    return values

@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))  # tiny_model
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))  # server_harness
 
-from ray_service import RayService
+from ray_service import RayService, metric_values
 from server_harness import serving, start_engine, stop_engine
 
 from thinkstruct.server import ServerSettings
@@ -100,17 +100,6 @@ def test_the_ingress_replica_itself_listens_on_the_port(service: RayService, htt
         except psutil.NoSuchProcess:
             pass
     assert len(owners) == 1 and "ServeReplica:thinkstruct:ingress" in owners[0], owners
-
-
-def metric_values(text: str, name: str) -> dict[str, float]:
-    """``name``'s samples in a /metrics body, by their ``replica`` label ("" without one)."""
-    values = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            labels, _, value = line.rpartition(" ")
-            replica = labels.split('replica="')[1].split('"')[0] if 'replica="' in labels else ""
-            values[replica] = float(value)
-    return values
 
 
 def test_metrics_report_each_replica_and_the_service(service: RayService, http: httpx.Client) -> None:

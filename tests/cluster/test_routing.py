@@ -1,5 +1,6 @@
 """The pieces of the replicated service that need no Ray cluster: the prefix index the
-router keeps, the stall watch behind the health check, the replica options."""
+router keeps, the stall watch behind the health check, the replica options, the
+service's totals over the replicas' counters."""
 
 from __future__ import annotations
 
@@ -97,17 +98,58 @@ def test_replica_options_that_contradict_each_other_are_refused() -> None:
     assert ClusterOptions(replicas=2).autoscaling is None
 
 
+def test_autoscaling_delays_and_window_reach_ray_serve() -> None:
+    default = ClusterOptions(max_replicas=2).autoscaling
+    assert default is not None  # Ray Serve's own defaults
+    assert (default.upscale_delay_s, default.downscale_delay_s, default.look_back_period_s) == (30, 600, 30)
+    assert default.metrics_interval_s == 10
+    quick = ClusterOptions(
+        max_replicas=2, upscale_delay_s=0.5, downscale_delay_s=2, scaling_window_s=3
+    ).autoscaling
+    assert quick is not None
+    assert (quick.upscale_delay_s, quick.downscale_delay_s, quick.look_back_period_s) == (0.5, 2, 3)
+    # The ingress reports its counts several times a window, or the window averages nothing.
+    assert quick.metrics_interval_s == 1
+    with pytest.raises(ValueError, match="--scaling-window"):
+        ClusterOptions(max_replicas=2, scaling_window_s=0).check()
+    with pytest.raises(ValueError, match="--downscale-delay"):
+        ClusterOptions(max_replicas=2, downscale_delay_s=-1).check()
+
+
+def replica(generated: int, waiting: int = 0, stop: int = 0) -> dict[str, object]:
+    return {"engine": {"generated_tokens": generated, "waiting": waiting, "finished": {"stop": stop}}}
+
+
 def test_the_stats_board_forgets_a_replica_that_stopped_posting() -> None:
     clock = Clock()
     board = StatsBoard(max_age_s=10.0, clock=clock)
-    board.post("a", {"steps": 1})
+    board.post("a", replica(1))
     clock.now = 6.0
-    board.post("b", {"steps": 2})
-    assert board.read() == {"a": {"steps": 1}, "b": {"steps": 2}}
+    board.post("b", replica(2))
+    assert board.read().replicas == {"a": replica(1), "b": replica(2)}
     clock.now = 12.0
-    assert board.read() == {"b": {"steps": 2}}
+    assert board.read().replicas == {"b": replica(2)}
     board.drop("b")
-    assert board.read() == {}
+    assert board.read().replicas == {}
+
+
+def test_the_services_counters_keep_a_removed_replicas_counts_and_its_gauges_do_not() -> None:
+    clock = Clock()
+    board = StatsBoard(max_age_s=10.0, clock=clock)
+    board.post("a", replica(100, waiting=2, stop=3))
+    board.post("b", replica(50, waiting=1, stop=1))
+    both = board.read().total()
+    assert (both.generated_tokens, both.waiting, both.finished["stop"]) == (150, 3, 4)
+    board.drop("b", replica(60, stop=2))  # scaled down: its final counts, after its last post
+    board.post("a", replica(120, stop=4))
+    after = board.read().total()
+    assert (after.generated_tokens, after.waiting, after.finished["stop"]) == (180, 0, 6)
+    clock.now = 11.0  # a killed: its last post's counts stay
+    board.post("c", replica(5))
+    killed = board.read()
+    assert set(killed.replicas) == {"c"} and killed.total().generated_tokens == 185
+    board.post("a", replica(130))  # a late post, not a death: counted live, not twice
+    assert board.read().total().generated_tokens == 195
 
 
 def test_serve_refuses_contradicting_replica_flags_before_starting_ray(
@@ -115,3 +157,16 @@ def test_serve_refuses_contradicting_replica_flags_before_starting_ray(
 ) -> None:
     assert main(["serve", "--min-replicas", "3", "--max-replicas", "2"]) == 2
     assert "--min-replicas (3) is more than --max-replicas (2)" in capsys.readouterr().err
+
+
+def test_serve_passes_the_autoscaling_flags_to_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    from thinkstruct.server.cluster import service
+
+    got: list[ClusterOptions] = []
+    monkeypatch.setattr(service, "serve_cluster", lambda *args, **kwargs: got.append(args[3]) or 0)
+    flags = ["--min-replicas", "1", "--max-replicas", "3", "--target-ongoing-requests", "2"]
+    delays = ["--upscale-delay", "1", "--downscale-delay", "20", "--scaling-window", "6"]
+    assert main(["serve", *flags, *delays]) == 0
+    (options,) = got
+    assert (options.min_replicas, options.max_replicas, options.target_ongoing_requests) == (1, 3, 2)
+    assert (options.upscale_delay_s, options.downscale_delay_s, options.scaling_window_s) == (1, 20, 6)

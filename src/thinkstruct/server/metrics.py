@@ -181,6 +181,10 @@ _ENGINE_FIELDS = (
     ),
 )
 
+#: The engine's fields exported as counters (they only grow): a cluster's service totals
+#: keep a removed replica's counts in these (``cluster/stats_board.py``).
+ENGINE_COUNTERS = frozenset({"finished", *(attr for attr, _, _, counter in _ENGINE_FIELDS if counter)})
+
 # compiler.stats fields exported as gauges; the rest only grow.
 _COMPILER_GAUGES = {"entries", "bytes"}
 

@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,11 @@ class ClusterOptions:
         replicas: engine replicas (without autoscaling).
         min_replicas, max_replicas: autoscaling bounds; either set turns autoscaling on.
         target_ongoing_requests: requests in flight per replica Ray Serve scales toward.
+        upscale_delay_s, downscale_delay_s: seconds the load must call for more (fewer)
+            replicas before Ray Serve adds (removes) one (Ray Serve's defaults: 30, 600).
+        scaling_window_s: seconds of requests-in-flight counts Ray Serve averages for its
+            decisions (its ``look_back_period_s``; default 30); the ingress reports the
+            counts every third of it, at most every 10 s (Ray Serve's default).
         ray_address: ``None`` or ``"local"``: start a local Ray instance; else join it.
         replica_cpus: CPUs Ray reserves per engine replica (fractions allowed).
         max_ongoing_requests: requests one replica takes at once (more wait at the router).
@@ -69,6 +75,9 @@ class ClusterOptions:
     min_replicas: int | None = None
     max_replicas: int | None = None
     target_ongoing_requests: float = 8.0
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 600.0
+    scaling_window_s: float = 30.0
     ray_address: str | None = None
     replica_cpus: float = 1.0
     max_ongoing_requests: int = 64
@@ -89,6 +98,10 @@ class ClusterOptions:
             raise ValueError(f"--replicas ({self.replicas}) is more than --max-replicas ({high})")
         if self.replica_cpus <= 0:
             raise ValueError(f"--replica-cpus must be positive, got {self.replica_cpus}")
+        if self.upscale_delay_s < 0 or self.downscale_delay_s < 0:
+            raise ValueError("--upscale-delay and --downscale-delay must not be negative")
+        if self.scaling_window_s <= 0:
+            raise ValueError(f"--scaling-window must be positive, got {self.scaling_window_s:g} s")
         if self.stream_interval_s < 0:
             raise ValueError(
                 f"--stream-interval must not be negative, got {1000 * self.stream_interval_s:g} ms"
@@ -99,12 +112,22 @@ class ClusterOptions:
         if self.min_replicas is None and self.max_replicas is None:
             return None
         low = self.min_replicas if self.min_replicas is not None else 1
-        return AutoscalingConfig(
-            min_replicas=low,
-            max_replicas=self.max_replicas if self.max_replicas is not None else max(low, self.replicas),
-            initial_replicas=min(max(self.replicas, low), self.max_replicas or self.replicas),
-            target_ongoing_requests=self.target_ongoing_requests,
-        )
+        with warnings.catch_warnings():
+            # Ray Serve means to move the report interval to environment variables that
+            # its releases do not read yet: the field is what it reads.
+            warnings.filterwarnings("ignore", "The `metrics_interval_s` field", DeprecationWarning)
+            return AutoscalingConfig(
+                min_replicas=low,
+                max_replicas=self.max_replicas if self.max_replicas is not None else max(low, self.replicas),
+                initial_replicas=min(max(self.replicas, low), self.max_replicas or self.replicas),
+                target_ongoing_requests=self.target_ongoing_requests,
+                upscale_delay_s=self.upscale_delay_s,
+                downscale_delay_s=self.downscale_delay_s,
+                look_back_period_s=self.scaling_window_s,
+                # How often the ingress's handle reports its counts (it records one every
+                # fifth of the window): a few times a window, at most Ray Serve's 10 s.
+                metrics_interval_s=min(10.0, self.scaling_window_s / 3),
+            )
 
 
 def application(

@@ -4,8 +4,12 @@ Each engine replica posts its engine's and compiler's counters to the board abou
 a second (:class:`StatsPoster`); the ingress reads the board as often
 (:class:`BoardReader`) and ``/metrics`` exports every replica's numbers with a
 ``replica`` label (``thinkstruct_replica_*``) beside the service's totals (the usual
-``thinkstruct_engine_*``, summed over the replicas). A replica that stops posting (dead,
-scaled down) leaves the board after ``max_age_s``.
+``thinkstruct_engine_*``, summed over the replicas). A replica leaves the board when it
+stops (scaled down, shut down: it posts its final counters as it leaves) or
+``max_age_s`` after its last post (killed); the board keeps the counters of the replicas
+that left, and the service's counters count them (a counter that went down as the
+service shrank would read to Prometheus as a reset, and the next rate as a burst), its
+gauges (queue lengths) not.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from thinkstruct.engine.engine import EngineStats
+from thinkstruct.server.metrics import ENGINE_COUNTERS
 
 log = logging.getLogger("thinkstruct.cluster")
 
@@ -30,29 +35,70 @@ PERIOD_S = 1.0
 
 
 class StatsBoard:
-    """The latest counters of each replica (a Ray actor: ``ray.remote(StatsBoard)``).
+    """The latest counters of each replica (a Ray actor: ``ray.remote(StatsBoard)``),
+    and the last engine counters of those that left.
 
     Args:
-        max_age_s: a replica's entry is dropped this many seconds after its last post.
+        max_age_s: a replica's entry leaves this many seconds after its last post.
         clock: monotonic seconds.
     """
 
     def __init__(self, *, max_age_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._entries: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._retired: dict[str, dict[str, Any]] = {}
         self._max_age_s = max_age_s
         self._clock = clock
 
     def post(self, replica: str, stats: dict[str, Any]) -> None:
         self._entries[replica] = (self._clock(), stats)
+        self._retired.pop(replica, None)  # back after a late post: counted live again
 
-    def drop(self, replica: str) -> None:
-        self._entries.pop(replica, None)
+    def drop(self, replica: str, stats: dict[str, Any] | None = None) -> None:
+        """``replica`` leaves; ``stats``: its final counters (else its last post's)."""
+        entry = self._entries.pop(replica, None)
+        final = stats if stats is not None else entry[1] if entry is not None else None
+        if final is not None:
+            self._retire(replica, final)
 
-    def read(self) -> dict[str, dict[str, Any]]:
-        """Every live replica's latest counters, by replica name."""
+    def _retire(self, replica: str, stats: dict[str, Any]) -> None:
+        self._retired[replica] = {k: v for k, v in stats["engine"].items() if k in ENGINE_COUNTERS}
+
+    def read(self) -> Board:
+        """Every live replica's latest counters, by replica name, and the engine counters
+        of each replica that left."""
         now = self._clock()
-        self._entries = {k: v for k, v in self._entries.items() if now - v[0] <= self._max_age_s}
-        return {name: stats for name, (_, stats) in sorted(self._entries.items())}
+        for name, (posted, stats) in list(self._entries.items()):
+            if now - posted > self._max_age_s:
+                del self._entries[name]
+                self._retire(name, stats)
+        live = {name: stats for name, (_, stats) in sorted(self._entries.items())}
+        return Board(live, dict(self._retired))
+
+
+@dataclasses.dataclass(frozen=True)
+class Board:
+    """A read of the board: ``replicas``, each live replica's latest numbers by name;
+    ``retired``, the last engine counters of each replica that left, by name."""
+
+    replicas: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    retired: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def total(self) -> EngineStats:
+        """The live replicas' engine numbers summed (gauges too: queue lengths add up),
+        the counters with those of the replicas that left."""
+        total = EngineStats()
+        engines = [entry["engine"] for entry in self.replicas.values()] + list(self.retired.values())
+        for numbers in engines:
+            for name, value in numbers.items():
+                if isinstance(value, bool):
+                    continue
+                if isinstance(value, (int, float)):
+                    setattr(total, name, getattr(total, name) + value)
+                elif isinstance(value, dict):
+                    merged = getattr(total, name)
+                    for key, count in value.items():
+                        merged[key] = merged.get(key, 0) + count
+        return total
 
 
 class _Repeating:
@@ -77,7 +123,8 @@ class _Repeating:
 
 
 class StatsPoster(_Repeating):
-    """A replica's side: posts ``stats()`` under ``replica`` to the board."""
+    """A replica's side: posts ``stats()`` under ``replica`` to the board; :meth:`stop`
+    leaves it with the final ``stats()``."""
 
     def __init__(self, board: Any, replica: str, stats: Callable[[], dict[str, Any]]) -> None:
         super().__init__(
@@ -87,40 +134,35 @@ class StatsPoster(_Repeating):
         )
         self._board = board
         self._replica = replica
+        self._stats = stats
 
     def stop(self) -> None:
         super().stop()
+        self._thread.join(timeout=6)  # a post under way lands before the drop
         try:
-            self._board.drop.remote(self._replica)
-        except Exception:  # noqa: BLE001 (Ray may be shutting down)
-            pass
+            ray.get(self._board.drop.remote(self._replica, self._stats()), timeout=2)
+        except Exception:  # Ray may be shutting down
+            log.debug("could not leave the stats board", exc_info=True)
 
 
 class BoardReader(_Repeating):
-    """The ingress's side: the board's latest read, and the service's totals."""
+    """The ingress's side: the board's latest read (:attr:`board`)."""
 
     def __init__(self, board: Any) -> None:
-        self.replicas: dict[str, dict[str, Any]] = {}
+        self.board = Board()
         super().__init__(self._read, period_s=PERIOD_S, name="stats-read")
         self._board = board
 
     def _read(self) -> None:
-        self.replicas = ray.get(self._board.read.remote(), timeout=5)
+        self.board = ray.get(self._board.read.remote(), timeout=5)
+
+    @property
+    def replicas(self) -> dict[str, dict[str, Any]]:
+        return self.board.replicas
 
     def total(self) -> EngineStats:
-        """The replicas' engine counters summed (gauges too: queue lengths add up)."""
-        total = EngineStats()
-        for entry in self.replicas.values():
-            for name, value in entry["engine"].items():
-                if isinstance(value, bool):
-                    continue
-                if isinstance(value, (int, float)):
-                    setattr(total, name, getattr(total, name) + value)
-                elif isinstance(value, dict):
-                    merged = getattr(total, name)
-                    for key, count in value.items():
-                        merged[key] = merged.get(key, 0) + count
-        return total
+        """The service's engine numbers (see :meth:`Board.total`)."""
+        return self.board.total()
 
 
 class ReplicaCollector(Collector):
