@@ -493,7 +493,8 @@ static TS_AVX512 float softmax_512(float *s, int64_t keys) {
     for (j = 0; j + 16 <= padded; j += 16) {
         const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
         _mm512_storeu_ps(s + j, e);
-        total = _mm256_add_ps(_mm256_add_ps(total, _mm512_castps512_ps256(e)), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+        const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1));
+        total = _mm256_add_ps(_mm256_add_ps(total, _mm512_castps512_ps256(e)), hi);
     }
     if (j < padded) {
         const __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(s + j), _mm512_castps512_ps256(m)));
@@ -594,7 +595,8 @@ static void attend_batch(const ts_att *a, int64_t slot, int64_t kvh, const int64
         if (c + 2 * TS_KEYS < c_hi) chunk_prefetch(a->keys, r + 2 * TS_KEYS, dim);
         int m = 0;
         for (int i = 0; i < n; i++)
-            if (c + TS_KEYS > lo[i] && c < end[i]) qa[m] = q[i], dst[m++] = sc->scores + i * sc->stride + 8 + (c - lo[i]);
+            if (c + TS_KEYS > lo[i] && c < end[i])
+                qa[m] = q[i], dst[m++] = sc->scores + i * sc->stride + 8 + (c - lo[i]);
         for (int j = 0; j < TS_KEYS; j++) rk[j] = a->keys + r[j];
         if (wide) score_chunk_512(qa, dst, m, rk, dim, a->scale);
         else score_chunk_256(qa, dst, m, rk, dim, a->scale);
@@ -628,7 +630,8 @@ static void attend_batch(const ts_att *a, int64_t slot, int64_t kvh, const int64
     for (int i = 0; i < n; i++) {
         float *o = a->out + t[i] * a->ld_out + h[i] * dim;
         const __m256 iv = _mm256_set1_ps(inv[i]);
-        for (int64_t l = 0; l < dim; l += 8) _mm256_storeu_ps(o + l, _mm256_mul_ps(_mm256_loadu_ps(sc->acc + i * dim + l), iv));
+        for (int64_t l = 0; l < dim; l += 8)
+            _mm256_storeu_ps(o + l, _mm256_mul_ps(_mm256_loadu_ps(sc->acc + i * dim + l), iv));
     }
 }
 
@@ -950,9 +953,10 @@ int ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_
  * at decoding sizes: every region wakes the sleeping OpenMP threads (about 100 us each
  * on two cores with OMP_WAIT_POLICY=PASSIVE, which the server needs), and a layer makes
  * about ten of them. ts_decoder_layers runs every layer of a pass inside one region; its
- * threads split each phase (by tokens, by 16-output weight blocks, by queries of about equal cost) and
- * meet at a spinning barrier between phases. Each value is computed by the same code as
- * in the kernels above, so a token's result still depends on its own inputs only. */
+ * threads split each phase (by tokens, by 16-output weight blocks, by queries of about
+ * equal cost) and meet at a spinning barrier between phases. Each value is computed by
+ * the same code as in the kernels above, so a token's result still depends on its own
+ * inputs only. */
 
 /* Two or more threads meeting between phases: spin (they are all running), yield the
  * core once the wait grows long (another thread of the process may need it). */
