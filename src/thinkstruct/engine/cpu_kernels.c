@@ -326,18 +326,18 @@ static inline __attribute__((always_inline)) __m256 scores8_256(const float *q, 
     return _mm256_mul_ps(s, scale);
 }
 
-/* The same scores on AVX-512, for Q (1 or 2) queries q[c] at once (each key's lanes
- * loaded once for both): a key's 16-lane partial products in one register, the 8 keys'
- * reduced by the AVX2 tree's additions; into dst[c][0..8). */
+/* The same scores on AVX-512, for Q (1 to 3: a GQA group of 3 in one pass) queries q[c]
+ * at once, each key's lanes loaded once for all: a key's 16-lane partial products in one
+ * register, the 8 keys' reduced by the AVX2 tree's additions; into dst[c][0..8). */
 static inline __attribute__((always_inline)) TS_AVX512 void scores8_512(const int Q, const float *const *q,
                                                                         const float *const *k, int64_t dim,
                                                                         __m256 scale, float *const *dst) {
-    __m512 a[2][8];
+    __m512 a[3][8];
     for (int c = 0; c < Q; c++)
         for (int j = 0; j < 8; j++) a[c][j] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= dim; i += 16) {
-        __m512 qv[2];
+        __m512 qv[3];
         for (int c = 0; c < Q; c++) qv[c] = _mm512_loadu_ps(q[c] + i);
         for (int j = 0; j < 8; j++) {
             const __m512 kv = _mm512_loadu_ps(k[j] + i);
@@ -345,7 +345,7 @@ static inline __attribute__((always_inline)) TS_AVX512 void scores8_512(const in
         }
     }
     if (i < dim) { /* lanes 0-7 only; 8-15 keep their sums */
-        __m512 qv[2];
+        __m512 qv[3];
         for (int c = 0; c < Q; c++) qv[c] = _mm512_castps256_ps512(_mm256_loadu_ps(q[c] + i));
         for (int j = 0; j < 8; j++) {
             const __m512 kv = _mm512_castps256_ps512(_mm256_loadu_ps(k[j] + i));
@@ -368,13 +368,13 @@ static inline __attribute__((always_inline)) TS_AVX512 void scores8_512(const in
 #undef TS_HADD512
 }
 
-/* acc[c][l] += w[c][j] * v[j][l] for Q (1 or 2) queries, keys j0 <= j < j1 in order, l in
- * the nv vectors of 8 from l0 (AVX2): the sums stay in registers over the keys, each
- * value vector is loaded once for both queries. */
+/* acc[c][l] += w[c][j] * v[j][l] for Q (1 or 2; 4 on AVX-512) queries, keys j0 <= j < j1
+ * in order, l in the nv vectors of 8 from l0 (AVX2): the sums stay in registers over the
+ * keys, each value vector is loaded once for all the queries. */
 static inline __attribute__((always_inline)) void mix_slice256(const int Q, const int nv, float *const *acc,
                                                                const float *const *w, const float *const *v,
                                                                int j0, int j1, int64_t l0) {
-    __m256 x[2][4];
+    __m256 x[4][4];
     for (int c = 0; c < Q; c++)
         for (int u = 0; u < nv; u++) x[c][u] = _mm256_loadu_ps(acc[c] + l0 + 8 * u);
     for (int j = j0; j < j1; j++) {
@@ -407,7 +407,7 @@ static inline __attribute__((always_inline)) TS_AVX512 void mix_slice512(const i
                                                                          const float *const *w,
                                                                          const float *const *v, int j0, int j1,
                                                                          int64_t l0) {
-    __m512 x[2][4];
+    __m512 x[4][4];
     for (int c = 0; c < Q; c++)
         for (int u = 0; u < nv; u++) x[c][u] = _mm512_loadu_ps(acc[c] + l0 + 16 * u);
     for (int j = j0; j < j1; j++) {
@@ -516,38 +516,44 @@ static TS_AVX512 void score_chunk_512(const float *const *q, float *const *dst, 
                                       int64_t dim, float scale) {
     const __m256 sv = _mm256_set1_ps(scale);
     int i = 0;
-    for (; i + 2 <= n; i += 2) scores8_512(2, q + i, k, dim, sv, dst + i);
+    for (; i + 3 <= n; i += 3) scores8_512(3, q + i, k, dim, sv, dst + i);
+    if (i + 2 <= n) scores8_512(2, q + i, k, dim, sv, dst + i), i += 2;
     if (i < n) scores8_512(1, q + i, k, dim, sv, dst + i);
 }
 
 /* One chunk of TS_KEYS value rows v for n queries: acc[i] += e_j v[j] over their keys
- * j0[i] <= j < j1[i], e_j = w[i][j]; two queries at once where both take every key. */
-#define TS_MIX_CHUNK(mix)                                                                  \
-    for (int i = 0; i < n;) {                                                              \
-        if (j0[i] == 0 && j1[i] == TS_KEYS) {                                              \
-            if (i + 1 < n && j0[i + 1] == 0 && j1[i + 1] == TS_KEYS) {                     \
-                mix(2, acc + i, w + i, v, 0, TS_KEYS, dim);                                \
-                i += 2;                                                                    \
-            } else {                                                                       \
-                mix(1, acc + i, w + i, v, 0, TS_KEYS, dim);                                \
-                i++;                                                                       \
-            }                                                                              \
-        } else {                                                                           \
-            mix(1, acc + i, w + i, v, j0[i], j1[i], dim);                                  \
-            i++;                                                                           \
-        }                                                                                  \
+ * j0[i] <= j < j1[i], e_j = w[i][j]; up to most (2 or 4) queries at once where they all
+ * take every key. */
+#define TS_MIX_CHUNK(mix, most)                                                                    \
+    for (int i = 0; i < n;) {                                                                      \
+        int f = 0;                                                                                 \
+        while (f < (most) && i + f < n && j0[i + f] == 0 && j1[i + f] == TS_KEYS) f++;             \
+        if ((most) >= 4 && f == 4) {                                                               \
+            mix(4, acc + i, w + i, v, 0, TS_KEYS, dim);                                            \
+            i += 4;                                                                                \
+        } else if (f >= 2) {                                                                       \
+            mix(2, acc + i, w + i, v, 0, TS_KEYS, dim);                                            \
+            i += 2;                                                                                \
+        } else if (f == 1) {                                                                       \
+            mix(1, acc + i, w + i, v, 0, TS_KEYS, dim);                                            \
+            i++;                                                                                   \
+        } else {                                                                                   \
+            mix(1, acc + i, w + i, v, j0[i], j1[i], dim);                                          \
+            i++;                                                                                   \
+        }                                                                                          \
     }
 
 static void mix_chunk_256(float *const *acc, const float *const *w, const int *j0, const int *j1, int n,
                           const float *const *v, int64_t dim) {
 #define TS_MIX256(Q, acc, w, v, j0, j1, dim) mix_256(Q, acc, w, v, j0, j1, 0, dim)
-    TS_MIX_CHUNK(TS_MIX256)
+    TS_MIX_CHUNK(TS_MIX256, 2)
 #undef TS_MIX256
 }
 
+/* (4 queries: 16 of the 32 registers hold their sums) */
 static TS_AVX512 void mix_chunk_512(float *const *acc, const float *const *w, const int *j0, const int *j1, int n,
                                     const float *const *v, int64_t dim) {
-    TS_MIX_CHUNK(mix_512)
+    TS_MIX_CHUNK(mix_512, 4)
 }
 #undef TS_MIX_CHUNK
 
