@@ -643,8 +643,9 @@ static void attend_batch(const ts_att *a, int64_t slot, int64_t kvh, const int64
     }
 }
 
-/* What a query of token t costs, in keys: those it reads plus a fixed part (its softmax,
- * its output; measured ~TS_QUERY_COST keys' time). */
+/* What a query of token t costs, in keys: those it reads plus a fixed part for its batch
+ * bookkeeping and its output (an estimate, not measured: it only matters for short
+ * contexts, where it keeps a split by count). */
 #define TS_QUERY_COST 16
 static inline int64_t att_cost(const ts_att *a, int64_t t) {
     const int64_t end = a->pos_of[t] + 1;
