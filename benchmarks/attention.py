@@ -33,9 +33,9 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as serve sets it; before torch loads
 
-import torch  # noqa: E402
+import torch
 
-from thinkstruct.engine.cpu_kernels import CpuKernels, cpu_kernels  # noqa: E402
+from thinkstruct.engine.cpu_kernels import CpuKernels, cpu_kernels
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 32
 SLOTS = 8

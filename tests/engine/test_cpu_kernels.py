@@ -172,7 +172,11 @@ def test_attention_is_the_same_bits_whatever_is_computed_with_it(kernels, data) 
     generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="seed"))
     per_slot = -(-capacity // block)
     pool_blocks = slots * per_slot + 1
-    table = torch.randperm(pool_blocks, generator=generator)[: slots * per_slot].view(slots, per_slot).contiguous()
+    table = (
+        torch.randperm(pool_blocks, generator=generator)[: slots * per_slot]
+        .view(slots, per_slot)
+        .contiguous()
+    )
     keys = torch.randn(kv_heads, pool_blocks, block, dim, generator=generator)
     values = torch.randn(kv_heads, pool_blocks, block, dim, generator=generator)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=generator) * 3
