@@ -145,6 +145,73 @@ def test_rope_store_and_attention_match_torch(kernels, data) -> None:
     assert torch.equal(contiguous, got)
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_attention_is_the_same_bits_whatever_is_computed_with_it(kernels, data) -> None:
+    """A token's attention is computed by the same float operations whatever else the
+    pass holds: the positions of a slot in one call (a verify pass, a prefill: the queries
+    of a slot and kv head are computed together) beside other slots' tokens give each
+    token the bits it gets alone, on AVX-512 and AVX2, on 1 or 2 threads; GQA groups of
+    1, 3 and 4, heads of 8 to 136 (a tail past the 16-lane sums), sliding windows, blocks
+    scattered over the pool; and torch's attention to float32 rounding."""
+    kv_heads = data.draw(st.integers(1, 3), label="kv_heads")
+    group = data.draw(st.sampled_from([1, 3, 4]), label="group")
+    heads = kv_heads * group
+    dim = 8 * data.draw(st.sampled_from([1, 3, 8, 17]), label="dim / 8")
+    window = data.draw(st.sampled_from([0, 1, 5, 13]), label="window")
+    block = data.draw(st.sampled_from([1, 3, 8, 32]), label="block tokens")
+    slots, capacity = 3, 64
+    runs = data.draw(st.lists(st.integers(0, 20), min_size=slots, max_size=slots), label="run lengths")
+    starts = [data.draw(st.integers(0, capacity - 20), label=f"run start {s}") for s in range(slots)]
+    order = data.draw(st.permutations(range(slots)), label="slot order")
+    slot_of = torch.tensor([s for s in order for _ in range(runs[s])], dtype=torch.long)
+    pos_of = torch.tensor([starts[s] + j for s in order for j in range(runs[s])], dtype=torch.long)
+    tokens = slot_of.numel()
+    if tokens == 0:
+        return
+    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16), label="seed"))
+    per_slot = -(-capacity // block)
+    pool_blocks = slots * per_slot + 1
+    table = (
+        torch.randperm(pool_blocks, generator=generator)[: slots * per_slot]
+        .view(slots, per_slot)
+        .contiguous()
+    )
+    keys = torch.randn(kv_heads, pool_blocks, block, dim, generator=generator)
+    values = torch.randn(kv_heads, pool_blocks, block, dim, generator=generator)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=generator) * 3
+
+    def attend(rows: slice) -> torch.Tensor:
+        return kernels.attention(
+            qkv[rows], heads=heads, kv_heads=kv_heads, slot_of=slot_of[rows], pos_of=pos_of[rows],
+            span=capacity, keys=keys, values=values, table=table, scale=dim**-0.5, window=window,
+        )  # fmt: skip
+
+    got = attend(slice(None))
+    for t in range(tokens):
+        assert torch.equal(attend(slice(t, t + 1))[0], got[t]), f"token {t} alone"
+    threads = torch.get_num_threads()
+    try:
+        kernels.use_avx512(False)
+        assert torch.equal(attend(slice(None)), got), "AVX2"
+        torch.set_num_threads(1)
+        assert torch.equal(attend(slice(None)), got), "AVX2, one thread"
+        kernels.use_avx512(True)
+        assert torch.equal(attend(slice(None)), got), "one thread"
+    finally:
+        kernels.use_avx512(True)
+        torch.set_num_threads(threads)
+
+    unpaged = [_unpaged(pool, table, capacity) for pool in (keys, values)]  # [slots, kv_heads, capacity, dim]
+    queries = qkv[:, : heads * dim].view(tokens, heads, dim)
+    for t in range(tokens):
+        s, p = int(slot_of[t]), int(pos_of[t])
+        lo = max(0, p + 1 - window) if window else 0
+        k, v = (u[s, :, lo : p + 1].repeat_interleave(group, dim=0) for u in unpaged)
+        want = F.scaled_dot_product_attention(queries[t][:, None], k, v, scale=dim**-0.5)[:, 0]
+        torch.testing.assert_close(got[t].view(heads, dim), want, rtol=1e-4, atol=1e-4)
+
+
 def _paged(slotted: torch.Tensor, table: torch.Tensor, block: int, blocks: int) -> torch.Tensor:
     """``slotted [slots, kv_heads, capacity, dim]`` laid out as a pool ``[kv_heads, blocks,
     block, dim]`` where ``table[slot, i]`` holds positions ``i * block...`` of ``slot``

@@ -312,6 +312,35 @@ def _small_llama(**config: object):
 
 
 @pytest.mark.parametrize("avx512", [True, False], ids=["avx512", "avx2"])
+def test_the_stacked_pass_and_the_kernel_by_kernel_pass_give_the_same_bits(avx512) -> None:
+    """Attention in the decoder stack's parallel region and in its own kernel
+    (``CpuKernels.attention``, the unstacked compiled pass) is the same code, split
+    between the threads alike or not: a prefill beside others, then a pass feeding one,
+    one and three tokens (6 query heads of 64 over 2 key/value heads), the same logits."""
+    from thinkstruct.engine.int8_weights import quantize_int8_weights
+
+    torch.manual_seed(0)
+    model = _small_llama(hidden_size=192, head_dim=64, num_attention_heads=6, num_hidden_layers=2)
+    quantize_int8_weights(model)
+    kernels = cpu_kernels()
+    assert kernels is not None
+    try:
+        kernels.use_avx512(avx512)
+        stacked = DecoderRunner(model, slots=3, context_length=128)
+        by_kernel = DecoderRunner(model, slots=3, context_length=128)
+        assert stacked.stacked
+        by_kernel._stack = None  # the compiled pass, one kernel call a step of a layer
+        with torch.inference_mode():
+            for tokens, starts in (
+                ([[5, 6, 7, 8, 9], list(range(20, 57)), [3]], [0, 0, 0]),
+                ([[11], [12], [13, 14, 15]], [5, 37, 1]),
+            ):
+                assert torch.equal(stacked.forward(0, tokens, starts), by_kernel.forward(0, tokens, starts))
+    finally:
+        kernels.use_avx512(True)
+
+
+@pytest.mark.parametrize("avx512", [True, False], ids=["avx512", "avx2"])
 def test_a_stacked_pass_whose_attention_is_wider_than_the_model(avx512) -> None:
     """4 heads of 32 (attention 128 wide) over hidden and MLP sizes of 32: the o
     projection reads the widest input of the layer. A 12-token pass (the prefill tiles)

@@ -60,6 +60,28 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 
+/* Code for AVX-512, where the CPU has it (checked at run time: avx512_on; the library is
+ * built for AVX2). */
+#define TS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+
+/* 1: the AVX-512 code runs (the CPU has it and ts_use_avx512 did not turn it off). */
+static int ts_avx512 = -1;
+
+static int avx512_on(void) {
+    if (ts_avx512 < 0)
+        ts_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl");
+    return ts_avx512;
+}
+
+/* Turn the AVX-512 code (int8 tiles, GGUF blocks, attention) on, where the CPU has it, or
+ * off; returns whether it runs. */
+int ts_use_avx512(int on) {
+    ts_avx512 = -1;
+    ts_avx512 = on && avx512_on();
+    return ts_avx512;
+}
+
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for rows r < rows; dim % 8 == 0. */
 static void ts_rms_norm_rows(const float *x, int64_t rows, int64_t dim, int64_t ld_x, const float *weight,
                              float eps, float *out, int64_t ld_out) {
@@ -213,80 +235,476 @@ int ts_rope_store(float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t
     return 0;
 }
 
-/* One unit of attention: token t = unit / heads, query head h = unit % heads (its
- * key/value head h / (heads / kv_heads)): out[t, h*dim:(h+1)*dim] = softmax(q . K[lo..pos]
- * * scale) V[lo..pos] over its own slot's cache, lo = 0, or pos + 1 - window for a sliding
- * window (window > 0: the positions p > pos - window, as transformers masks them),
- * read block by block through the table. scores: scratch of pos + 1 floats rounded up to
- * 8 (32-byte aligned). dim % 8 == 0, dim <= 256. The same operations in the same order
- * wherever the blocks lie. */
-static void attend_unit(const float *qkv, int64_t unit, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
-                        const int64_t *slot_of, const int64_t *pos_of, const float *keys, const float *values,
-                        const ts_pages *pg, int64_t window, float scale, float *scores, float *out,
-                        int64_t ld_out) {
-    const int64_t group = heads / kv_heads;
-    const int64_t t = unit / heads, h = unit % heads, kvh = h / group;
-    const int64_t lo = window > 0 && pos_of[t] + 1 > window ? pos_of[t] + 1 - window : 0;
-    const int64_t n = pos_of[t] + 1 - lo, end = pos_of[t] + 1, B = pg->block_tokens, s = slot_of[t];
-    const float *q = qkv + t * ld + h * dim;
-    /* The slot's blocks in position order, this head's first block row, and where lo
-     * falls: one division a unit (a run is a block's positions, the first from lo). */
-    const int64_t *blocks = pg->table + s * pg->max_blocks, head = kvh * pg->num_blocks;
-    const int64_t first = lo / B, first_off = lo % B;
-    float peak = -INFINITY;
-    for (int64_t b = first, p = lo; p < end; b++) {
-        const int64_t off = b == first ? first_off : 0, run = B - off < end - p ? B - off : end - p;
-        const float *kb = keys + ((head + blocks[b]) * B + off) * dim;
-        const float *next = p + run < end ? keys + (head + blocks[b + 1]) * B * dim : NULL;
-        for (int64_t r = 0; r < run; r++) {
-            const float *kj = kb + r * dim;
-            if (next != NULL) page_prefetch(next, r, dim);
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            int64_t i = 0;
-            for (; i + 16 <= dim; i += 16) {
-                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
-                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(kj + i + 8), a1);
-            }
-            if (i < dim) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
-            float sj = hsum256(_mm256_add_ps(a0, a1)) * scale;
-            scores[p - lo + r] = sj;
-            if (sj > peak) peak = sj;
+/* ---- attention ------------------------------------------------------------------------
+ * A query (token t, query head h, of key/value head kvh = h / (heads / kv_heads)) attends
+ * to its own slot's positions lo..pos (lo = 0, or pos + 1 - window for a sliding window:
+ * the positions p > pos - window, as transformers masks them), read through the block
+ * table: out[t, h*dim:(h+1)*dim] = softmax(q . K[lo..pos] * scale) V[lo..pos]. Each
+ * output is computed by this sequence of float operations, whatever is computed with it,
+ * on AVX2 or AVX-512, wherever its blocks lie:
+ *   score of key p: 16 lanes of q[i + l] * k[i + l] accumulated by fused multiply-adds
+ *     over i = 0, 16, ... in order (a tail of dim % 16 into lanes 0-7), lanes l and l + 8
+ *     added, the 8 sums reduced as ((0+1)+(2+3))+((4+5)+(6+7)), times scale;
+ *   softmax: e_j = exp(score_j - max) for j = p - lo, summed in 8 lanes (lane j % 8) in
+ *     order of j, the lanes reduced by hsum256; inv = 1 / that sum;
+ *   out lane l: e_j * v_j[l] accumulated by fused multiply-adds in order of p, times inv.
+ * What is shared: the queries of one slot and kv head (a GQA group, and the consecutive
+ * positions of a verify pass or a prefill) are computed together, up to TS_QUERIES at a
+ * time, over the keys in chunks of TS_KEYS positions, so each key and value row is read
+ * from memory once for all of them; and 8 keys' scores come out of one reduction tree (a
+ * horizontal sum of its own cost about as much as a 64-wide key's multiply-adds). */
+#define TS_KEYS 8
+/* 8 positions of a verify pass x a GQA group of 3 in one batch (measured against 16:
+ * 8 positions 5-7 % faster, a 256-token prefill 6 %) */
+#define TS_QUERIES 24
+
+/* One pass's attention: its arguments as ts_attention takes them. */
+typedef struct {
+    const float *qkv;
+    int64_t ld, heads, kv_heads, dim;
+    const int64_t *slot_of, *pos_of;
+    const float *keys, *values;
+    const ts_pages *pg;
+    int64_t window;
+    float scale;
+    float *out;
+    int64_t ld_out;
+} ts_att;
+
+/* A thread's attention scratch for positions below span: rows, the pool offset (floats)
+ * of the key/value row of each position a batch reads, rounded out to chunks (round8(span)
+ * entries); scores, TS_QUERIES buffers of stride floats (each query's scores, then its
+ * e_j, from index 8 of its buffer: 32-byte aligned, with 8 floats of slack either side
+ * for the chunks that straddle its first and last position); acc, TS_QUERIES x dim
+ * output sums. */
+typedef struct {
+    int64_t *rows;
+    float *scores, *acc;
+    int64_t stride;
+} ts_att_scratch;
+
+/* The scratch in one allocation (to free), NULL when it could not be allocated. */
+static void *att_scratch(int64_t span, int64_t dim, ts_att_scratch *sc) {
+    const int64_t chunks = (span + TS_KEYS - 1) / TS_KEYS * TS_KEYS;
+    sc->stride = chunks + 16;
+    const size_t bytes = (size_t)chunks * sizeof(int64_t) + (size_t)TS_QUERIES * (sc->stride + dim) * sizeof(float);
+    char *mem = (char *)aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (mem == NULL) return NULL;
+    sc->rows = (int64_t *)mem;
+    sc->scores = (float *)(mem + chunks * sizeof(int64_t));
+    sc->acc = sc->scores + TS_QUERIES * sc->stride;
+    return mem;
+}
+
+/* q . k[j] for keys j < 4, before the final reduction: 8 lanes, the sums of lanes l and
+ * l + 8 of the 16-lane partial products (AVX2: two 8-lane accumulators a key). */
+static inline __attribute__((always_inline)) void dots4_256(const float *q, const float *const *k, int64_t dim,
+                                                            __m256 *v) {
+    __m256 a0[4], a1[4];
+    for (int j = 0; j < 4; j++) a0[j] = a1[j] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= dim; i += 16) {
+        const __m256 qa = _mm256_loadu_ps(q + i), qb = _mm256_loadu_ps(q + i + 8);
+        for (int j = 0; j < 4; j++) {
+            a0[j] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k[j] + i), a0[j]);
+            a1[j] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k[j] + i + 8), a1[j]);
         }
-        p += run;
     }
-    for (int64_t j = n; j < ((n + 7) & ~(int64_t)7); j++) scores[j] = -INFINITY;
+    if (i < dim) {
+        const __m256 qa = _mm256_loadu_ps(q + i);
+        for (int j = 0; j < 4; j++) a0[j] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k[j] + i), a0[j]);
+    }
+    for (int j = 0; j < 4; j++) v[j] = _mm256_add_ps(a0[j], a1[j]);
+}
+
+/* The scores q . k[j] * scale of 8 keys (AVX2). */
+static inline __attribute__((always_inline)) __m256 scores8_256(const float *q, const float *const *k, int64_t dim,
+                                                                __m256 scale) {
+    __m256 v[8];
+    dots4_256(q, k, dim, v);
+    dots4_256(q, k + 4, dim, v + 4);
+    /* lo: keys 0-3's sums of lanes 0-3, then keys 4-7's; hi: the same of lanes 4-7 */
+    const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    const __m256 s = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+    return _mm256_mul_ps(s, scale);
+}
+
+/* The same scores on AVX-512, for Q (1 to 3: a GQA group of 3 in one pass) queries q[c]
+ * at once, each key's lanes loaded once for all: a key's 16-lane partial products in one
+ * register, the 8 keys' reduced by the AVX2 tree's additions; into dst[c][0..8). */
+static inline __attribute__((always_inline)) TS_AVX512 void scores8_512(const int Q, const float *const *q,
+                                                                        const float *const *k, int64_t dim,
+                                                                        __m256 scale, float *const *dst) {
+    __m512 a[3][8];
+    for (int c = 0; c < Q; c++)
+        for (int j = 0; j < 8; j++) a[c][j] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= dim; i += 16) {
+        __m512 qv[3];
+        for (int c = 0; c < Q; c++) qv[c] = _mm512_loadu_ps(q[c] + i);
+        for (int j = 0; j < 8; j++) {
+            const __m512 kv = _mm512_loadu_ps(k[j] + i);
+            for (int c = 0; c < Q; c++) a[c][j] = _mm512_fmadd_ps(qv[c], kv, a[c][j]);
+        }
+    }
+    if (i < dim) { /* lanes 0-7 only; 8-15 keep their sums */
+        __m512 qv[3];
+        for (int c = 0; c < Q; c++) qv[c] = _mm512_castps256_ps512(_mm256_loadu_ps(q[c] + i));
+        for (int j = 0; j < 8; j++) {
+            const __m512 kv = _mm512_castps256_ps512(_mm256_loadu_ps(k[j] + i));
+            for (int c = 0; c < Q; c++) a[c][j] = _mm512_mask3_fmadd_ps(qv[c], kv, a[c][j], 0x00FF);
+        }
+    }
+    /* _mm256_hadd_ps within each 128-bit lane: the even elements plus the odd ones */
+#define TS_HADD512(x, y) _mm512_add_ps(_mm512_shuffle_ps(x, y, 0x88), _mm512_shuffle_ps(x, y, 0xDD))
+    for (int c = 0; c < Q; c++) {
+        /* w[j] = [key j's 8 sums | key j + 4's]: lanes 0-7 plus lanes 8-15 */
+        __m512 w[4];
+        for (int j = 0; j < 4; j++)
+            w[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[c][j], a[c][j + 4], 0x44),
+                                 _mm512_shuffle_f32x4(a[c][j], a[c][j + 4], 0xEE));
+        /* 128-bit lanes: keys 0-3's sums of lanes 0-3, of lanes 4-7, keys 4-7's of 0-3, of 4-7 */
+        const __m512 g = TS_HADD512(TS_HADD512(w[0], w[1]), TS_HADD512(w[2], w[3]));
+        const __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(g, g, 0x08), _mm512_shuffle_f32x4(g, g, 0x0D));
+        _mm256_storeu_ps(dst[c], _mm256_mul_ps(_mm512_castps512_ps256(s), scale));
+    }
+#undef TS_HADD512
+}
+
+/* acc[c][l] += w[c][j] * v[j][l] for Q (1 or 2; 4 on AVX-512) queries, keys j0 <= j < j1
+ * in order, l in the nv vectors of 8 from l0 (AVX2): the sums stay in registers over the
+ * keys, each value vector is loaded once for all the queries. */
+static inline __attribute__((always_inline)) void mix_slice256(const int Q, const int nv, float *const *acc,
+                                                               const float *const *w, const float *const *v,
+                                                               int j0, int j1, int64_t l0) {
+    __m256 x[4][4];
+    for (int c = 0; c < Q; c++)
+        for (int u = 0; u < nv; u++) x[c][u] = _mm256_loadu_ps(acc[c] + l0 + 8 * u);
+    for (int j = j0; j < j1; j++) {
+        __m256 vj[4];
+        for (int u = 0; u < nv; u++) vj[u] = _mm256_loadu_ps(v[j] + l0 + 8 * u);
+        for (int c = 0; c < Q; c++) {
+            const __m256 wj = _mm256_set1_ps(w[c][j]);
+            for (int u = 0; u < nv; u++) x[c][u] = _mm256_fmadd_ps(wj, vj[u], x[c][u]);
+        }
+    }
+    for (int c = 0; c < Q; c++)
+        for (int u = 0; u < nv; u++) _mm256_storeu_ps(acc[c] + l0 + 8 * u, x[c][u]);
+}
+
+/* mix_slice256 over lanes from <= l < dim, in slices of 4 vectors. */
+static inline __attribute__((always_inline)) void mix_256(const int Q, float *const *acc, const float *const *w,
+                                                          const float *const *v, int j0, int j1, int64_t from,
+                                                          int64_t dim) {
+    int64_t l = from;
+    for (; l + 32 <= dim; l += 32) mix_slice256(Q, 4, acc, w, v, j0, j1, l);
+    switch ((dim - l) / 8) {
+        case 3: mix_slice256(Q, 3, acc, w, v, j0, j1, l); break;
+        case 2: mix_slice256(Q, 2, acc, w, v, j0, j1, l); break;
+        case 1: mix_slice256(Q, 1, acc, w, v, j0, j1, l); break;
+    }
+}
+
+/* The same on AVX-512: vectors of 16 lanes (a dim % 16 tail by mix_256). */
+static inline __attribute__((always_inline)) TS_AVX512 void mix_slice512(const int Q, const int nv, float *const *acc,
+                                                                         const float *const *w,
+                                                                         const float *const *v, int j0, int j1,
+                                                                         int64_t l0) {
+    __m512 x[4][4];
+    for (int c = 0; c < Q; c++)
+        for (int u = 0; u < nv; u++) x[c][u] = _mm512_loadu_ps(acc[c] + l0 + 16 * u);
+    for (int j = j0; j < j1; j++) {
+        __m512 vj[4];
+        for (int u = 0; u < nv; u++) vj[u] = _mm512_loadu_ps(v[j] + l0 + 16 * u);
+        for (int c = 0; c < Q; c++) {
+            const __m512 wj = _mm512_set1_ps(w[c][j]);
+            for (int u = 0; u < nv; u++) x[c][u] = _mm512_fmadd_ps(wj, vj[u], x[c][u]);
+        }
+    }
+    for (int c = 0; c < Q; c++)
+        for (int u = 0; u < nv; u++) _mm512_storeu_ps(acc[c] + l0 + 16 * u, x[c][u]);
+}
+
+static inline __attribute__((always_inline)) TS_AVX512 void mix_512(const int Q, float *const *acc,
+                                                                    const float *const *w,
+                                                                    const float *const *v, int j0, int j1,
+                                                                    int64_t dim) {
+    int64_t l = 0;
+    for (; l + 64 <= dim; l += 64) mix_slice512(Q, 4, acc, w, v, j0, j1, l);
+    switch ((dim - l) / 16) {
+        case 3: mix_slice512(Q, 3, acc, w, v, j0, j1, l); break;
+        case 2: mix_slice512(Q, 2, acc, w, v, j0, j1, l); break;
+        case 1: mix_slice512(Q, 1, acc, w, v, j0, j1, l); break;
+    }
+    l += (dim - l) / 16 * 16;
+    if (l < dim) mix_256(Q, acc, w, v, j0, j1, l, dim);
+}
+
+/* A query's scores s[0..keys) (s 32-byte aligned) to e_j = exp(s_j - max) in place,
+ * padded with zeros to a multiple of 8; returns 1 / the sum of the e_j (AVX2). */
+static float softmax_256(float *s, int64_t keys) {
+    const int64_t padded = (keys + 7) & ~(int64_t)7;
+    for (int64_t j = keys; j < padded; j++) s[j] = -INFINITY;
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < padded; j += 8) vmax = _mm256_max_ps(vmax, _mm256_load_ps(s + j));
+    float lanes[8], peak = -INFINITY;
+    _mm256_storeu_ps(lanes, vmax);
+    for (int l = 0; l < 8; l++) peak = lanes[l] > peak ? lanes[l] : peak;
     __m256 total = _mm256_setzero_ps();
     const __m256 m = _mm256_set1_ps(peak);
-    for (int64_t j = 0; j < n; j += 8) {
-        __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(scores + j), m));
-        _mm256_store_ps(scores + j, e);
+    for (int64_t j = 0; j < padded; j += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(s + j), m));
+        _mm256_store_ps(s + j, e);
         total = _mm256_add_ps(total, e);
     }
-    const float inv = 1.0f / hsum256(total);
-    __m256 acc[32];
-    const int64_t lanes = dim / 8;
-    for (int64_t l = 0; l < lanes; l++) acc[l] = _mm256_setzero_ps();
-    for (int64_t b = first, p = lo; p < end; b++) {
-        const int64_t off = b == first ? first_off : 0, run = B - off < end - p ? B - off : end - p;
-        const float *vb = values + ((head + blocks[b]) * B + off) * dim;
-        const float *next = p + run < end ? values + (head + blocks[b + 1]) * B * dim : NULL;
-        for (int64_t r = 0; r < run; r++) {
-            if (next != NULL) page_prefetch(next, r, dim);
-            const __m256 w = _mm256_set1_ps(scores[p - lo + r]);
-            const float *vj = vb + r * dim;
-            for (int64_t l = 0; l < lanes; l++) acc[l] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * l), acc[l]);
-        }
-        p += run;
+    return 1.0f / hsum256(total);
+}
+
+/* exp256 on 16 lanes: the same operations lane by lane. */
+static inline __attribute__((always_inline)) TS_AVX512 __m512 exp512(__m512 x) {
+    const __m512 low = _mm512_set1_ps(-87.0f);
+    const __mmask16 tiny = _mm512_cmp_ps_mask(x, low, _CMP_LT_OQ);
+    x = _mm512_max_ps(x, low);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), x);
+    y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mov_ps(~tiny, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+}
+
+/* The same on AVX-512: the maximum and the e_j 16 at a time, the sum still in 8 lanes in
+ * order of j (e_j, then e_j+8). */
+static TS_AVX512 float softmax_512(float *s, int64_t keys) {
+    const int64_t padded = (keys + 7) & ~(int64_t)7;
+    for (int64_t j = keys; j < padded; j++) s[j] = -INFINITY;
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 16 <= padded; j += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + j));
+    if (j < padded) vmax = _mm512_mask_max_ps(vmax, 0x00FF, vmax, _mm512_castps256_ps512(_mm256_load_ps(s + j)));
+    const float peak = _mm512_reduce_max_ps(vmax);
+    __m256 total = _mm256_setzero_ps();
+    const __m512 m = _mm512_set1_ps(peak);
+    for (j = 0; j + 16 <= padded; j += 16) {
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
+        _mm512_storeu_ps(s + j, e);
+        const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1));
+        total = _mm256_add_ps(_mm256_add_ps(total, _mm512_castps512_ps256(e)), hi);
     }
-    float *o = out + t * ld_out + h * dim;
-    const __m256 iv = _mm256_set1_ps(inv);
-    for (int64_t l = 0; l < lanes; l++) _mm256_storeu_ps(o + 8 * l, _mm256_mul_ps(acc[l], iv));
+    if (j < padded) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_load_ps(s + j), _mm512_castps512_ps256(m)));
+        _mm256_store_ps(s + j, e);
+        total = _mm256_add_ps(total, e);
+    }
+    return 1.0f / hsum256(total);
+}
+
+/* One chunk of TS_KEYS keys k (row pointers) for n queries q[i]: their 8 scores into
+ * dst[i][0..8). */
+static void score_chunk_256(const float *const *q, float *const *dst, int n, const float *const *k, int64_t dim,
+                            float scale) {
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (int i = 0; i < n; i++) _mm256_storeu_ps(dst[i], scores8_256(q[i], k, dim, sv));
+}
+
+static TS_AVX512 void score_chunk_512(const float *const *q, float *const *dst, int n, const float *const *k,
+                                      int64_t dim, float scale) {
+    const __m256 sv = _mm256_set1_ps(scale);
+    int i = 0;
+    for (; i + 3 <= n; i += 3) scores8_512(3, q + i, k, dim, sv, dst + i);
+    if (i + 2 <= n) scores8_512(2, q + i, k, dim, sv, dst + i), i += 2;
+    if (i < n) scores8_512(1, q + i, k, dim, sv, dst + i);
+}
+
+/* One chunk of TS_KEYS value rows v for n queries: acc[i] += e_j v[j] over their keys
+ * j0[i] <= j < j1[i], e_j = w[i][j]; up to most (2 or 4) queries at once where they all
+ * take every key. */
+#define TS_MIX_CHUNK(mix, most)                                                                    \
+    for (int i = 0; i < n;) {                                                                      \
+        int f = 0;                                                                                 \
+        while (f < (most) && i + f < n && j0[i + f] == 0 && j1[i + f] == TS_KEYS) f++;             \
+        if ((most) >= 4 && f == 4) {                                                               \
+            mix(4, acc + i, w + i, v, 0, TS_KEYS, dim);                                            \
+            i += 4;                                                                                \
+        } else if (f >= 2) {                                                                       \
+            mix(2, acc + i, w + i, v, 0, TS_KEYS, dim);                                            \
+            i += 2;                                                                                \
+        } else if (f == 1) {                                                                       \
+            mix(1, acc + i, w + i, v, 0, TS_KEYS, dim);                                            \
+            i++;                                                                                   \
+        } else {                                                                                   \
+            mix(1, acc + i, w + i, v, j0[i], j1[i], dim);                                          \
+            i++;                                                                                   \
+        }                                                                                          \
+    }
+
+static void mix_chunk_256(float *const *acc, const float *const *w, const int *j0, const int *j1, int n,
+                          const float *const *v, int64_t dim) {
+#define TS_MIX256(Q, acc, w, v, j0, j1, dim) mix_256(Q, acc, w, v, j0, j1, 0, dim)
+    TS_MIX_CHUNK(TS_MIX256, 2)
+#undef TS_MIX256
+}
+
+/* (4 queries: 16 of the 32 registers hold their sums) */
+static TS_AVX512 void mix_chunk_512(float *const *acc, const float *const *w, const int *j0, const int *j1, int n,
+                                    const float *const *v, int64_t dim) {
+    TS_MIX_CHUNK(mix_512, 4)
+}
+#undef TS_MIX_CHUNK
+
+/* Prefetch the rows of the chunk at r (TS_KEYS pool offsets) from base: blocks lie
+ * anywhere in the pool, and the hardware prefetcher does not follow a jump (measured:
+ * attention over shuffled blocks took 2.2x the time of consecutive ones without this).
+ * Every chunk, not only those after a jump: 8 slots' decoding over 4k positions (the
+ * rows from memory) took 2.1x the time with those only. */
+static inline void chunk_prefetch(const float *base, const int64_t *r, int64_t dim) {
+    for (int j = 0; j < TS_KEYS; j++)
+        for (int64_t c = 0; c < dim; c += 16) _mm_prefetch((const char *)(base + r[j] + c), _MM_HINT_T0);
+}
+
+/* The n <= TS_QUERIES queries (token t[i], query head h[i]) of one slot and kv head kvh:
+ * their outputs, as the section's comment says. */
+static void attend_batch(const ts_att *a, int64_t slot, int64_t kvh, const int64_t *t, const int64_t *h, int n,
+                         const ts_att_scratch *sc) {
+    const int64_t dim = a->dim, B = a->pg->block_tokens;
+    const int wide = avx512_on();
+    int64_t lo[TS_QUERIES], end[TS_QUERIES], first = INT64_MAX, last = 0;
+    const float *q[TS_QUERIES];
+    for (int i = 0; i < n; i++) {
+        end[i] = a->pos_of[t[i]] + 1;
+        lo[i] = a->window > 0 && end[i] > a->window ? end[i] - a->window : 0;
+        first = lo[i] < first ? lo[i] : first;
+        last = end[i] > last ? end[i] : last;
+        q[i] = a->qkv + t[i] * a->ld + h[i] * dim;
+    }
+    /* The rows of positions c_lo..c_hi (whole chunks), those outside first..last - 1 the
+     * nearest inside (read, their scores never used): one division a batch. */
+    const int64_t c_lo = first / TS_KEYS * TS_KEYS, c_hi = (last + TS_KEYS - 1) / TS_KEYS * TS_KEYS;
+    const int64_t *blocks = a->pg->table + slot * a->pg->max_blocks, head = kvh * a->pg->num_blocks;
+    int64_t *rows = sc->rows;
+    for (int64_t p = first, b = first / B, off = first % B; p < last; p++) {
+        rows[p - c_lo] = ((head + blocks[b]) * B + off) * dim;
+        if (++off == B) off = 0, b++;
+    }
+    for (int64_t p = c_lo; p < first; p++) rows[p - c_lo] = rows[first - c_lo];
+    for (int64_t p = last; p < c_hi; p++) rows[p - c_lo] = rows[last - 1 - c_lo];
+
+    const float *qa[TS_QUERIES], *rk[TS_KEYS];
+    float *dst[TS_QUERIES];
+    for (int64_t c = c_lo; c < c_hi; c += TS_KEYS) {
+        const int64_t *r = rows + (c - c_lo);
+        if (c + 2 * TS_KEYS < c_hi) chunk_prefetch(a->keys, r + 2 * TS_KEYS, dim);
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (c + TS_KEYS > lo[i] && c < end[i])
+                qa[m] = q[i], dst[m++] = sc->scores + i * sc->stride + 8 + (c - lo[i]);
+        for (int j = 0; j < TS_KEYS; j++) rk[j] = a->keys + r[j];
+        if (wide) score_chunk_512(qa, dst, m, rk, dim, a->scale);
+        else score_chunk_256(qa, dst, m, rk, dim, a->scale);
+    }
+
+    float inv[TS_QUERIES];
+    for (int i = 0; i < n; i++) {
+        float *s = sc->scores + i * sc->stride + 8;
+        inv[i] = wide ? softmax_512(s, end[i] - lo[i]) : softmax_256(s, end[i] - lo[i]);
+        for (int64_t l = 0; l < dim; l += 8) _mm256_storeu_ps(sc->acc + i * dim + l, _mm256_setzero_ps());
+    }
+
+    float *acc[TS_QUERIES];
+    const float *w[TS_QUERIES], *rv[TS_KEYS];
+    int j0[TS_QUERIES], j1[TS_QUERIES];
+    for (int64_t c = c_lo; c < c_hi; c += TS_KEYS) {
+        const int64_t *r = rows + (c - c_lo);
+        if (c + 2 * TS_KEYS < c_hi) chunk_prefetch(a->values, r + 2 * TS_KEYS, dim);
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (c + TS_KEYS > lo[i] && c < end[i]) {
+                acc[m] = sc->acc + i * dim;
+                w[m] = sc->scores + i * sc->stride + 8 + (c - lo[i]);
+                j0[m] = lo[i] > c ? (int)(lo[i] - c) : 0;
+                j1[m++] = end[i] < c + TS_KEYS ? (int)(end[i] - c) : TS_KEYS;
+            }
+        for (int j = 0; j < TS_KEYS; j++) rv[j] = a->values + r[j];
+        if (wide) mix_chunk_512(acc, w, j0, j1, m, rv, dim);
+        else mix_chunk_256(acc, w, j0, j1, m, rv, dim);
+    }
+    for (int i = 0; i < n; i++) {
+        float *o = a->out + t[i] * a->ld_out + h[i] * dim;
+        const __m256 iv = _mm256_set1_ps(inv[i]);
+        for (int64_t l = 0; l < dim; l += 8)
+            _mm256_storeu_ps(o + l, _mm256_mul_ps(_mm256_loadu_ps(sc->acc + i * dim + l), iv));
+    }
+}
+
+/* What a query of token t costs, in keys: those it reads plus a fixed part for its batch
+ * bookkeeping and its output (an estimate, not measured: it only matters for short
+ * contexts, where it keeps a split by count). */
+#define TS_QUERY_COST 16
+static inline int64_t att_cost(const ts_att *a, int64_t t) {
+    const int64_t end = a->pos_of[t] + 1;
+    return (a->window > 0 && end > a->window ? a->window : end) + TS_QUERY_COST;
+}
+
+/* Thread id's share of the pass's T tokens' queries (nt threads). The queries in order:
+ * runs of consecutive tokens of one slot, each run kv head by kv head, within one token
+ * by token, then the query heads of the group; each thread takes a consecutive part of
+ * about the same cost (att_cost; 9 queries of one token: 4 and 5), so its batches
+ * (attend_batch) share a kv head's keys between the heads of a group and the positions
+ * of a run. Which thread computes a query, and beside which others, changes no bit of
+ * it. */
+static void attend_share(const ts_att *a, int64_t T, int id, int nt, const ts_att_scratch *sc) {
+    const int64_t group = a->heads / a->kv_heads;
+    int64_t total = 0, done = 0;
+    for (int64_t t = 0; t < T; t++) total += a->heads * att_cost(a, t);
+    for (int64_t t0 = 0, t1; t0 < T; t0 = t1) {
+        for (t1 = t0 + 1; t1 < T && a->slot_of[t1] == a->slot_of[t0]; t1++) {
+        }
+        for (int64_t kvh = 0; kvh < a->kv_heads; kvh++) {
+            /* This thread's queries of the run and kv head (the query whose cost's midpoint
+             * falls in its part), counted, then in batches of about equal size (30: 15 + 15,
+             * not 24 + 6: a batch reads the keys once). */
+#define TS_MINE(cost) ((2 * done + (cost)) * nt / (2 * total) == id)
+            const int64_t before = done;
+            int64_t mine = 0;
+            for (int64_t t = t0; t < t1; t++) {
+                const int64_t cost = att_cost(a, t);
+                for (int64_t g = 0; g < group; g++, done += cost) mine += TS_MINE(cost);
+            }
+            const int64_t batches = (mine + TS_QUERIES - 1) / TS_QUERIES;
+            const int size = batches > 0 ? (int)((mine + batches - 1) / batches) : 0;
+            int64_t tq[TS_QUERIES], hq[TS_QUERIES];
+            int n = 0;
+            done = before;
+            for (int64_t t = t0; t < t1; t++) {
+                const int64_t cost = att_cost(a, t);
+                for (int64_t g = 0; g < group; g++, done += cost) {
+                    if (!TS_MINE(cost)) continue;
+                    tq[n] = t, hq[n] = kvh * group + g;
+                    if (++n == size) {
+                        attend_batch(a, a->slot_of[t0], kvh, tq, hq, n, sc);
+                        n = 0;
+                    }
+                }
+            }
+#undef TS_MINE
+            if (n > 0) attend_batch(a, a->slot_of[t0], kvh, tq, hq, n, sc);
+        }
+    }
 }
 
 /* Every token t's queries (in qkv) attend to its slot's positions up to pos_of[t] (see
- * attend_unit; window 0: all of them), through the block table (table, max_blocks,
- * block_tokens, num_blocks: ts_pages). span: more than every pos_of (scratch size).
- * Returns 0; -2 for sizes it cannot take, -3 for a table that does not cover every
+ * the section's comment; window 0: all of them), through the block table (table,
+ * max_blocks, block_tokens, num_blocks: ts_pages). span: more than every pos_of (scratch
+ * size). Returns 0; -2 for sizes it cannot take, -3 for a table that does not cover every
  * token's positions (nothing computed); -1 when a thread's scratch could not be
  * allocated (out is not all written). */
 int ts_attention(const float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
@@ -300,18 +718,15 @@ int ts_attention(const float *qkv, int64_t tokens, int64_t ld, int64_t heads, in
     for (int64_t t = 0; t < tokens; t++)
         if (pos_of[t] >= span) return -2;
     if (pages_check(&pg, tokens, slot_of, pos_of)) return -3;
-    const int64_t padded = (span + 7) & ~(int64_t)7;
+    const ts_att a = {qkv, ld, heads, kv_heads, dim, slot_of, pos_of, keys, values, &pg, window, scale, out, ld_out};
     int failed = 0;
 #pragma omp parallel if (tokens * heads >= 4) reduction(| : failed)
     {
-        float *scores = (float *)aligned_alloc(32, (size_t)padded * sizeof(float));
-        if (scores == NULL) failed = 1;
-#pragma omp for schedule(static, 1)
-        for (int64_t unit = 0; unit < tokens * heads; unit++)
-            if (scores != NULL)
-                attend_unit(qkv, unit, ld, heads, kv_heads, dim, slot_of, pos_of, keys, values, &pg, window, scale,
-                            scores, out, ld_out);
-        free(scores);
+        ts_att_scratch sc;
+        void *mem = att_scratch(span, dim, &sc);
+        if (mem == NULL) failed = 1;
+        else attend_share(&a, tokens, omp_get_thread_num(), omp_get_num_threads(), &sc);
+        free(mem);
     }
     return failed ? -1 : 0;
 }
@@ -384,13 +799,10 @@ static inline __attribute__((always_inline)) void w8_block(const int height, con
     }
 }
 
-/* AVX-512, where the CPU has it (checked at run time; the library is built for AVX2):
- * up to 8 rows x 16 outputs in one pass over the weights, every row's 16 outputs in one
+/* AVX-512 (TS_AVX512): up to 8 rows x 16 outputs in one pass over the weights, every row's 16 outputs in one
  * register, where the AVX2 tiles above take 4 rows and stream (and convert) the weights
  * twice for 8. Each output is the same chain of fused multiply-adds over k in the same
  * order, then the same scaling (and additions), so both give the same bits. */
-#define TS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
-
 static inline __attribute__((always_inline)) TS_AVX512 void w8_tile512(const int rows, const int accumulate,
                                                                        const float *x, int64_t ld_x,
                                                                        const int8_t *wq, int64_t K,
@@ -478,23 +890,6 @@ static TS_AVX512 void w8_wide(const int accumulate, const float *x, int64_t M, i
  * w8_wide's tiles, split as evenly as they go (9 rows: 5 + 4); more (prefill) stream. */
 #define TS_WIDE_MAX_ROWS 16
 
-/* 1: the AVX-512 tiles run (the CPU has them and ts_use_avx512 did not turn them off). */
-static int ts_avx512 = -1;
-
-static int avx512_on(void) {
-    if (ts_avx512 < 0)
-        ts_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                    __builtin_cpu_supports("avx512vl");
-    return ts_avx512;
-}
-
-/* Turn the AVX-512 tiles on (where the CPU has them) or off; returns whether they run. */
-int ts_use_avx512(int on) {
-    ts_avx512 = -1;
-    ts_avx512 = on && avx512_on();
-    return ts_avx512;
-}
-
 /* Output blocks [b_lo, b_hi) of x [M, K] (row stride ld_x) times the packed w (as above),
  * plus bias [N] where not NULL, into out [M, N] (row stride ld_out); accumulate: add to
  * what out holds (a residual connection) instead of overwriting it. wf: scratch of K * 16 floats (32-byte aligned),
@@ -577,7 +972,7 @@ int ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_
  * about ten of them. ts_decoder_layers runs every layer of a pass inside one region.
  *
  * Its phases (norm, projections, rotary + cache store, attention, ...) are cut into
- * chunks (4 blocks of 16 outputs, a few tokens, one token x head) that the threads take
+ * chunks (4 blocks of 16 outputs, a few tokens, a part of the queries) that the threads take
  * from a counter, first come first served; a thread that has no chunk left waits until
  * every chunk of the phase is done, then goes on to the next. So a thread the system
  * preempts (another process, Ray's threads in a replica, the HTTP loop) holds the others
@@ -634,6 +1029,10 @@ static void ts_wait(ts_phase *p, int n) {
  * widths), tokens of the norms, rotary and gated SiLU. */
 #define TS_CHUNK_BLOCKS 4
 #define TS_CHUNK_TOKENS 4
+/* Parts of a pass's attention a thread (attend_share's parts of about equal cost, each in
+ * batches that share a kv head's keys): a few a thread, so that one preempted thread's
+ * part is small; one token's 9 heads over 2 threads: 4 parts of 2-3 queries. */
+#define TS_ATT_CHUNKS 2
 /* Phases a layer (the slots of the counters; the own-glue ones unused in short passes). */
 #define TS_PHASES 9
 
@@ -691,7 +1090,6 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
     ts_phase *phases = (ts_phase *)aligned_alloc(64, (size_t)(n_layers > 0 ? n_layers : 1) * TS_PHASES * sizeof(ts_phase));
     /* The widest input a projection reads: hidden (qkv, gate_up), att_n (o), inter (down). */
     const int64_t k_max = hidden > inter ? (hidden > att_n ? hidden : att_n) : (inter > att_n ? inter : att_n);
-    const int64_t padded = (span + 7) & ~(int64_t)7;
     int failed = x == NULL || qkv == NULL || att == NULL || gate_up == NULL || act == NULL || phases == NULL;
     if (phases != NULL)
         for (int64_t i = 0; i < n_layers * TS_PHASES; i++) {
@@ -700,14 +1098,15 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
             atomic_init(&phases[i].sleepers, 0);
         }
     /* Chunks of each phase. */
-    const int c_tokens = TS_CHUNKS(T, TS_CHUNK_TOKENS), c_units = (int)(T * heads);
+    const int c_tokens = TS_CHUNKS(T, TS_CHUNK_TOKENS), c_att = TS_ATT_CHUNKS * omp_get_max_threads();
     const int c_qkv = TS_CHUNKS(qkv_n / 16, TS_CHUNK_BLOCKS), c_hidden = TS_CHUNKS(hidden / 16, TS_CHUNK_BLOCKS);
     const int c_gate_up = TS_CHUNKS(2 * inter / 16, TS_CHUNK_BLOCKS);
 #pragma omp parallel if (!failed)
     {
         float *wf = w8_scratch(T, k_max);
         float *xs = (float *)malloc((size_t)gguf_scratch_floats(T, k_max) * sizeof(float)); /* GGUF blocks' */
-        float *scores = (float *)aligned_alloc(32, (size_t)padded * sizeof(float));
+        ts_att_scratch att_sc;
+        void *att_mem = att_scratch(span, dim, &att_sc);
         /* A short pass: each thread computes the norms and the gated SiLU of every token
          * itself, into its own buffers, once it has taken a chunk of the projection that
          * reads them (see TS_OWN_GLUE). */
@@ -716,7 +1115,7 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
         float *act_own = own ? (float *)malloc((size_t)T * inter * sizeof(float)) : NULL;
         float *const x_in = own ? x_own : x, *const act_in = own ? act_own : act;
         /* Every thread learns whether any lacks its scratch before the first phase. */
-        if (scores == NULL || xs == NULL || (wf == NULL && w8_needs_scratch(T)) || (own && (x_own == NULL || act_own == NULL))) {
+        if (att_mem == NULL || xs == NULL || (wf == NULL && w8_needs_scratch(T)) || (own && (x_own == NULL || act_own == NULL))) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -751,10 +1150,11 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
                 rope_store_rows(qkv, TS_SPAN((int64_t)c, TS_CHUNK_TOKENS, T), qkv_n, heads, kv_heads, dim, &qk, cos_t,
                                 sin_t, slot_of, pos_of, L->keys, L->values, &pages);
             ts_wait(&P[2], c_tokens);
-            for (; (c = ts_take(&P[3], c_units)) >= 0; ts_finish(&P[3], c_units))
-                attend_unit(qkv, c, qkv_n, heads, kv_heads, dim, slot_of, pos_of, L->keys, L->values, &pages,
-                            L->window, L->scaling, scores, att, att_n);
-            ts_wait(&P[3], c_units);
+            const ts_att a = {qkv, qkv_n, heads, kv_heads, dim, slot_of, pos_of, L->keys, L->values,
+                              &pages, L->window, L->scaling, att, att_n};
+            for (; (c = ts_take(&P[3], c_att)) >= 0; ts_finish(&P[3], c_att))
+                attend_share(&a, T, c, c_att, &att_sc);
+            ts_wait(&P[3], c_att);
             for (ready = 0; (c = ts_take(&P[4], c_hidden)) >= 0; ts_finish(&P[4], c_hidden)) {
                 if (!ready) in = ts_input_of(L->out_format, att, T, att_n, att_n, xs), ready = 1;
                 ts_projection(L->out_format, &in, L->out, L->out_scale, L->out_bias, h, hidden,
@@ -798,7 +1198,7 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
         }
         free(wf);
         free(xs);
-        free(scores);
+        free(att_mem);
         free(x_own);
         free(act_own);
     }

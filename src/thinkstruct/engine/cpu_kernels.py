@@ -217,9 +217,10 @@ class CpuKernels:
         self._lib = library
 
     def use_avx512(self, on: bool) -> bool:
-        """Run the int8-weight multiply's AVX-512 tiles (up to 8 rows in one pass over the
-        weights) where the CPU has them — the default — or the AVX2 tiles only; the same
-        bits either way. Returns whether the AVX-512 tiles now run."""
+        """Run the AVX-512 code where the CPU has it — the default: the int8-weight
+        multiply's tiles (up to 8 rows in one pass over the weights), the GGUF blocks'
+        and attention's — or the AVX2 code only; the same bits either way. Returns whether
+        the AVX-512 code now runs."""
         return bool(self._lib.ts_use_avx512(int(on)))
 
     def __deepcopy__(self, memo: dict[int, object]) -> CpuKernels:
