@@ -936,9 +936,22 @@ static float *w8_scratch(int64_t M, int64_t K) {
     return w8_needs_scratch(M) ? (float *)aligned_alloc(32, (size_t)K * 16 * sizeof(float)) : NULL;
 }
 
-/* Blocks of 16 outputs a chunk of a whole linear layer (ts_w8_linear, ts_gguf_linear: the
- * output layer, 49k rows), taken first come first served by the threads. */
-#define TS_LINEAR_CHUNK 32
+/* Chunks a thread, about, in each phase: enough that a preempted thread's chunk is a
+ * small part of the phase, few enough that taking them costs nothing next to the work
+ * (one chunk is two atomic operations on a line both threads write: chunks of 4 blocks
+ * in a one-token pass, ~85 a layer, made a step on two threads 1.2x slower). A phase's
+ * chunk size (ts_chunk) is a multiple of the GGUF and int8 tiles' width (4 blocks of 16
+ * outputs) for projections; for attention, attend_share's parts of about equal cost
+ * (one token's 9 heads over 2 threads: 4 parts of 2-3 queries). */
+#define TS_CHUNKS_A_THREAD 2
+
+/* The chunk size of a phase of n items (16-output blocks, tokens) on threads threads: a
+ * multiple of unit items, about TS_CHUNKS_A_THREAD chunks a thread. */
+static int64_t ts_chunk(int64_t n, int threads, int64_t unit) {
+    const int64_t chunks = (int64_t)TS_CHUNKS_A_THREAD * threads;
+    const int64_t size = ((n + chunks - 1) / chunks + unit - 1) / unit * unit;
+    return size > 0 ? size : unit;
+}
 
 /* x [M, K] (row stride ld_x), packed w as above, scale [N], bias [N] or NULL, out [M, N]
  * (row stride ld_out); N % 16 == 0. Returns 0; -2 for sizes it cannot take (nothing
@@ -946,7 +959,8 @@ static float *w8_scratch(int64_t M, int64_t K) {
 int ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_t *w, const float *scale,
                  const float *bias, int64_t N, float *out, int64_t ld_out) {
     if (M < 0 || K < 1 || N < 16 || N % 16 || ld_x < K || ld_out < N) return -2;
-    const int64_t blocks = N / 16, chunks = (blocks + TS_LINEAR_CHUNK - 1) / TS_LINEAR_CHUNK;
+    const int64_t blocks = N / 16, size = ts_chunk(blocks, omp_get_max_threads(), 4);
+    const int64_t chunks = (blocks + size - 1) / size;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
@@ -956,8 +970,8 @@ int ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_
 #pragma omp for schedule(dynamic, 1)
         for (int64_t c = 0; c < chunks; c++)
             if (ok)
-                w8_blocks(x, M, K, ld_x, w, scale, bias, out, ld_out, c * TS_LINEAR_CHUNK,
-                          (c + 1) * TS_LINEAR_CHUNK < blocks ? (c + 1) * TS_LINEAR_CHUNK : blocks, wf, 0);
+                w8_blocks(x, M, K, ld_x, w, scale, bias, out, ld_out, c * size,
+                          (c + 1) * size < blocks ? (c + 1) * size : blocks, wf, 0);
         free(wf);
     }
     return failed ? -1 : 0;
@@ -972,7 +986,7 @@ int ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_
  * about ten of them. ts_decoder_layers runs every layer of a pass inside one region.
  *
  * Its phases (norm, projections, rotary + cache store, attention, ...) are cut into
- * chunks (4 blocks of 16 outputs, a few tokens, a part of the queries) that the threads take
+ * chunks (blocks of 16 outputs, tokens, parts of the queries) that the threads take
  * from a counter, first come first served; a thread that has no chunk left waits until
  * every chunk of the phase is done, then goes on to the next. So a thread the system
  * preempts (another process, Ray's threads in a replica, the HTTP loop) holds the others
@@ -985,11 +999,13 @@ int ts_w8_linear(const float *x, int64_t M, int64_t K, int64_t ld_x, const int8_
  * Each value is computed by the same code whichever thread takes its chunk, so a token's
  * result still depends on its own inputs only. */
 
-/* One phase's counters: chunks taken, chunks done, and whether a thread sleeps until
- * the phase is done (a cache line a phase). */
+/* One phase's counters: chunks taken (a cache line), chunks done and whether a thread
+ * sleeps until the phase is done (another). */
 typedef struct {
-    atomic_int taken, done, sleepers;
-    char pad[52];
+    atomic_int taken;
+    char pad0[60];
+    atomic_int done, sleepers;
+    char pad1[56];
 } ts_phase;
 
 /* The next chunk of phase p for this thread, or -1 when all n are taken. */
@@ -1011,8 +1027,11 @@ static inline void ts_finish(ts_phase *p, int n) {
  * sched_yield: a yielding thread keeps its core busy, so the scheduler leaves a preempted
  * thread holding a chunk queued behind another process on its own core; a sleeping one
  * leaves its core idle for it. */
+#ifndef TS_SPINS
+#define TS_SPINS 4000
+#endif
 static void ts_wait(ts_phase *p, int n) {
-    for (int spins = 0; spins < 1000; spins++) {
+    for (int spins = 0; spins < TS_SPINS; spins++) {
         if (atomic_load_explicit(&p->done, memory_order_acquire) >= n) return;
         _mm_pause();
     }
@@ -1025,14 +1044,6 @@ static void ts_wait(ts_phase *p, int n) {
  * that takes a chunk of the projection after them (into its own buffers: the same
  * values), instead of in a phase of their own: 6 phases a layer instead of 9. */
 #define TS_OWN_GLUE 16
-/* Chunks: 16-output blocks of a projection (a multiple of the GGUF and int8 tiles'
- * widths), tokens of the norms, rotary and gated SiLU. */
-#define TS_CHUNK_BLOCKS 4
-#define TS_CHUNK_TOKENS 4
-/* Parts of a pass's attention a thread (attend_share's parts of about equal cost, each in
- * batches that share a kv head's keys): a few a thread, so that one preempted thread's
- * part is small; one token's 9 heads over 2 threads: 4 parts of 2-3 queries. */
-#define TS_ATT_CHUNKS 2
 /* Phases a layer (the slots of the counters; the own-glue ones unused in short passes). */
 #define TS_PHASES 9
 
@@ -1098,9 +1109,12 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
             atomic_init(&phases[i].sleepers, 0);
         }
     /* Chunks of each phase. */
-    const int c_tokens = TS_CHUNKS(T, TS_CHUNK_TOKENS), c_att = TS_ATT_CHUNKS * omp_get_max_threads();
-    const int c_qkv = TS_CHUNKS(qkv_n / 16, TS_CHUNK_BLOCKS), c_hidden = TS_CHUNKS(hidden / 16, TS_CHUNK_BLOCKS);
-    const int c_gate_up = TS_CHUNKS(2 * inter / 16, TS_CHUNK_BLOCKS);
+    const int threads = omp_get_max_threads();
+    const int64_t s_tokens = ts_chunk(T, threads, 1), s_qkv = ts_chunk(qkv_n / 16, threads, 4);
+    const int64_t s_hidden = ts_chunk(hidden / 16, threads, 4), s_gate_up = ts_chunk(2 * inter / 16, threads, 4);
+    const int c_tokens = TS_CHUNKS(T, s_tokens), c_att = TS_CHUNKS_A_THREAD * threads;
+    const int c_qkv = TS_CHUNKS(qkv_n / 16, s_qkv), c_hidden = TS_CHUNKS(hidden / 16, s_hidden);
+    const int c_gate_up = TS_CHUNKS(2 * inter / 16, s_gate_up);
 #pragma omp parallel if (!failed)
     {
         float *wf = w8_scratch(T, k_max);
@@ -1131,7 +1145,7 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
             int c, ready;
             if (!own) {
                 for (; (c = ts_take(&P[0], c_tokens)) >= 0; ts_finish(&P[0], c_tokens)) {
-                    const int64_t t0 = (int64_t)c * TS_CHUNK_TOKENS, tn = t0 + TS_CHUNK_TOKENS < T ? TS_CHUNK_TOKENS : T - t0;
+                    const int64_t t0 = c * s_tokens, tn = t0 + s_tokens < T ? s_tokens : T - t0;
                     ts_rms_norm_rows(h + t0 * hidden, tn, hidden, hidden, L->attn_norm, L->attn_eps, x + t0 * hidden, hidden);
                 }
                 ts_wait(&P[0], c_tokens);
@@ -1143,11 +1157,11 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
                     ready = 1;
                 }
                 ts_projection(L->qkv_format, &in, L->qkv, L->qkv_scale, L->qkv_bias, qkv, qkv_n,
-                              TS_SPAN((int64_t)c, TS_CHUNK_BLOCKS, qkv_n / 16), wf, 0);
+                              TS_SPAN(c, s_qkv, qkv_n / 16), wf, 0);
             }
             ts_wait(&P[1], c_qkv);
             for (; (c = ts_take(&P[2], c_tokens)) >= 0; ts_finish(&P[2], c_tokens))
-                rope_store_rows(qkv, TS_SPAN((int64_t)c, TS_CHUNK_TOKENS, T), qkv_n, heads, kv_heads, dim, &qk, cos_t,
+                rope_store_rows(qkv, TS_SPAN(c, s_tokens, T), qkv_n, heads, kv_heads, dim, &qk, cos_t,
                                 sin_t, slot_of, pos_of, L->keys, L->values, &pages);
             ts_wait(&P[2], c_tokens);
             const ts_att a = {qkv, qkv_n, heads, kv_heads, dim, slot_of, pos_of, L->keys, L->values,
@@ -1158,12 +1172,12 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
             for (ready = 0; (c = ts_take(&P[4], c_hidden)) >= 0; ts_finish(&P[4], c_hidden)) {
                 if (!ready) in = ts_input_of(L->out_format, att, T, att_n, att_n, xs), ready = 1;
                 ts_projection(L->out_format, &in, L->out, L->out_scale, L->out_bias, h, hidden,
-                              TS_SPAN((int64_t)c, TS_CHUNK_BLOCKS, hidden / 16), wf, 1);
+                              TS_SPAN(c, s_hidden, hidden / 16), wf, 1);
             }
             ts_wait(&P[4], c_hidden);
             if (!own) {
                 for (; (c = ts_take(&P[5], c_tokens)) >= 0; ts_finish(&P[5], c_tokens)) {
-                    const int64_t t0 = (int64_t)c * TS_CHUNK_TOKENS, tn = t0 + TS_CHUNK_TOKENS < T ? TS_CHUNK_TOKENS : T - t0;
+                    const int64_t t0 = c * s_tokens, tn = t0 + s_tokens < T ? s_tokens : T - t0;
                     ts_rms_norm_rows(h + t0 * hidden, tn, hidden, hidden, L->mlp_norm, L->mlp_eps, x + t0 * hidden, hidden);
                 }
                 ts_wait(&P[5], c_tokens);
@@ -1175,12 +1189,12 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
                     ready = 1;
                 }
                 ts_projection(L->gate_up_format, &in, L->gate_up, L->gate_up_scale, L->gate_up_bias, gate_up,
-                              2 * inter, TS_SPAN((int64_t)c, TS_CHUNK_BLOCKS, 2 * inter / 16), wf, 0);
+                              2 * inter, TS_SPAN(c, s_gate_up, 2 * inter / 16), wf, 0);
             }
             ts_wait(&P[6], c_gate_up);
             if (!own) {
                 for (; (c = ts_take(&P[7], c_tokens)) >= 0; ts_finish(&P[7], c_tokens)) {
-                    const int64_t t0 = (int64_t)c * TS_CHUNK_TOKENS, tn = t0 + TS_CHUNK_TOKENS < T ? TS_CHUNK_TOKENS : T - t0;
+                    const int64_t t0 = c * s_tokens, tn = t0 + s_tokens < T ? s_tokens : T - t0;
                     silu_mul_rows(gate_up + t0 * 2 * inter, tn, inter, act + t0 * inter);
                 }
                 ts_wait(&P[7], c_tokens);
@@ -1192,7 +1206,7 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
                     ready = 1;
                 }
                 ts_projection(L->down_format, &in, L->down, L->down_scale, L->down_bias, h, hidden,
-                              TS_SPAN((int64_t)c, TS_CHUNK_BLOCKS, hidden / 16), wf, 1);
+                              TS_SPAN(c, s_hidden, hidden / 16), wf, 1);
             }
             ts_wait(&P[8], c_hidden);
         }

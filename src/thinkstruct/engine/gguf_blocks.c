@@ -391,9 +391,9 @@ int ts_gguf_linear(int64_t fmt, const float *x, int64_t M, int64_t K, int64_t ld
         ld_out < N)
         return -2;
     int failed = 0;
-    /* Chunks of TS_LINEAR_CHUNK blocks taken first come first served (see ts_decoder_layers:
-     * a preempted thread's share is taken by the others). */
-    const int64_t chunks = (N / 16 + TS_LINEAR_CHUNK - 1) / TS_LINEAR_CHUNK;
+    /* Chunks taken first come first served (see ts_decoder_layers: a preempted thread's
+     * share is taken by the others). */
+    const int64_t size = ts_chunk(N / 16, omp_get_max_threads(), 4), chunks = (N / 16 + size - 1) / size;
 #pragma omp parallel reduction(| : failed) if (M * N * K >= (int64_t)1 << 18)
     {
         float *xs = (float *)malloc((size_t)gguf_scratch_floats(M, K) * sizeof(float));
@@ -403,8 +403,7 @@ int ts_gguf_linear(int64_t fmt, const float *x, int64_t M, int64_t K, int64_t ld
 #pragma omp for schedule(dynamic, 1)
         for (int64_t c = 0; c < chunks; c++)
             if (xs != NULL)
-                gguf_blocks(fmt, a, M, K, w, bias, out, ld_out, c * TS_LINEAR_CHUNK,
-                            (c + 1) * TS_LINEAR_CHUNK < N / 16 ? (c + 1) * TS_LINEAR_CHUNK : N / 16, 0);
+                gguf_blocks(fmt, a, M, K, w, bias, out, ld_out, c * size, (c + 1) * size < N / 16 ? (c + 1) * size : N / 16, 0);
         free(xs);
     }
     return failed ? -1 : 0;
