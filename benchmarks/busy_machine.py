@@ -62,7 +62,11 @@ class Side:
         env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": str(threads)}
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         self.process = subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            [sys.executable, "-c", WORKER, str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         self._read()
 
@@ -88,7 +92,9 @@ class Side:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--other", default=None, help="another checkout's root, as more sides")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--hogs", type=int, default=1, help="spinning processes beside the engine when busy")
@@ -103,11 +109,15 @@ def main() -> int:
     try:
         for r in range(args.rounds):
             for busy in (False, True) if r % 2 == 0 else (True, False):
-                hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(args.hogs if busy else 0)]
+                hogs = [
+                    subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(args.hogs if busy else 0)
+                ]
                 try:
                     order = sides if r % 2 == 0 else sides[::-1]
                     for side in order:
-                        results.setdefault((side.label, "busy" if busy else "quiet"), []).append(side.run(args.max_tokens))
+                        results.setdefault((side.label, "busy" if busy else "quiet"), []).append(
+                            side.run(args.max_tokens)
+                        )
                 finally:
                     for hog in hogs:
                         hog.kill()
@@ -122,10 +132,14 @@ def main() -> int:
         print(f"{side.label:<10} {quiet:>12.1f} {busy:>16.1f} {busy / quiet:>10.2f}x")
     for tree in trees:
         for cond in ("quiet", "busy"):
-            print(f"# {tree}, {cond}: 2 threads / 1 thread {rate[(f'{tree} 2t', cond)] / rate[(f'{tree} 1t', cond)]:.2f}x")
+            print(
+                f"# {tree}, {cond}: 2 threads / 1 thread {rate[(f'{tree} 2t', cond)] / rate[(f'{tree} 1t', cond)]:.2f}x"
+            )
     if args.other:
         for cond in ("quiet", "busy"):
-            print(f"# 2 threads, {cond}: this / other {rate[('this 2t', cond)] / rate[('other 2t', cond)]:.2f}x")
+            print(
+                f"# 2 threads, {cond}: this / other {rate[('this 2t', cond)] / rate[('other 2t', cond)]:.2f}x"
+            )
     print(f"# load average after: {os.getloadavg()}")
     return 0
 

@@ -224,7 +224,9 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--chats", type=int, default=20, help="two-turn chats on two replicas")
     p.add_argument(
-        "--replica-cpus", default="2", help="the 1-replica side's --replica-cpus: its engine's threads (default 2, as the single process)"
+        "--replica-cpus",
+        default="2",
+        help="the 1-replica side's --replica-cpus: its engine's threads (default 2, as the single process)",
     )
     args = p.parse_args()
 
@@ -233,7 +235,9 @@ def main() -> int:
     # like. (Before the decoder stack's threads took chunks first come first served, two
     # threads in a replica measured 0.66x: Ray's threads preempted them at their meeting
     # points, and one thread was the better choice.)
-    ray1 = Service("Ray, 1 replica", "--ray-address", "local", "--replicas", "1", "--replica-cpus", args.replica_cpus)
+    ray1 = Service(
+        "Ray, 1 replica", "--ray-address", "local", "--replicas", "1", "--replica-cpus", args.replica_cpus
+    )
     sides = [single, ray1]
     try:
         for s in sides:
