@@ -8,7 +8,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from typing import Any
+
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 from thinkstruct import Tokenizer
 
@@ -33,7 +36,10 @@ def qwen3_tokenizer() -> Tokenizer:
 #: (ordered by test count, xdist's default, they came last: a 1.5-minute file started
 #: when the other worker had nothing left).
 SLOW_FILES = (
-    "tests/cluster/test_replicas.py",  # a local Ray cluster: about 2 minutes, first
+    # Two local Ray clusters, one after the other on one worker (RAY_FILES): about 5
+    # minutes, first.
+    "tests/cluster/test_replicas.py",
+    "tests/cluster/test_autoscaling.py",
     "tests/engine/test_models.py",
     "tests/grammar/test_conformance.py",
     "tests/server/test_serve_cli.py",
@@ -52,6 +58,25 @@ SLOW_FILES = (
     "tests/playground/test_playground_page.py",
     "tests/grammar/test_probes.py",
 )
+
+
+#: Test files that each start a local Ray cluster with model replicas. They share one
+#: xdist work unit, so they run one after the other on one worker: two clusters starting at
+#: once on two cores took 2.5 minutes each to come up (1.5 alone) and a killed replica over
+#: 2 minutes to come back.
+RAY_FILES = frozenset({"tests/cluster/test_replicas.py", "tests/cluster/test_autoscaling.py"})
+
+
+class _LoadFileKeepingRayTogether(LoadFileScheduling):
+    def _split_scope(self, nodeid: str) -> str:
+        scope = super()._split_scope(nodeid)
+        return "tests/cluster (Ray)" if scope in RAY_FILES else scope
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadFileScheduling | None:
+    if config.getvalue("dist") == "loadfile":
+        return _LoadFileKeepingRayTogether(config, log)
+    return None
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
