@@ -32,3 +32,8 @@ def test_an_operators_setting_wins(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_replicas_openmp_threads_sleep_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     assert ray_serve_env(port=8000)["OMP_WAIT_POLICY"] == "PASSIVE"
+
+
+def test_the_replicas_are_not_niced_below_other_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    assert ray_serve_env(port=8000)["RAY_worker_niceness"] == "0"

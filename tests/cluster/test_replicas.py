@@ -105,6 +105,13 @@ def test_the_ingress_replica_itself_listens_on_the_port(service: RayService, htt
     assert len(owners) == 1 and "ServeReplica:thinkstruct:ingress" in owners[0], owners
 
 
+def test_the_replicas_run_at_the_services_priority(service: RayService) -> None:
+    """Not at Ray's default nice 15, which starves them beside any busy process."""
+    replicas = service.engine_replicas()
+    assert len(replicas) == 2
+    assert [p.nice() for p in replicas] == [psutil.Process(service.process.pid).nice()] * 2
+
+
 def test_metrics_report_each_replica_and_the_service(service: RayService, http: httpx.Client) -> None:
     served = {chat(http, user(f"count me {i}"), max_tokens=8).headers[HEADER] for i in range(8)}
     deadline = time.monotonic() + 60

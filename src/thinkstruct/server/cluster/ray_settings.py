@@ -19,9 +19,16 @@ the ingress and the proxy spent ~3 ms of CPU per token on Ray's defaults, ~1 ms 
   the controller alone took 3.4 % of a core; replica restarts and scaling decisions wait
   at most 0.4 s longer).
 
-And for the engine replicas' own threads, ``OMP_WAIT_POLICY=PASSIVE`` (as
-``import thinkstruct`` sets it in a process of its own: idle OpenMP threads sleep rather
-than spin beside Ray's threads).
+And for the processes themselves:
+
+- **worker niceness 0** (Ray starts its workers, so the replicas, at nice 15: the service
+  then yields to every other process on the machine; measured beside two busy processes,
+  a local service of two replicas did not come up in 150 s at Ray's default (its HTTP
+  proxy's start timed out), and came up in 90 s at 0). Ray's own daemons stay at 0 too.
+  Only the local instance's raylet reads it: on a cluster it joins, ``ray start`` decided;
+- ``OMP_WAIT_POLICY=PASSIVE`` for the engine replicas' own threads (as ``import
+  thinkstruct`` sets it in a process of its own: idle OpenMP threads sleep rather than
+  spin beside Ray's threads).
 
 A variable already set in the environment is kept (an operator's choice wins).
 """
@@ -42,6 +49,7 @@ def ray_serve_env(*, port: int) -> dict[str, str]:
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
         "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
         "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+        "RAY_worker_niceness": "0",
         "OMP_WAIT_POLICY": "PASSIVE",
     }
     return {name: os.environ.get(name, value) for name, value in wanted.items()}
