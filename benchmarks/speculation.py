@@ -18,7 +18,7 @@ Workloads:
 Prints tokens/s per side, the ratio, draft tokens accepted per draft token fed, and
 whether the answers are identical (they must be: the runner is batch-invariant).
 
-    python benchmarks/speculation.py [--rounds 2] [--quantize auto|int8-weights|gguf]
+    python benchmarks/speculation.py [--rounds 2] [--quantize auto|int8-weights|gguf] [--config JSON]
 """
 
 from __future__ import annotations
@@ -149,10 +149,17 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quantize", default="auto", help="as thinkstruct serve's --quantize (default auto)")
+    parser.add_argument(
+        "--config",
+        type=json.loads,
+        default={},
+        help='SpeculationConfig fields for the "on" side as JSON, e.g. \'{"position_cost": 0.2}\'',
+    )
     args = parser.parse_args()
     model = load_model(quantize=args.quantize, progress=False)
-    print(f"SmolLM2-135M-Instruct, quantize={model.quantize}")
-    on = Engine(model, config=EngineConfig(speculation=SpeculationConfig(), prefix_cache_bytes=0)).start()
+    config = SpeculationConfig(**args.config)
+    print(f"SmolLM2-135M-Instruct, quantize={model.quantize}, {config}")
+    on = Engine(model, config=EngineConfig(speculation=config, prefix_cache_bytes=0)).start()
     off = Engine(
         model, config=EngineConfig(speculation=None, prefix_cache_bytes=0), compiler=on.compiler
     ).start()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 import warnings
 from collections.abc import Callable
@@ -183,12 +182,6 @@ def application(
     )
 
 
-def _spare_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def serve_cluster(
     start_engine: Callable[[], Engine],
     load_front: Callable[[], tuple[LoadedModel, GrammarCompiler]],
@@ -221,8 +214,10 @@ def serve_cluster(
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         # Ray Serve still starts its HTTP proxy on the head node with direct ingress; it
-        # serves nothing of ours, so it listens on a spare port, leaving --port to the ingress.
-        serve.start(http_options=HTTPOptions(host=settings.host, port=_spare_port(settings.host)))
+        # serves nothing of ours, so it listens on a port the system picks as it binds
+        # (port 0), leaving --port to the ingress. (A free port looked up beforehand was
+        # taken by another process before the proxy bound it: the service did not start.)
+        serve.start(http_options=HTTPOptions(host=settings.host, port=0))
         serve.run(
             application(start_engine, load_front, settings, options, max_prompt_tokens=max_prompt_tokens),
             name=APP_NAME,
