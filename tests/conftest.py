@@ -29,6 +29,12 @@ def qwen3_tokenizer() -> Tokenizer:
     return Tokenizer.qwen3()
 
 
+#: Test files that each start a local Ray cluster with model replicas, in the order they
+#: run. They share one xdist work unit, so they run one after the other on one worker: two
+#: clusters starting at once on two cores took 2.5 minutes each to come up (1.5 alone) and
+#: a killed replica over 2 minutes to come back.
+RAY_FILES = ("tests/cluster/test_replicas.py", "tests/cluster/test_autoscaling.py")
+
 #: Test files that take longest (model conversions, real servers, whole conformance
 #: suites), roughly slowest first. `make test` hands whole files to two workers in
 #: collection order (``--dist loadfile --no-loadscope-reorder``); these go first so
@@ -36,10 +42,7 @@ def qwen3_tokenizer() -> Tokenizer:
 #: (ordered by test count, xdist's default, they came last: a 1.5-minute file started
 #: when the other worker had nothing left).
 SLOW_FILES = (
-    # Two local Ray clusters, one after the other on one worker (RAY_FILES): about 5
-    # minutes, first.
-    "tests/cluster/test_replicas.py",
-    "tests/cluster/test_autoscaling.py",
+    *RAY_FILES,  # two local Ray clusters, one after the other on one worker: about 5 minutes
     "tests/engine/test_models.py",
     "tests/grammar/test_conformance.py",
     "tests/server/test_serve_cli.py",
@@ -58,13 +61,6 @@ SLOW_FILES = (
     "tests/playground/test_playground_page.py",
     "tests/grammar/test_probes.py",
 )
-
-
-#: Test files that each start a local Ray cluster with model replicas. They share one
-#: xdist work unit, so they run one after the other on one worker: two clusters starting at
-#: once on two cores took 2.5 minutes each to come up (1.5 alone) and a killed replica over
-#: 2 minutes to come back.
-RAY_FILES = frozenset({"tests/cluster/test_replicas.py", "tests/cluster/test_autoscaling.py"})
 
 
 class _LoadFileKeepingRayTogether(LoadFileScheduling):
