@@ -405,6 +405,29 @@ def test_the_thinking_budget_holds_without_a_constraint(engine, tiny_model) -> N
     assert out.finish_reason is FinishReason.LENGTH
 
 
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_stop_inside_the_thought_ends_the_thought_and_an_answer_comes(engine, tiny_model, seed) -> None:
+    """The model wants to stop at once (its stop token biased to the top): in its thought
+    that ends the thought (the end tag in its place), and in the answer only after a token
+    with text."""
+    tokenizer = tiny_model.tokenizer
+    ids, prompt = prompt_ids(tiny_model, "think first", thinking=True)
+    bias = tuple((eos, 100.0) for eos in tokenizer.eos_token_ids)
+    out = run(
+        engine,
+        prompt_ids=ids,
+        sampling=SamplingParams(max_tokens=30, seed=seed, logit_bias=bias),
+        reasoning=True,
+        reasoning_parser=prompt.reasoning_parser(),
+        max_reasoning_tokens=20,
+    )
+    assert out.finish_reason is FinishReason.STOP
+    assert out.reasoning == ""  # the first token, a stop, became the end tag
+    assert out.usage.reasoning_tokens == len(tokenizer.think_end_ids)
+    assert out.content.strip()  # the stop came as soon as the answer had text
+    assert list(out.token_ids[: out.usage.reasoning_tokens]) == list(tokenizer.think_end_ids)
+
+
 def test_forced_tokens_past_the_step_budget_wait_for_the_next_step(tiny_model, compiler) -> None:
     """A decoding step computes at most ``decode_positions`` positions: forced tokens that
     do not fit are fed over the next steps, that row not sampling meanwhile. A request

@@ -213,13 +213,38 @@ def test_budget_forces_the_end_tag_then_the_schema(backend: str, smol: bool) -> 
     assert g.accept_tokens(ans) == len(ans) and can_stop(g, tok)
 
 
-def test_stop_ids_while_thinking_can_be_allowed(tokenizer: Tokenizer) -> None:
+@pytest.mark.parametrize("smol", [False, True], ids=["deepseek-v4", "smollm2"])
+def test_a_stop_can_end_the_thought_instead_of_the_response(smol: bool) -> None:
+    tokenizer = smollm2() if smol else Tokenizer.default()
     cg = compiled_for(tokenizer, "llguidance")
     eos = tokenizer.eos_token_ids[0]
     assert not is_allowed(_mask(cg.matcher(reasoning=True), tokenizer.vocab_size), 0, eos)
-    g = cg.matcher(reasoning=True, stop_ids_while_thinking=[eos])
+    g = cg.matcher(reasoning=True, stops_end_thought=True)
+    assert isinstance(g, ReasoningGrammar)
     assert is_allowed(_mask(g, tokenizer.vocab_size), 0, eos)
-    assert g.accept_token(eos)
+    assert g.accept_tokens(tokenizer.encode("so")) == 1
+    assert g.ends_thought(eos) and not g.ends_thought(tokenizer.encode(" x")[0])
+    closing = g.close_thought()
+    assert tokenizer.decode(closing) == tokenizer.think_end_text
+    # Closed: only the end tag now, forced; then the answer's grammar.
+    allowed = allowed_token_ids(_mask(g, tokenizer.vocab_size), 0, tokenizer.vocab_size).tolist()
+    assert allowed == closing[:1] and not g.accept_token(eos)
+    assert g.accept_token(closing[0]) and g.jump_forward() == closing[1:]
+    assert g.accept_tokens(closing[1:]) == len(closing) - 1 and not g.is_thinking
+    assert not g.ends_thought(eos)
+    with pytest.raises(ValueError, match="already closed"):
+        g.close_thought()
+    # Rolled back into the tag, it is still closed; back past its first token, open again.
+    if len(closing) > 1:  # SmolLM2's </think> is several tokens
+        g.rollback(len(closing) - 1)
+        allowed = allowed_token_ids(_mask(g, tokenizer.vocab_size), 0, tokenizer.vocab_size).tolist()
+        assert g.is_thinking and allowed == closing[1:2]
+        g.rollback(1)
+    else:
+        g.rollback(1)
+    assert (
+        g.is_thinking and len(allowed_token_ids(_mask(g, tokenizer.vocab_size), 0, tokenizer.vocab_size)) > 1
+    )
 
 
 def test_banned_ids_while_thinking(tokenizer: Tokenizer) -> None:

@@ -3,7 +3,8 @@ gets the server's share of ``max_tokens`` and the answer the rest (issue 22, ite
 
 Over HTTP with the official client on the embedded SmolLM2 (which thinks by default and
 rarely ends its thought by itself): a ``json_schema``, a ``choice``, a ``regex`` and a
-forced tool call, none with a budget, each end with a complete, valid answer; an answer
+forced tool call, none with a budget, each end with a complete, valid answer, and free
+text too (a stop inside the thought ends the thought; the answer is never empty); an answer
 that outgrows its share ends ``length`` with ``length_part: "answer"``, a ``max_tokens``
 too small for any thought with ``length_part: "reasoning"`` (streamed too); an explicit
 budget still wins. The default budget itself is checked as a property over any
@@ -142,6 +143,34 @@ def test_every_constrained_kind_answers_without_a_budget(
     (call,) = tool.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+
+
+def test_free_text_answers_when_the_model_stops_inside_its_thought(
+    smol_server: RunningServer, model: str
+) -> None:
+    """SmolLM2 often stops right after a short thought ("The answer is: Spain" and its stop
+    token): that stop ends the thought instead, and the response stops only once the
+    answer has text (before, 14 of these 18 answers were empty)."""
+    questions = ["What is 2+2?", "Name a color.", "Who wrote Hamlet?", "What is the capital of Spain?"]
+    requests = [
+        {"model": model, "messages": _user(q), "max_tokens": 120, "temperature": 0.7, "seed": seed}
+        for q in questions
+        for seed in range(3)
+    ]
+    answers = _ask_all(smol_server, requests)
+    for answer in answers:
+        choice = answer.choices[0]
+        assert choice.message.model_extra.get("reasoning_content") is not None  # it thought
+        assert choice.message.content and choice.message.content.strip(), choice
+        assert choice.finish_reason in ("stop", "length")
+        if choice.finish_reason == "length":
+            assert choice.model_extra["length_part"] == "answer"
+    streamed = "".join(
+        chunk.choices[0].delta.content or ""
+        for chunk in smol_server.openai().chat.completions.create(**requests[-1], stream=True)
+        if chunk.choices
+    )
+    assert streamed == answers[-1].choices[0].message.content
 
 
 def test_length_says_which_part_ran_out(smol_server: RunningServer, model: str, tag_tokens: int) -> None:

@@ -36,6 +36,7 @@ from thinkstruct.engine.runner import ModelRunner, TransformersRunner
 from thinkstruct.engine.sampler import sample
 from thinkstruct.engine.speculation import draft_lengths
 from thinkstruct.grammar.runtime.bitmask import TokenBitmask, allowed_count, apply_bitmask_inplace
+from thinkstruct.grammar.runtime.reasoning import ReasoningGrammar
 
 if TYPE_CHECKING:
     from thinkstruct.engine.scheduler import DecodePlan, Move, PrefillPlan
@@ -413,6 +414,8 @@ class Executor:
             seq = rows[i]
             if token is None:
                 continue
+            if token in self._stop_ids:
+                token = _in_place_of_stop(seq, token)
             try:
                 self._advance(seq, token, None if table is None or token < 0 else table.entry(j, token))
             except Exception as e:  # this request's own path failed
@@ -434,8 +437,8 @@ class Executor:
             if not matcher.accept_token(token):
                 self._finish(seq, FinishReason.ERROR, f"the grammar rejected the sampled token {token}")
                 return
-            # A stop token ends the output even where the matcher lets the model stop
-            # inside its thought (free text under a thinking budget).
+            # A stop token ends the output (one inside a thought whose grammar turns it
+            # into the thought's end never gets here: see _in_place_of_stop).
             if matcher.is_terminated() or token in self._stop_ids:
                 stop = True
             else:
@@ -455,6 +458,16 @@ class Executor:
             seq.adjustments.add(new)
         seq.pending = [] if stop else new
         self._record(seq, new, forced=len(forced), logprob=logprob, stop=stop)
+
+
+def _in_place_of_stop(seq: Sequence, token: int) -> int:
+    """The token ``seq`` takes for the stop token ``token`` it sampled: the first token of
+    its end tag where its grammar turns a stop inside the thought into the thought's end
+    (the rest of the tag is forced after it), else ``token``."""
+    matcher = seq.matcher
+    if isinstance(matcher, ReasoningGrammar) and matcher.ends_thought(token):
+        return matcher.close_thought()[0]
+    return token
 
 
 def _common_prefix(a: Seq[int], b: Seq[int], limit: int) -> int:

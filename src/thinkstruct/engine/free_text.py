@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from thinkstruct.grammar.runtime.bitmask import allow_all
+from thinkstruct.grammar.runtime.bitmask import allow_all, clear_allowed
 from thinkstruct.grammar.runtime.end_tag import end_tag_matcher
 from thinkstruct.grammar.runtime.matcher import GrammarMatcher, StopTokenMatcher
 from thinkstruct.grammar.runtime.reasoning import ReasoningGrammar
@@ -64,33 +64,54 @@ def default_thinking_budget(max_tokens: int, *, share: float, tokenizer: Tokeniz
     return max(1, math.floor(share * max_tokens) - tag_tokens)
 
 
+def blank_token_ids(tokenizer: Tokenizer) -> frozenset[int]:
+    """Ids whose text is empty or only whitespace (special and padding ids among them),
+    built once per tokenizer."""
+
+    def build() -> frozenset[int]:
+        return frozenset(i for i, text in enumerate(tokenizer.decoded_vocab()) if not text.strip())
+
+    return tokenizer.cached("blank_token_ids", build)
+
+
 class FreeTextMatcher(StopTokenMatcher):
-    """Any text, and a stop token anywhere."""
+    """Any text, and a stop token anywhere, or, with ``blank_ids``, only once the text has
+    a token not among them (an answer that is not empty or only whitespace)."""
 
-    __slots__ = ("_fed",)
+    __slots__ = ("_blank", "_fed", "_first_text")
 
-    def __init__(self, stop_ids: frozenset[int]) -> None:
+    def __init__(self, stop_ids: frozenset[int], *, blank_ids: frozenset[int] | None = None) -> None:
         super().__init__(stop_ids)
+        self._blank = blank_ids
         self._fed = 0
+        #: How many tokens came before the first one with text (None: none yet).
+        self._first_text: int | None = None if blank_ids is not None else 0
 
     def _advance(self, token_id: int) -> bool:
+        blank = self._blank
+        if self._first_text is None and blank is not None and token_id not in blank:
+            self._first_text = self._fed
         self._fed += 1
         return True
 
     def _rollback(self, num_tokens: int) -> None:
         self._fed -= min(num_tokens, self._fed)
+        if self._blank is not None and self._first_text is not None and self._first_text >= self._fed:
+            self._first_text = None
 
     def _fill(self, bitmask: torch.Tensor, row: int) -> None:
         allow_all(bitmask, row)
+        if self._first_text is None:
+            clear_allowed(bitmask, row, self._stops)
 
     def _can_stop(self) -> bool:
-        return True
+        return self._first_text is not None
 
     def _forced(self) -> list[int]:
         return []
 
     def copy(self) -> FreeTextMatcher:
-        return FreeTextMatcher(self._stops)
+        return FreeTextMatcher(self._stops, blank_ids=self._blank)
 
 
 def thinking_budget_matcher(
@@ -101,13 +122,15 @@ def thinking_budget_matcher(
     banned_ids_while_thinking: Iterable[int] = (),
 ) -> GrammarMatcher:
     """A matcher that leaves the text free but ends the thought after
-    ``max_reasoning_tokens`` tokens (the model may still stop inside its thought)."""
-    stops = frozenset(tokenizer.eos_token_ids)
+    ``max_reasoning_tokens`` tokens, and makes sure an answer comes: a stop token inside
+    the thought ends the thought, not the response (the engine forces the end tag in its
+    place), and the response stops only after the answer has a token that is not
+    whitespace."""
     return ReasoningGrammar.wrap(
-        FreeTextMatcher(stops),
+        FreeTextMatcher(frozenset(tokenizer.eos_token_ids), blank_ids=blank_token_ids(tokenizer)),
         tokenizer,
         max_reasoning_tokens=max_reasoning_tokens,
-        stop_ids_while_thinking=stops,
+        stops_end_thought=True,
         banned_ids_while_thinking=banned_ids_while_thinking,
         end_tag=end_tag,
     )

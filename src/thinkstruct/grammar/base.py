@@ -74,7 +74,7 @@ class CompiledGrammar(abc.ABC):
         *,
         reasoning: bool = False,
         max_reasoning_tokens: int | None = None,
-        stop_ids_while_thinking: Iterable[int] = (),
+        stops_end_thought: bool = False,
         banned_ids_while_thinking: Iterable[int] = (),
         end_tag: str | None = None,
     ) -> GrammarMatcher:
@@ -87,9 +87,9 @@ class CompiledGrammar(abc.ABC):
                 returned.
             max_reasoning_tokens: thinking budget in tokens; once spent, only the end tag
                 is allowed until it is complete.
-            stop_ids_while_thinking: stop ids the model may still emit while thinking.
-                By default every stop id is masked until the thought is closed, since a
-                grammar must follow.
+            stops_end_thought: a stop token sampled while thinking ends the thought,
+                not the response (the engine forces the end tag in its place). By
+                default every stop id is masked until the thought is closed.
             banned_ids_while_thinking: further ids masked while thinking (a family's
                 tool-call tokens, say).
             end_tag: the text that ends the thought (default: the tokenizer's).
@@ -101,7 +101,7 @@ class CompiledGrammar(abc.ABC):
             inner,
             self.tokenizer,
             max_reasoning_tokens=max_reasoning_tokens,
-            stop_ids_while_thinking=stop_ids_while_thinking,
+            stops_end_thought=stops_end_thought,
             banned_ids_while_thinking=banned_ids_while_thinking,
             end_tag=end_tag,
         )

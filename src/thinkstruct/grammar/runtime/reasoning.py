@@ -4,7 +4,8 @@ The decorator from SGLang's ReasonerGrammarBackend, rebuilt to work over every b
 and with end tags spelled in several tokens. One integer carries the phase:
 
 - ``-1`` thinking: the mask allows everything except the stop tokens (a response cannot
-  end inside its thought) and tokens that would close the thought and run on into the
+  end inside its thought; or, for free text, they stay allowed and end the thought in
+  place of the end tag) and tokens that would close the thought and run on into the
   answer inside the same token; tokens are not fed to the inner grammar.
 - ``0``: the token that completed the end tag was just accepted.
 - ``N > 0``: ``N`` answer tokens accepted after the tag, all fed to the inner grammar.
@@ -43,9 +44,22 @@ class ReasoningGrammar(GrammarMatcher):
             next token of the end tag until it is complete, so the answer always comes.
         banned_while_thinking: token ids masked and refused while thinking (by default the
             caller passes the model's stop tokens).
+        stops_ending_thought: stop ids allowed while thinking that end the thought, not the
+            response: the engine takes the end tag in place of one (:meth:`ends_thought`,
+            :meth:`close_thought`), so a model that stops inside its thought still answers.
     """
 
-    __slots__ = ("_banned", "_budget", "_initial", "_inner", "_matched", "_state", "_tag")
+    __slots__ = (
+        "_banned",
+        "_budget",
+        "_closed_at",
+        "_initial",
+        "_inner",
+        "_matched",
+        "_state",
+        "_stops",
+        "_tag",
+    )
 
     def __init__(
         self,
@@ -55,6 +69,7 @@ class ReasoningGrammar(GrammarMatcher):
         reasoning: bool = True,
         max_reasoning_tokens: int | None = None,
         banned_while_thinking: Iterable[int] = (),
+        stops_ending_thought: Iterable[int] = (),
     ) -> None:
         if max_reasoning_tokens is not None and max_reasoning_tokens < 0:
             raise ValueError("max_reasoning_tokens must be >= 0")
@@ -66,6 +81,9 @@ class ReasoningGrammar(GrammarMatcher):
         self._matched: list[int] = [0]
         self._budget = max_reasoning_tokens
         self._banned = frozenset(banned_while_thinking)
+        self._stops = frozenset(stops_ending_thought) - self._banned
+        # Thinking tokens after which :meth:`close_thought` closed the thought, if it did.
+        self._closed_at: int | None = None
 
     @classmethod
     def wrap(
@@ -74,24 +92,27 @@ class ReasoningGrammar(GrammarMatcher):
         tokenizer: Tokenizer,
         *,
         max_reasoning_tokens: int | None = None,
-        stop_ids_while_thinking: Iterable[int] = (),
+        stops_end_thought: bool = False,
         banned_ids_while_thinking: Iterable[int] = (),
         end_tag: str | None = None,
     ) -> ReasoningGrammar:
         """``inner`` behind a thought that starts at once (what
         :meth:`CompiledGrammar.matcher(reasoning=True) <thinkstruct.grammar.base.CompiledGrammar.matcher>`
-        returns). Every stop id is masked while thinking except ``stop_ids_while_thinking``;
+        returns). Every stop id is masked while thinking, unless ``stops_end_thought``:
+        then they stay allowed and end the thought instead (see :meth:`close_thought`);
         ``banned_ids_while_thinking`` are masked too; ``end_tag`` defaults to the
         tokenizer's think-end text."""
-        allowed_stops = set(stop_ids_while_thinking)
-        banned = {i for i in tokenizer.eos_token_ids if i not in allowed_stops}
-        banned.update(banned_ids_while_thinking)
+        stops = set(tokenizer.eos_token_ids)
+        banned = set(banned_ids_while_thinking)
+        if not stops_end_thought:
+            banned.update(stops)
         return cls(
             inner,
             end_tag_matcher(tokenizer, end_tag),
             reasoning=True,
             max_reasoning_tokens=max_reasoning_tokens,
             banned_while_thinking=banned,
+            stops_ending_thought=stops if stops_end_thought else (),
         )
 
     # ---- state -----------------------------------------------------------------------
@@ -115,7 +136,32 @@ class ReasoningGrammar(GrammarMatcher):
         return self._inner
 
     def _closing(self) -> bool:
-        return self._budget is not None and len(self._matched) - 1 >= self._budget
+        return self._closing_after(len(self._matched) - 1)
+
+    def _closing_after(self, thought: int) -> bool:
+        """Whether only the end tag may follow ``thought`` thinking tokens."""
+        if self._closed_at is not None and thought >= self._closed_at:
+            return True
+        return self._budget is not None and thought >= self._budget
+
+    def ends_thought(self, token_id: int) -> bool:
+        """Whether ``token_id``, sampled now, is a stop that ends the thought rather than
+        the response (then the caller takes :meth:`close_thought`'s first token instead)."""
+        return self._state == THINKING and token_id in self._stops
+
+    def close_thought(self) -> list[int]:
+        """End the thought here, as a spent budget would: from now on only the end tag's
+        tokens are allowed (and :meth:`jump_forward` forces them). Returns the tag's
+        tokens still to come, which the caller takes in place of the stop token.
+
+        Raises:
+            ValueError: not thinking.
+        """
+        if self._state != THINKING:
+            raise ValueError("the thought is already closed")
+        if self._closed_at is None:
+            self._closed_at = len(self._matched) - 1
+        return list(self._tag.closing_ids(self._matched[-1]))
 
     # ---- GrammarMatcher --------------------------------------------------------------
 
@@ -155,6 +201,8 @@ class ReasoningGrammar(GrammarMatcher):
         # The first step back from state 0 undoes the token that completed the tag.
         self._state = THINKING
         del self._matched[len(self._matched) - num_tokens :]
+        if self._closed_at is not None and len(self._matched) - 1 <= self._closed_at:
+            self._closed_at = None  # the tag's first token, taken for the stop, is undone
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         if self._state >= 0:
@@ -186,8 +234,7 @@ class ReasoningGrammar(GrammarMatcher):
         for n, token_id in enumerate(token_ids):
             if token_id in self._banned:
                 return n
-            closing = self._budget is not None and thought >= self._budget
-            if closing and token_id != self._tag.closing_ids(matched)[0]:
+            if self._closing_after(thought) and token_id != self._tag.closing_ids(matched)[0]:
                 return n
             matched, status = self._tag.step(matched, token_id)
             if status == RUNS_ON:
@@ -204,4 +251,5 @@ class ReasoningGrammar(GrammarMatcher):
             reasoning=self._initial == THINKING,
             max_reasoning_tokens=self._budget,
             banned_while_thinking=self._banned,
+            stops_ending_thought=self._stops,
         )
