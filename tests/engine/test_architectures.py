@@ -278,9 +278,41 @@ def _byte_level_vocabulary() -> tuple[list[str], list[str]]:
     return [*tokens, "<|endoftext|>", "<think>", "</think>"], merges
 
 
-def write_gguf(model: Any, path: Any, arch: str) -> None:
+def quantize_q4_k(weight: Any) -> Any:
+    """``weight [rows, K]`` (float32, ``K % 256 == 0``) as Q4_K super-blocks ``[rows, K / 256
+    * 144]`` uint8, ggml's layout: a plain quantizer (each 32's min and max; llama.cpp's
+    searches further), enough for a file whose blocks are Q4_K (``gguf`` quantizes none)."""
+    import numpy as np
+
+    rows, k = weight.shape
+    sub = weight.reshape(rows, k // 256, 8, 32).astype(np.float32)
+    low, high = np.minimum(sub.min(-1), 0), np.maximum(sub.max(-1), 0)
+    d = ((high - low) / 15).max(-1, keepdims=True) / 63
+    dmin = (-low).max(-1, keepdims=True) / 63
+    d, dmin = d.astype(np.float16), dmin.astype(np.float16)
+    df, mf = d.astype(np.float32), dmin.astype(np.float32)
+    sc = np.clip(np.round((high - low) / 15 / np.where(df > 0, df, 1)), 0, 63).astype(np.uint8)
+    mn = np.clip(np.round(-low / np.where(mf > 0, mf, 1)), 0, 63).astype(np.uint8)
+    step, offset = (df * sc)[..., None], (mf * mn)[..., None]
+    q = np.clip(np.round((sub + offset) / np.where(step > 0, step, 1)), 0, 15).astype(np.uint8)
+    scales = np.concatenate(
+        [
+            sc[..., :4] | ((sc[..., 4:] >> 4) << 6),
+            mn[..., :4] | ((mn[..., 4:] >> 4) << 6),
+            (sc[..., 4:] & 15) | ((mn[..., 4:] & 15) << 4),
+        ],
+        axis=-1,
+    )
+    pairs = q.reshape(rows, k // 256, 4, 2, 32)  # sub-blocks 2j (low nibbles), 2j + 1 (high)
+    nibbles = (pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)).reshape(rows, k // 256, 128)
+    head = np.concatenate([d.view(np.uint8), dmin.view(np.uint8)], axis=-1)
+    return np.concatenate([head, scales, nibbles], axis=-1).reshape(rows, -1)
+
+
+def write_gguf(model: Any, path: Any, arch: str, *, q4_k: bool = False) -> None:
     """``model`` (float32) as a GGUF file of ``arch`` with its tokenizer, as llama.cpp's
-    converter lays it out (tensor names from gguf-py's map; Llama's q/k rows permuted)."""
+    converter lays it out (tensor names from gguf-py's map; Llama's q/k rows permuted);
+    ``q4_k``: its Linear weights (every 2-D tensor but the token embeddings) as Q4_K."""
     import gguf
 
     config = model.config
@@ -316,7 +348,11 @@ def write_gguf(model: Any, path: Any, arch: str) -> None:
                 .swapaxes(1, 2)
                 .reshape(data.shape)
             )
-        writer.add_tensor(f"{names.get_name(base)}.{suffix}", data)
+        name = f"{names.get_name(base)}.{suffix}"
+        if q4_k and data.ndim == 2 and not name.startswith("token_embd"):
+            writer.add_tensor(name, quantize_q4_k(data), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+        else:
+            writer.add_tensor(name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -354,6 +390,44 @@ def test_a_gguf_of_each_architecture_loads_onto_the_decoder_runner(tmp_path, mon
         else:  # int8 weights: the same greedy pick and close logits
             assert int(got.argmax()) == int(want.argmax())
             assert float((got - want).norm() / want.norm()) < 0.05
+
+
+def test_a_q4_k_gguf_runs_its_own_blocks(tmp_path, monkeypatch) -> None:
+    """A Llama GGUF whose Linear weights are Q4_K (the most common download's blocks): by
+    default on its own blocks, each holding exactly the weights transformers dequantizes,
+    computing that float32 model's logits up to the activations' int16 rounding, the same
+    bits for a row in any batch."""
+    from thinkstruct.engine.gguf_weights import GGUFLinear
+    from thinkstruct.engine.models import default_quantize, load_model
+
+    monkeypatch.setenv("THINKSTRUCT_CACHE", str(tmp_path / "cache"))
+    source = build(
+        "llama", features=False, hidden_size=256, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=512, tie_word_embeddings=False,
+    )  # fmt: skip
+    path = tmp_path / "tiny-q4_k.gguf"
+    write_gguf(source, path, "llama", q4_k=True)
+    assert default_quantize(path) == "gguf"
+    blocks = load_model(path, quantize="auto", progress=False)
+    plain = load_model(path, dtype="float32", quantize=None, progress=False)
+    assert blocks.quantize == "gguf"
+    layers = {name: m for name, m in blocks.model.named_modules() if isinstance(m, GGUFLinear)}
+    assert len(layers) == 2 * 7 + 1 and {m.fmt for m in layers.values()} == {"Q4_K"}
+    reference = dict(plain.model.named_modules())
+    for name, layer in layers.items():
+        assert torch.equal(layer.dequantized(), reference[name].weight), name
+    runner = DecoderRunner(blocks.model, slots=3, context_length=CONTEXT)
+    assert runner.stacked and runner.batch_invariant
+    ids, other = _ids(15, 10), _ids(16, 7)
+    with torch.inference_mode():
+        want = reference_logits(plain.model, ids)
+        got = runner.forward(0, [ids], [0])[0]
+        beside = DecoderRunner(blocks.model, slots=3, context_length=CONTEXT).forward(
+            0, [other, ids], [0, 0]
+        )[1]
+    assert int(got.argmax()) == int(want.argmax())
+    assert float((got - want).norm() / want.norm()) < 1e-3
+    assert torch.equal(got, beside)
 
 
 def test_dynamic_int8_projections_keep_their_biases_when_stacked(models) -> None:

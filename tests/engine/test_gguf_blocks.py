@@ -18,9 +18,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thinkstruct.engine.cpu_kernels import GGUF_FORMATS, CpuKernels, cpu_kernels, unavailable_reason
-from thinkstruct.engine.gguf_weights import GGUFLinear, pack_blocks
+from thinkstruct.engine.gguf_weights import Q4_K_BYTES, GGUFLinear, pack_blocks, q4_k_blocks
 
 FORMATS = sorted(GGUF_FORMATS)
+#: Formats whose weights are d q + m (a float m a block).
+WITH_MINS = ("Q4_1", "Q4_K")
+
+
+def unit(fmt: str) -> int:
+    """Weights of one of the file's blocks (Q4_K: a super-block of 256)."""
+    return 256 if fmt == "Q4_K" else 32
 
 
 @pytest.fixture(scope="module")
@@ -31,21 +38,32 @@ def kernels() -> CpuKernels:
 
 
 def _blocks(fmt: str, rows: int, inputs: int, seed: int) -> tuple[np.ndarray, torch.Tensor]:
-    """Random weights quantized by the ``gguf`` package to ``fmt``: the file's bytes
+    """Random weights quantized by the ``gguf`` package to ``fmt`` (Q4_K, which it does not
+    quantize: random super-blocks, every byte pattern a valid one): the file's bytes
     ``[rows, row bytes]`` and what ``gguf.quants`` dequantizes them to."""
     generator = np.random.default_rng(seed)
-    weights = generator.standard_normal((rows, inputs)).astype(np.float32)
-    weights += generator.standard_normal((rows, 1)).astype(np.float32)  # rows with an offset (Q4_1's m)
-    raw = quantize(weights, GGMLQuantizationType[fmt])
+    if fmt == "Q4_K":
+        raw = generator.integers(0, 256, (rows, inputs // 256, Q4_K_BYTES), dtype=np.uint8)
+        scales = generator.uniform(1e-3, 2e-2, (rows, inputs // 256, 2)).astype(np.float16)  # d, dmin
+        raw[..., :4] = scales.view(np.uint8).reshape(rows, inputs // 256, 4)
+        raw = raw.reshape(rows, -1)
+    else:
+        weights = generator.standard_normal((rows, inputs)).astype(np.float32)
+        weights += generator.standard_normal((rows, 1)).astype(np.float32)  # rows with an offset (Q4_1's m)
+        raw = quantize(weights, GGMLQuantizationType[fmt])
     return raw, torch.from_numpy(dequantize(raw, GGMLQuantizationType[fmt]).astype(np.float32))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_packed_blocks_hold_what_gguf_dequantizes(kernels, fmt: str) -> None:
-    raw, reference = _blocks(fmt, 48, 96, seed=1)
+    inputs = 3 * unit(fmt)
+    raw, reference = _blocks(fmt, 48, inputs, seed=1)
     packed = pack_blocks(fmt, raw)
-    assert packed.numel() == raw.size  # the file's bytes, reordered
-    assert torch.equal(kernels.gguf_dequantize(fmt, packed, 48, 96), reference)
+    if fmt == "Q4_K":  # converted: 24 bytes a block of 32 where the file has 18
+        assert packed.numel() == raw.size * 24 // 18
+    else:
+        assert packed.numel() == raw.size  # the file's bytes, reordered
+    assert torch.equal(kernels.gguf_dequantize(fmt, packed, 48, inputs), reference)
 
 
 def _quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,8 +77,12 @@ def _quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return (xq.double() * (amax / 32767).double()).reshape(x.shape), blocks.sum(dim=-1)
 
 
-def _q4_1_mins(raw: np.ndarray, rows: int, inputs: int) -> torch.Tensor:
-    """Q4_1 blocks' m ``[rows, inputs / 32]`` (float16 after d in each 20-byte block)."""
+def _mins(fmt: str, raw: np.ndarray, rows: int, inputs: int) -> torch.Tensor:
+    """Q4_1 blocks' m ``[rows, inputs / 32]`` (float16 after d in each 20-byte block), or
+    Q4_K's (-dmin times a sub-block's 6-bit min, float32 after d once converted)."""
+    if fmt == "Q4_K":
+        fields = q4_k_blocks(raw).reshape(rows, inputs // 32, 24)[..., 4:8].copy()
+        return torch.from_numpy(fields.view(np.float32).reshape(rows, inputs // 32))
     fields = np.ascontiguousarray(raw).reshape(rows, inputs // 32, 20)[..., 2:4].copy()
     return torch.from_numpy(fields.view(np.float16).reshape(rows, inputs // 32).astype(np.float32))
 
@@ -79,7 +101,7 @@ def test_multiply_matches_the_dequantized_weights(kernels, fmt, rows, groups, bl
     remainders) and of 16-output groups (whole and partial runs of four): the dequantized
     weights times the activations as rounded to int16 a block, Q4_1's m times the exact
     float sums of the blocks."""
-    outputs, inputs = 16 * groups, 32 * blocks
+    outputs, inputs = 16 * groups, unit(fmt) * blocks
     raw, weight = _blocks(fmt, outputs, inputs, seed)
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, inputs, generator=generator) * 3
@@ -89,8 +111,8 @@ def test_multiply_matches_the_dequantized_weights(kernels, fmt, rows, groups, bl
     expected = xr.double() @ weight.double().T + (0 if b is None else b.double())
     bound = 1e-5 * (xr.double().abs() @ weight.double().abs().T) + 1e-5
     scaled = weight.double()  # what multiplies the rounded activations: d q (Q4_1: w - m)
-    if fmt == "Q4_1":  # m times the exact block sums, where the rounded activations had it
-        mins = _q4_1_mins(raw, outputs, inputs).double()
+    if fmt in WITH_MINS:  # m times the exact block sums, where the rounded activations had it
+        mins = _mins(fmt, raw, outputs, inputs).double()
         expected += (sums.double() - xr.double().reshape(rows, -1, 32).sum(-1)) @ mins.T
         bound += 1e-5 * (sums.double().abs() @ mins.abs().T)
         scaled = scaled - mins.repeat_interleave(32, dim=1)
@@ -105,9 +127,9 @@ def test_multiply_matches_the_dequantized_weights(kernels, fmt, rows, groups, bl
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_row_gets_the_same_bits_in_any_batch_and_on_both_paths(kernels, fmt: str) -> None:
-    raw, _ = _blocks(fmt, 16 * 7, 32 * 5, seed=3)
+    raw, _ = _blocks(fmt, 16 * 7, unit(fmt) * 5, seed=3)
     packed = pack_blocks(fmt, raw)
-    x = torch.randn(41, 160, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(41, unit(fmt) * 5, generator=torch.Generator().manual_seed(4))
     bias = torch.randn(112, generator=torch.Generator().manual_seed(5))
     alone = torch.cat([kernels.gguf_linear(x[i : i + 1], fmt, packed, 112, bias) for i in range(41)])
     # 1-2 rows: four groups side by side; 3-4 rows: two; more: 8-row tiles and remainders.
@@ -128,8 +150,9 @@ def test_a_row_gets_the_same_bits_in_any_batch_and_on_both_paths(kernels, fmt: s
 def test_blocks_of_zeros_and_of_one_outlier_round_as_they_should(kernels, fmt: str) -> None:
     """A block of zero activations (no scale to divide by) contributes nothing; a block
     whose one large value sets the scale still carries its small ones to 1/65534 of it."""
-    raw, weight = _blocks(fmt, 32, 96, seed=7)
-    x = torch.randn(2, 96, generator=torch.Generator().manual_seed(8))
+    inputs = 3 * unit(fmt)
+    raw, weight = _blocks(fmt, 32, inputs, seed=7)
+    x = torch.randn(2, inputs, generator=torch.Generator().manual_seed(8))
     x[0, :32] = 0
     x[1, 40] = 1e4
     got = kernels.gguf_linear(x, fmt, pack_blocks(fmt, raw), 32)
@@ -137,8 +160,8 @@ def test_blocks_of_zeros_and_of_one_outlier_round_as_they_should(kernels, fmt: s
     exact = x.double() @ weight.double().T
     step = (x.abs().reshape(2, -1, 32).amax(-1) / 32767).double()
     scaled = weight.double().abs()
-    if fmt == "Q4_1":
-        scaled = (weight.double() - _q4_1_mins(raw, 32, 96).double().repeat_interleave(32, dim=1)).abs()
+    if fmt in WITH_MINS:
+        scaled = (weight.double() - _mins(fmt, raw, 32, inputs).double().repeat_interleave(32, dim=1)).abs()
     limit = 0.5 * step @ scaled.reshape(32, -1, 32).sum(-1).T + 1e-5 * (
         x.double().abs() @ weight.double().abs().T
     )

@@ -57,19 +57,25 @@ INT8 = 0
 
 
 class BlockFormat(NamedTuple):
-    """A GGUF block format the kernels run: its code in ``gguf_blocks.c``, the float16
-    fields a block of 32 weights starts with (``d``, or ``d`` and ``m``) and its bytes of
-    quants after them."""
+    """A GGUF block format the kernels run: its code in ``gguf_blocks.c``, the float
+    fields a block of 32 weights starts with (``d``, or ``d`` and ``m``), their bytes each
+    (2: float16 as the file holds them; 4: float32, Q4_K's scales times its 6-bit
+    integers) and the block's bytes of quants after them."""
 
     code: int
-    halves: int
+    fields: int
+    field_bytes: int
     quant_bytes: int
 
     @property
+    def block_bytes(self) -> int:
+        """Bytes of one packed block of 32 weights of one row."""
+        return self.fields * self.field_bytes + self.quant_bytes
+
+    @property
     def group_bytes(self) -> int:
-        """Bytes of one packed group of 16 output rows x 32 inputs (the file's bytes of
-        16 blocks, reordered)."""
-        return 16 * (2 * self.halves + self.quant_bytes)
+        """Bytes of one packed group of 16 output rows x 32 inputs."""
+        return 16 * self.block_bytes
 
     def packed_bytes(self, outputs: int, inputs: int) -> int:
         """Bytes of a packed ``[outputs, inputs]`` weight."""
@@ -78,7 +84,12 @@ class BlockFormat(NamedTuple):
 
 #: The GGUF block formats the kernels run, by ggml type name: the one list (``--quantize
 #: gguf`` and its default follow it).
-GGUF_FORMATS = {"Q4_0": BlockFormat(1, 1, 16), "Q4_1": BlockFormat(2, 2, 16), "Q8_0": BlockFormat(3, 1, 32)}
+GGUF_FORMATS = {
+    "Q4_0": BlockFormat(1, 1, 2, 16),
+    "Q4_1": BlockFormat(2, 2, 2, 16),
+    "Q8_0": BlockFormat(3, 1, 2, 32),
+    "Q4_K": BlockFormat(4, 2, 4, 16),
+}
 
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p

@@ -1,4 +1,4 @@
-/* GGUF weight blocks as the file ships them (Q4_0, Q4_1, Q8_0), multiplied without
+/* GGUF weight blocks as the file ships them (Q4_0, Q4_1, Q8_0, Q4_K), multiplied without
  * dequantizing the matrix: included by cpu_kernels.c (after the int8 kernels, whose helpers
  * it uses) into the same library.
  *
@@ -11,6 +11,11 @@
  *   Q4_1: u16 d[16]; u16 m[16]; u8 q[8][16][2] 320 bytes
  *         (q[c][r][i]: row r's byte 2c + i, i.e. its elements 2c + i and 16 + 2c + i)
  *   Q8_0: u16 d[16]; i8 q[16][16][2]           544 bytes (q[c][r][i]: row r's element 2c + i)
+ *   Q4_K: f32 d[16]; f32 m[16]; u8 q[8][16][2] 384 bytes (as Q4_1, the fields float32)
+ * Q4_K's super-blocks of 256 weights (f16 d and dmin, 6-bit scales sc and mins mn for
+ * each 32, w = d sc q - dmin mn) are Q4_1 blocks of 32 with d = d sc and m = -dmin mn:
+ * exact in float32 (an f16 times a 6-bit integer), not in f16, so their fields are f32
+ * (0.75 bytes a weight against the file's 0.5625; gguf_weights.py converts them).
  * the file's bytes reordered so that one load widened to 16-bit holds 2 consecutive quants
  * of each of 16 rows: one int32 lane of a pairwise dot-product instruction a row.
  *
@@ -35,10 +40,14 @@
 #define TS_Q4_0 1
 #define TS_Q4_1 2
 #define TS_Q8_0 3
+#define TS_Q4_K 4
+
+/* Formats with Q4_1's form, w = d q + m (Q4_K's fields float32). */
+#define TS_HAS_MIN(fmt) ((fmt) == TS_Q4_1 || (fmt) == TS_Q4_K)
 
 /* Bytes of one group of 16 rows x 32 inputs; 0 for a format these kernels do not run. */
 static int64_t gguf_group_bytes(int64_t fmt) {
-    return fmt == TS_Q4_0 ? 288 : fmt == TS_Q4_1 ? 320 : fmt == TS_Q8_0 ? 544 : 0;
+    return fmt == TS_Q4_0 ? 288 : fmt == TS_Q4_1 ? 320 : fmt == TS_Q8_0 ? 544 : fmt == TS_Q4_K ? 384 : 0;
 }
 
 /* Whether a projection of this format can take K inputs. */
@@ -118,7 +127,7 @@ static inline __attribute__((always_inline)) TS_VNNI void gq_tile512(const int f
                                                                      const uint8_t *w, const float *bias,
                                                                      float *out, int64_t ld_out) {
     const int64_t nb = K / 32, gb = gguf_group_bytes(fmt);
-    const int qoff = fmt == TS_Q4_1 ? 64 : 32;
+    const int qoff = fmt == TS_Q4_K ? 128 : fmt == TS_Q4_1 ? 64 : 32;
     const __m512i low = _mm512_set1_epi16(15);
     __m512 acc[4][8];
     _Pragma("GCC unroll 8") for (int g = 0; g < groups; g++)
@@ -155,15 +164,17 @@ static inline __attribute__((always_inline)) TS_VNNI void gq_tile512(const int f
         }
         _Pragma("GCC unroll 8") for (int g = 0; g < groups; g++) {
             const uint8_t *blk = w + (g * nb + b) * gb;
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+            const __m512 d = fmt == TS_Q4_K ? _mm512_loadu_ps((const float *)blk)
+                                            : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
             _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) {
                 __m512i i = s[g][r];
                 if (fmt == TS_Q4_0) i = _mm512_sub_epi32(i, _mm512_set1_epi32(a.xc[r * nb + b]));
                 const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(a.dx[r * nb + b]));
                 acc[g][r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(i), acc[g][r]);
             }
-            if (fmt == TS_Q4_1) {
-                const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+            if (TS_HAS_MIN(fmt)) {
+                const __m512 m = fmt == TS_Q4_K ? _mm512_loadu_ps((const float *)(blk + 64))
+                                                : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
                 _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
                     acc[g][r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.xs[r * nb + b]), acc[g][r]);
             }
@@ -185,7 +196,7 @@ static inline __attribute__((always_inline)) void gq_tile256(const int fmt, cons
                                                              const gq_acts a, int64_t K, const uint8_t *w,
                                                              const float *bias, float *out, int64_t ld_out) {
     const int64_t nb = K / 32, gb = gguf_group_bytes(fmt);
-    const int qoff = fmt == TS_Q4_1 ? 64 : 32;
+    const int qoff = fmt == TS_Q4_K ? 128 : fmt == TS_Q4_1 ? 64 : 32;
     const __m256i low = _mm256_set1_epi16(15);
     __m256 acc[2][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -217,15 +228,17 @@ static inline __attribute__((always_inline)) void gq_tile256(const int fmt, cons
                 }
         }
         for (int h = 0; h < 2; h++) {
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+            const __m256 d = fmt == TS_Q4_K ? _mm256_loadu_ps((const float *)blk + 8 * h)
+                                            : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
             for (int r = 0; r < rows; r++) {
                 __m256i i = s[r][h];
                 if (fmt == TS_Q4_0) i = _mm256_sub_epi32(i, _mm256_set1_epi32(a.xc[r * nb + b]));
                 const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(a.dx[r * nb + b]));
                 acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(i), acc[r][h]);
             }
-            if (fmt == TS_Q4_1) {
-                const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)));
+            if (TS_HAS_MIN(fmt)) {
+                const __m256 m = fmt == TS_Q4_K ? _mm256_loadu_ps((const float *)(blk + 64) + 8 * h)
+                                                : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)));
                 for (int r = 0; r < rows; r++)
                     acc[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.xs[r * nb + b]), acc[r][h]);
             }
@@ -284,12 +297,14 @@ static inline __attribute__((always_inline)) TS_VNNI void gq_run512_of(const int
 TS_GQ_FMT(gq_run512_q4_0, TS_Q4_0)
 TS_GQ_FMT(gq_run512_q4_1, TS_Q4_1)
 TS_GQ_FMT(gq_run512_q8_0, TS_Q8_0)
+TS_GQ_FMT(gq_run512_q4_k, TS_Q4_K)
 #undef TS_GQ_FMT
 
 static inline void gq_run512(const int fmt, const int groups, const int accumulate, const gq_acts a, int64_t M,
                              int64_t K, const uint8_t *w, const float *bias, float *out, int64_t ld_out) {
     if (fmt == TS_Q4_0) gq_run512_q4_0(groups, accumulate, a, M, K, w, bias, out, ld_out);
     else if (fmt == TS_Q4_1) gq_run512_q4_1(groups, accumulate, a, M, K, w, bias, out, ld_out);
+    else if (fmt == TS_Q4_K) gq_run512_q4_k(groups, accumulate, a, M, K, w, bias, out, ld_out);
     else gq_run512_q8_0(groups, accumulate, a, M, K, w, bias, out, ld_out);
 }
 
@@ -351,6 +366,7 @@ static void gguf_blocks(int64_t fmt, const gq_acts a, int64_t M, int64_t K, cons
         case TS_Q4_0: TS_GB(TS_Q4_0) break;
         case TS_Q4_1: TS_GB(TS_Q4_1) break;
         case TS_Q8_0: TS_GB(TS_Q8_0) break;
+        case TS_Q4_K: TS_GB(TS_Q4_K) break;
     }
 #undef TS_GB
 }
@@ -419,7 +435,7 @@ int ts_gguf_dequantize(int64_t fmt, const uint8_t *w, int64_t N, int64_t K, floa
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *blk = w + ((n / 16) * nb + b) * gb;
             const int r = (int)(n % 16);
-            const float d = _cvtsh_ss(((const uint16_t *)blk)[r]);
+            const float d = fmt == TS_Q4_K ? ((const float *)blk)[r] : _cvtsh_ss(((const uint16_t *)blk)[r]);
             float *o = out + n * K + 32 * b;
             for (int k = 0; k < 32; k++) {
                 if (fmt == TS_Q8_0) {
@@ -427,9 +443,11 @@ int ts_gguf_dequantize(int64_t fmt, const uint8_t *w, int64_t N, int64_t K, floa
                     continue;
                 }
                 const int j = k % 16;
-                const uint8_t byte = blk[(fmt == TS_Q4_1 ? 64 : 32) + (j / 2) * 32 + r * 2 + j % 2];
+                const uint8_t byte = blk[(fmt == TS_Q4_K ? 128 : fmt == TS_Q4_1 ? 64 : 32) + (j / 2) * 32 + r * 2 + j % 2];
                 const int q = k < 16 ? byte & 15 : byte >> 4;
-                if (fmt == TS_Q4_1)
+                if (fmt == TS_Q4_K)
+                    o[k] = d * (float)q + ((const float *)(blk + 64))[r];
+                else if (fmt == TS_Q4_1)
                     o[k] = d * (float)q + _cvtsh_ss(((const uint16_t *)(blk + 32))[r]);
                 else
                     o[k] = d * (float)(q - 8);

@@ -1,11 +1,12 @@
 """GGUF weights as the file ships them (``--quantize gguf``): :class:`GGUFLinear` and
 :func:`quantize_gguf`.
 
-A GGUF's Q4_0, Q4_1 and Q8_0 tensors are multiplied by the compiled kernels block by block
-(:data:`~thinkstruct.engine.cpu_kernels.GGUF_FORMATS`, ``gguf_blocks.c``): the model
+A GGUF's Q4_0, Q4_1, Q8_0 and Q4_K tensors are multiplied by the compiled kernels block by
+block (:data:`~thinkstruct.engine.cpu_kernels.GGUF_FORMATS`, ``gguf_blocks.c``): the model
 computes what its file says, where dequantizing to float and re-quantizing to int8
 (``--quantize int8-weights``) rounds every weight a second time and reads more bytes a
-step (int8 is 1.03 bytes a weight with its scales, Q4_1 0.625, Q8_0 1.06). The multiply
+step (int8 is 1.03 bytes a weight with its scales, Q4_1 0.625, Q8_0 1.06, Q4_K 0.75: its
+super-blocks become blocks of 32 with float32 fields, exactly). The multiply
 is integer: each row's activations are rounded to int16 per block of 32 (1/65534 of the
 block's largest magnitude at most), multiplied by the block's quants in int32 lanes
 (exact), then scaled by the block's ``d`` (and ``m`` times the block's float sum), so a
@@ -19,7 +20,7 @@ them), and their rows permuted where transformers' tensor processor permutes the
 dequantized rows (llama.cpp's conversion interleaves the rotary halves of q and k; whole
 rows of blocks move, exactly). Each
 tensor's blocks are repacked once (16 output rows side by side, the same bytes) at load.
-A Linear whose tensor is of another type (F16, Q4_K...) or of sizes the blocks do not fit
+A Linear whose tensor is of another type (F16, Q6_K...) or of sizes the blocks do not fit
 is quantized to int8 rows instead (:class:`~thinkstruct.engine.int8_weights.Int8Linear`).
 """
 
@@ -122,23 +123,53 @@ class GGUFLinear(torch.nn.Module):
 
 
 def pack_blocks(fmt: str, raw: np.ndarray[Any, Any]) -> torch.Tensor:
-    """A GGUF tensor's blocks ``raw [out, row bytes]`` (uint8, each row its blocks of 32
-    weights in order) laid out for the kernels: ``[out / 16][in / 32]`` groups, each the
-    16 rows' float16 fields, then their quants 2 bytes of a row at a time with the rows
-    side by side (``gguf_blocks.c``)."""
+    """A GGUF tensor's blocks ``raw [out, row bytes]`` (uint8, each row its blocks in
+    order, as the file holds them) laid out for the kernels: ``[out / 16][in / 32]``
+    groups, each the 16 rows' float fields, then their quants 2 bytes of a row at a time
+    with the rows side by side (``gguf_blocks.c``). Q4_K's super-blocks of 256 become
+    blocks of 32 first (:func:`q4_k_blocks`); the other formats' bytes are only reordered."""
     spec = GGUF_FORMATS[fmt]
-    block = 2 * spec.halves + spec.quant_bytes
+    if fmt == "Q4_K":
+        raw = q4_k_blocks(raw)
+    fb, head = spec.field_bytes, spec.fields * spec.field_bytes
     rows = raw.shape[0]
-    nb = raw.shape[1] // block
-    blocks = np.ascontiguousarray(raw).reshape(rows // 16, 16, nb, block)
+    nb = raw.shape[1] // spec.block_bytes
+    blocks = np.ascontiguousarray(raw).reshape(rows // 16, 16, nb, spec.block_bytes)
     parts = [
-        blocks[..., 2 * i : 2 * i + 2].transpose(0, 2, 1, 3).reshape(rows // 16, nb, 32)
-        for i in range(spec.halves)
+        blocks[..., fb * i : fb * (i + 1)].transpose(0, 2, 1, 3).reshape(rows // 16, nb, 16 * fb)
+        for i in range(spec.fields)
     ]
-    quants = blocks[..., 2 * spec.halves :].reshape(rows // 16, 16, nb, spec.quant_bytes // 2, 2)
+    quants = blocks[..., head:].reshape(rows // 16, 16, nb, spec.quant_bytes // 2, 2)
     quants = quants.transpose(0, 2, 3, 1, 4)  # [groups, nb, 2 bytes c, row, byte 2c + i]
     parts.append(quants.reshape(rows // 16, nb, 16 * spec.quant_bytes))
     return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=-1)).reshape(-1))
+
+
+#: Bytes of a Q4_K super-block: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128
+#: bytes of nibbles for its 256 weights.
+Q4_K_BYTES = 144
+
+
+def q4_k_blocks(raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Q4_K super-blocks ``raw [rows, row bytes]`` as blocks of 32 of Q4_1's form with
+    float32 fields: ``[rows, in / 32 * 24]`` (f32 ``d``, f32 ``m``, 16 bytes of nibbles,
+    byte j holding element j low and j + 16 high). Exact: sub-block j's weights are
+    ``d sc_j q - dmin mn_j`` (ggml's ``get_scale_min_k4``), and ``d sc_j`` and
+    ``dmin mn_j`` (an f16 times a 6-bit integer) are float32 numbers."""
+    rows = raw.shape[0]
+    sb = np.ascontiguousarray(raw).reshape(rows, -1, Q4_K_BYTES)
+    d = sb[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, n, 1]
+    dmin = sb[..., 2:4].copy().view(np.float16).astype(np.float32)
+    q = sb[..., 4:16].astype(np.uint32)  # the 12 bytes of scales and mins
+    sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 15) | ((q[..., 0:4] >> 6) << 4)], axis=-1)
+    mn = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
+    scale = d * sc.astype(np.float32)  # [rows, n, 8]
+    low = -(dmin * mn.astype(np.float32))
+    nibbles = sb[..., 16:].reshape(rows, -1, 4, 1, 32)  # 32 bytes: sub-blocks 2j (low), 2j + 1 (high)
+    elements = np.concatenate([nibbles & 15, nibbles >> 4], axis=3).reshape(rows, -1, 8, 32)
+    packed = (elements[..., :16] | (elements[..., 16:] << 4)).astype(np.uint8)
+    fields = [np.ascontiguousarray(f[..., None]).view(np.uint8) for f in (scale, low)]  # [rows, n, 8, 4]
+    return np.concatenate([*fields, packed], axis=-1).reshape(rows, -1)
 
 
 @dataclass(frozen=True)
@@ -255,9 +286,11 @@ def _block_linear(
 
     fmt = GGMLQuantizationType(tensor.type_id).name
     rows, inputs = int(linear.out_features), int(linear.in_features)
-    if fmt not in GGUF_FORMATS or rows % 16 or inputs % 32 or tensor.dims != (inputs, rows):
+    if fmt not in GGUF_FORMATS or rows % 16 or tensor.dims != (inputs, rows):
         return None
     block_size, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(tensor.type_id)]
+    if inputs % block_size:
+        return None
     row_bytes = inputs // block_size * block_bytes
     raw = data[tensor.offset : tensor.offset + rows * row_bytes].reshape(rows, row_bytes)
     order = processor.process(
