@@ -309,10 +309,35 @@ def quantize_q4_k(weight: Any) -> Any:
     return np.concatenate([head, scales, nibbles], axis=-1).reshape(rows, -1)
 
 
-def write_gguf(model: Any, path: Any, arch: str, *, q4_k: bool = False) -> None:
+def quantize_q6_k(weight: Any) -> Any:
+    """``weight [rows, K]`` (float32, ``K % 256 == 0``) as Q6_K super-blocks ``[rows, K / 256
+    * 210]`` uint8, ggml's layout (a plain quantizer: each 16's largest magnitude)."""
+    import numpy as np
+
+    rows, k = weight.shape
+    n = k // 256
+    sub = weight.reshape(rows, n, 16, 16).astype(np.float32)
+    scale = np.abs(sub).max(-1) / 31
+    d = (scale.max(-1, keepdims=True) / 127).astype(np.float16)
+    sc = np.clip(np.round(scale / np.where(d > 0, d.astype(np.float32), 1)), -128, 127).astype(np.int8)
+    step = (d.astype(np.float32) * sc)[..., None]
+    q = (np.clip(np.round(sub / np.where(step > 0, step, 1)), -32, 31) + 32).astype(np.uint8)
+    q = q.reshape(rows, n, 2, 4, 32)  # element 128 h + 32 j + l
+    ql = np.concatenate(
+        [q[:, :, :, 0] & 15 | (q[:, :, :, 2] & 15) << 4, q[:, :, :, 1] & 15 | (q[:, :, :, 3] & 15) << 4],
+        axis=-1,
+    )
+    qh = sum((q[:, :, :, j] >> 4) << (2 * j) for j in range(4)).astype(np.uint8)
+    return np.concatenate(
+        [ql.reshape(rows, n, 128), qh.reshape(rows, n, 64), sc.view(np.uint8), d.view(np.uint8)], axis=-1
+    ).reshape(rows, -1)
+
+
+def write_gguf(model: Any, path: Any, arch: str, *, k_quants: bool = False) -> None:
     """``model`` (float32) as a GGUF file of ``arch`` with its tokenizer, as llama.cpp's
     converter lays it out (tensor names from gguf-py's map; Llama's q/k rows permuted);
-    ``q4_k``: its Linear weights (every 2-D tensor but the token embeddings) as Q4_K."""
+    ``k_quants``: its Linear weights (every 2-D tensor but the token embeddings) in K
+    blocks as a Q4_K_M file has them: Q6_K for v, down and the output layer, else Q4_K."""
     import gguf
 
     config = model.config
@@ -349,8 +374,15 @@ def write_gguf(model: Any, path: Any, arch: str, *, q4_k: bool = False) -> None:
                 .reshape(data.shape)
             )
         name = f"{names.get_name(base)}.{suffix}"
-        if q4_k and data.ndim == 2 and not name.startswith("token_embd"):
-            writer.add_tensor(name, quantize_q4_k(data), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+        if k_quants and data.ndim == 2 and not name.startswith("token_embd"):
+            if name.startswith(("output", "blk.")) and name.split(".")[-2] in (
+                "attn_v",
+                "ffn_down",
+                "output",
+            ):
+                writer.add_tensor(name, quantize_q6_k(data), raw_dtype=gguf.GGMLQuantizationType.Q6_K)
+            else:
+                writer.add_tensor(name, quantize_q4_k(data), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
         else:
             writer.add_tensor(name, data)
     writer.write_header_to_file()
@@ -392,9 +424,9 @@ def test_a_gguf_of_each_architecture_loads_onto_the_decoder_runner(tmp_path, mon
             assert float((got - want).norm() / want.norm()) < 0.05
 
 
-def test_a_q4_k_gguf_runs_its_own_blocks(tmp_path, monkeypatch) -> None:
-    """A Llama GGUF whose Linear weights are Q4_K (the most common download's blocks): by
-    default on its own blocks, each holding exactly the weights transformers dequantizes,
+def test_a_q4_k_m_gguf_runs_its_own_blocks(tmp_path, monkeypatch) -> None:
+    """A Llama GGUF whose Linear weights are Q4_K and Q6_K as a Q4_K_M file has them (the
+    most common download): by default on its own blocks, each holding exactly the weights transformers dequantizes,
     computing that float32 model's logits up to the activations' int16 rounding, the same
     bits for a row in any batch."""
     from thinkstruct.engine.gguf_weights import GGUFLinear
@@ -405,14 +437,19 @@ def test_a_q4_k_gguf_runs_its_own_blocks(tmp_path, monkeypatch) -> None:
         "llama", features=False, hidden_size=256, num_attention_heads=2, num_key_value_heads=1,
         intermediate_size=512, tie_word_embeddings=False,
     )  # fmt: skip
-    path = tmp_path / "tiny-q4_k.gguf"
-    write_gguf(source, path, "llama", q4_k=True)
+    path = tmp_path / "tiny-q4_k_m.gguf"
+    write_gguf(source, path, "llama", k_quants=True)
     assert default_quantize(path) == "gguf"
     blocks = load_model(path, quantize="auto", progress=False)
     plain = load_model(path, dtype="float32", quantize=None, progress=False)
     assert blocks.quantize == "gguf"
     layers = {name: m for name, m in blocks.model.named_modules() if isinstance(m, GGUFLinear)}
-    assert len(layers) == 2 * 7 + 1 and {m.fmt for m in layers.values()} == {"Q4_K"}
+    assert len(layers) == 2 * 7 + 1
+    six = {name for name, m in layers.items() if m.fmt == "Q6_K"}
+    assert six == {"lm_head"} | {
+        f"model.layers.{i}.{p}" for i in (0, 1) for p in ("self_attn.v_proj", "mlp.down_proj")
+    }
+    assert {m.fmt for name, m in layers.items() if name not in six} == {"Q4_K"}
     reference = dict(plain.model.named_modules())
     for name, layer in layers.items():
         assert torch.equal(layer.dequantized(), reference[name].weight), name

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thinkstruct.engine.cpu_kernels import GGUF_FORMATS, CpuKernels, cpu_kernels, unavailable_reason
-from thinkstruct.engine.gguf_weights import Q4_K_BYTES, GGUFLinear, pack_blocks, q4_k_blocks
+from thinkstruct.engine.gguf_weights import Q4_K_BYTES, Q6_K_BYTES, GGUFLinear, pack_blocks, q4_k_blocks
 
 FORMATS = sorted(GGUF_FORMATS)
 #: Formats whose weights are d q + m (a float m a block).
@@ -26,8 +26,8 @@ WITH_MINS = ("Q4_1", "Q4_K")
 
 
 def unit(fmt: str) -> int:
-    """Weights of one of the file's blocks (Q4_K: a super-block of 256)."""
-    return 256 if fmt == "Q4_K" else 32
+    """Weights of one of the file's blocks (K formats: a super-block of 256)."""
+    return 256 if fmt.endswith("_K") else 32
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +38,20 @@ def kernels() -> CpuKernels:
 
 
 def _blocks(fmt: str, rows: int, inputs: int, seed: int) -> tuple[np.ndarray, torch.Tensor]:
-    """Random weights quantized by the ``gguf`` package to ``fmt`` (Q4_K, which it does not
-    quantize: random super-blocks, every byte pattern a valid one): the file's bytes
-    ``[rows, row bytes]`` and what ``gguf.quants`` dequantizes them to."""
+    """Random weights quantized by the ``gguf`` package to ``fmt`` (K formats, which it does
+    not quantize: random super-blocks, every byte pattern a valid one but for the float16
+    fields, set to scales): the file's bytes ``[rows, row bytes]`` and what
+    ``gguf.quants`` dequantizes them to."""
     generator = np.random.default_rng(seed)
     if fmt == "Q4_K":
         raw = generator.integers(0, 256, (rows, inputs // 256, Q4_K_BYTES), dtype=np.uint8)
         scales = generator.uniform(1e-3, 2e-2, (rows, inputs // 256, 2)).astype(np.float16)  # d, dmin
         raw[..., :4] = scales.view(np.uint8).reshape(rows, inputs // 256, 4)
+        raw = raw.reshape(rows, -1)
+    elif fmt == "Q6_K":
+        raw = generator.integers(0, 256, (rows, inputs // 256, Q6_K_BYTES), dtype=np.uint8)
+        d = generator.uniform(1e-4, 2e-3, (rows, inputs // 256, 1)).astype(np.float16)  # d, last
+        raw[..., 208:] = d.view(np.uint8).reshape(rows, inputs // 256, 2)
         raw = raw.reshape(rows, -1)
     else:
         weights = generator.standard_normal((rows, inputs)).astype(np.float32)
@@ -61,6 +67,8 @@ def test_packed_blocks_hold_what_gguf_dequantizes(kernels, fmt: str) -> None:
     packed = pack_blocks(fmt, raw)
     if fmt == "Q4_K":  # converted: 24 bytes a block of 32 where the file has 18
         assert packed.numel() == raw.size * 24 // 18
+    elif fmt == "Q6_K":  # regrouped: 28 bytes a block of 32 where the file has 26.25
+        assert packed.numel() == raw.size * 28 * 8 // Q6_K_BYTES
     else:
         assert packed.numel() == raw.size  # the file's bytes, reordered
     assert torch.equal(kernels.gguf_dequantize(fmt, packed, 48, inputs), reference)
@@ -168,35 +176,43 @@ def test_blocks_of_zeros_and_of_one_outlier_round_as_they_should(kernels, fmt: s
     assert bool(((got.double() - exact).abs() <= limit * 1.01 + 1e-4).all())
 
 
-def test_stacked_layers_compute_their_parts(kernels) -> None:
-    parts = []
-    for seed, outputs in enumerate((64, 32, 32)):
-        raw, _ = _blocks("Q4_1", outputs, 64, seed)
-        parts.append(
-            GGUFLinear(
-                "Q4_1", pack_blocks("Q4_1", raw), out_features=outputs, in_features=64, kernels=kernels
-            )
-        )
-    x = torch.randn(3, 64)
-    stacked = GGUFLinear.stacked(parts)
-    assert torch.equal(stacked(x), torch.cat([p(x) for p in parts], dim=-1))
-    other = GGUFLinear(
-        "Q8_0",
-        pack_blocks("Q8_0", _blocks("Q8_0", 16, 64, 9)[0]),
-        out_features=16,
-        in_features=64,
-        kernels=kernels,
+def _layer(kernels, fmt: str, outputs: int, inputs: int, seed: int, bias: bool = False) -> GGUFLinear:
+    raw, _ = _blocks(fmt, outputs, inputs, seed)
+    b = torch.randn(outputs, generator=torch.Generator().manual_seed(seed)) if bias else None
+    return GGUFLinear(
+        fmt, pack_blocks(fmt, raw), out_features=outputs, in_features=inputs, kernels=kernels, bias=b
     )
-    with pytest.raises(ValueError, match="share their block format"):
-        GGUFLinear.stacked([parts[0], other])
+
+
+def test_stacked_layers_compute_their_parts(kernels) -> None:
+    parts = [_layer(kernels, "Q4_1", outputs, 256, seed) for seed, outputs in enumerate((64, 32, 32))]
+    x = torch.randn(3, 256)
+    stacked = GGUFLinear.stacked(parts)
+    assert stacked.tail is None
+    assert torch.equal(stacked(x), torch.cat([p(x) for p in parts], dim=-1))
+    # Two runs of formats (q and k Q4_K, v Q6_K, as in a Q4_K_M file), biases: the second
+    # run is the tail; the same bits as the parts, the weights theirs.
+    mixed = [
+        _layer(kernels, "Q4_K", 64, 256, 1, bias=True),
+        _layer(kernels, "Q4_K", 32, 256, 2),
+        _layer(kernels, "Q6_K", 32, 256, 3, bias=True),
+    ]
+    two = GGUFLinear.stacked(mixed)
+    assert two.fmt == "Q4_K" and two.tail is not None and two.tail.fmt == "Q6_K" and two.head_rows == 96
+    assert torch.equal(two(x), torch.cat([p(x) for p in mixed], dim=-1))
+    assert torch.equal(two.dequantized(), torch.cat([p.dequantized() for p in mixed]))
+    with pytest.raises(ValueError, match="at most two runs"):
+        GGUFLinear.stacked([mixed[0], mixed[2], _layer(kernels, "Q4_K", 16, 256, 4)])
+    with pytest.raises(ValueError, match="share their input size"):
+        GGUFLinear.stacked([parts[0], _layer(kernels, "Q8_0", 16, 64, 9)])
 
 
 def test_sizes_and_formats_it_cannot_take_are_refused(kernels) -> None:
     raw, _ = _blocks("Q4_0", 32, 64, seed=0)
     packed = pack_blocks("Q4_0", raw)
     x = torch.randn(2, 64)
-    with pytest.raises(ValueError, match="not Q6_K"):
-        kernels.gguf_linear(x, "Q6_K", packed, 32)
+    with pytest.raises(ValueError, match="not Q5_K"):
+        kernels.gguf_linear(x, "Q5_K", packed, 32)
     with pytest.raises(ValueError, match="a multiple of 16"):
         kernels.gguf_linear(x, "Q4_0", packed, 24)
     with pytest.raises(ValueError, match="is 1280 contiguous uint8"):

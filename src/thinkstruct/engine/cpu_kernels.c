@@ -1051,7 +1051,10 @@ static void ts_wait(ts_phase *p, int n) {
  * gate_up) of format *_format: int8 rows packed as above with their scales (TS_INT8), or
  * GGUF blocks packed as gguf_blocks.c says (scales unused); their biases (NULL: none), the norms' weights, the
  * per-head q/k norms (NULL: none), whether it rotates, its sliding window (0: none) and
- * its cache pools (ts_pages says which block holds which position). */
+ * its cache pools (ts_pages says which block holds which position). GGUF q/k/v of two
+ * formats (a Q4_K_M file's Q6_K v beside Q4_K q and k): qkv holds the first qkv_split
+ * blocks of 16 outputs, qkv_tail the rest, of format qkv_tail_format (qkv_split 0: one
+ * format). */
 typedef struct {
     const float *attn_norm, *mlp_norm;
     const void *qkv, *out, *gate_up, *down;
@@ -1062,7 +1065,25 @@ typedef struct {
     int64_t rotate, window;
     int64_t qkv_format, out_format, gate_up_format, down_format;
     float attn_eps, mlp_eps, qk_eps, scaling;
+    const void *qkv_tail;
+    int64_t qkv_tail_format, qkv_split;
 } ts_layer;
+
+/* Output blocks [b_lo, b_hi) of L's qkv projection over in, its two formats' parts each
+ * by its own blocks. */
+static void ts_qkv_projection(const ts_layer *L, const ts_input *in, float *out, int64_t ld_out, int64_t b_lo,
+                              int64_t b_hi, float *wf) {
+    const int64_t split = L->qkv_split;
+    if (split <= 0 || b_hi <= split) {
+        ts_projection(L->qkv_format, in, L->qkv, L->qkv_scale, L->qkv_bias, out, ld_out, b_lo, b_hi, wf, 0);
+        return;
+    }
+    if (b_lo < split)
+        ts_projection(L->qkv_format, in, L->qkv, L->qkv_scale, L->qkv_bias, out, ld_out, b_lo, split, wf, 0);
+    gguf_blocks(L->qkv_tail_format, in->a, in->M, in->K, (const uint8_t *)L->qkv_tail,
+                L->qkv_bias == NULL ? NULL : L->qkv_bias + 16 * split, out + 16 * split, ld_out,
+                (b_lo > split ? b_lo : split) - split, b_hi - split, 0);
+}
 
 /* Chunk c of n over [0, total) in steps of size: its first and end. */
 #define TS_SPAN(c, size, total) (c) * (size), ((c) + 1) * (size) < (total) ? ((c) + 1) * (size) : (total)
@@ -1089,7 +1110,10 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
         if (pos_of[t] >= span) return -2;
     for (int64_t i = 0; i < n_layers; i++)
         if (!ts_projection_fits(layers[i].qkv_format, hidden) || !ts_projection_fits(layers[i].out_format, att_n) ||
-            !ts_projection_fits(layers[i].gate_up_format, hidden) || !ts_projection_fits(layers[i].down_format, inter))
+            !ts_projection_fits(layers[i].gate_up_format, hidden) || !ts_projection_fits(layers[i].down_format, inter) ||
+            (layers[i].qkv_split > 0 &&
+             (layers[i].qkv_format == TS_INT8 || layers[i].qkv_tail_format == TS_INT8 ||
+              !ts_projection_fits(layers[i].qkv_tail_format, hidden) || layers[i].qkv_split >= qkv_n / 16)))
             return -2;
     const ts_pages pages = {table, max_blocks, block_tokens, num_blocks};
     if (pages_check(&pages, T, slot_of, pos_of)) return -3;
@@ -1156,8 +1180,7 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
                     in = ts_input_of(L->qkv_format, x_in, T, hidden, hidden, xs);
                     ready = 1;
                 }
-                ts_projection(L->qkv_format, &in, L->qkv, L->qkv_scale, L->qkv_bias, qkv, qkv_n,
-                              TS_SPAN(c, s_qkv, qkv_n / 16), wf, 0);
+                ts_qkv_projection(L, &in, qkv, qkv_n, TS_SPAN(c, s_qkv, qkv_n / 16), wf);
             }
             ts_wait(&P[1], c_qkv);
             for (; (c = ts_take(&P[2], c_tokens)) >= 0; ts_finish(&P[2], c_tokens))

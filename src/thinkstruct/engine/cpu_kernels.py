@@ -57,20 +57,18 @@ INT8 = 0
 
 
 class BlockFormat(NamedTuple):
-    """A GGUF block format the kernels run: its code in ``gguf_blocks.c``, the float
-    fields a block of 32 weights starts with (``d``, or ``d`` and ``m``), their bytes each
-    (2: float16 as the file holds them; 4: float32, Q4_K's scales times its 6-bit
-    integers) and the block's bytes of quants after them."""
+    """A GGUF block format the kernels run: its code in ``gguf_blocks.c`` and the sections
+    of a packed block of 32 weights of one row, in order: ``(bytes, unit)`` each, a group
+    of 16 rows holding each section as ``[bytes / unit][16 rows][unit]`` (a float16 ``d``
+    is ``(2, 2)``, Q4's nibbles ``(16, 2)``: two bytes of each row side by side)."""
 
     code: int
-    fields: int
-    field_bytes: int
-    quant_bytes: int
+    sections: tuple[tuple[int, int], ...]
 
     @property
     def block_bytes(self) -> int:
         """Bytes of one packed block of 32 weights of one row."""
-        return self.fields * self.field_bytes + self.quant_bytes
+        return sum(size for size, _ in self.sections)
 
     @property
     def group_bytes(self) -> int:
@@ -83,12 +81,14 @@ class BlockFormat(NamedTuple):
 
 
 #: The GGUF block formats the kernels run, by ggml type name: the one list (``--quantize
-#: gguf`` and its default follow it).
+#: gguf`` and its default follow it). Q4_K and Q6_K blocks are converted to blocks of 32
+#: first (:func:`~thinkstruct.engine.gguf_weights.pack_blocks`).
 GGUF_FORMATS = {
-    "Q4_0": BlockFormat(1, 1, 2, 16),
-    "Q4_1": BlockFormat(2, 2, 2, 16),
-    "Q8_0": BlockFormat(3, 1, 2, 32),
-    "Q4_K": BlockFormat(4, 2, 4, 16),
+    "Q4_0": BlockFormat(1, ((2, 2), (16, 2))),  # f16 d, nibbles
+    "Q4_1": BlockFormat(2, ((2, 2), (2, 2), (16, 2))),  # f16 d, f16 m, nibbles
+    "Q8_0": BlockFormat(3, ((2, 2), (32, 2))),  # f16 d, int8
+    "Q4_K": BlockFormat(4, ((4, 4), (4, 4), (16, 2))),  # f32 d, f32 m, nibbles
+    "Q6_K": BlockFormat(5, ((2, 2), (1, 1), (1, 1), (16, 2), (8, 1))),  # f16 d, 2 x int8 sc, ql, qh
 }
 
 _i64 = ctypes.c_int64
@@ -99,9 +99,10 @@ _f32 = ctypes.c_float
 class LayerPointers(ctypes.Structure):
     """``ts_layer`` of ``cpu_kernels.c``: one decoder layer's parameters, by address (the
     tensors must outlive every call that reads them; 0 for an absent bias or q/k norm),
-    ``rotate`` (0: no rotary positions), ``window`` (a sliding window; 0: none) and each
-    projection's weight format (``*_format``: :data:`INT8` or a
-    :data:`~thinkstruct.engine.gguf_weights.KERNEL_FORMATS` code)."""
+    ``rotate`` (0: no rotary positions), ``window`` (a sliding window; 0: none), each
+    projection's weight format (``*_format``: :data:`INT8` or a :data:`GGUF_FORMATS`
+    code) and, for GGUF q/k/v of two formats, the second one's blocks (``qkv_tail``, of
+    ``qkv_tail_format``, from output block ``qkv_split`` of 16 on; 0: one format)."""
 
     _fields_ = [
         *((name, _ptr) for name in ("attn_norm", "mlp_norm", "qkv", "out", "gate_up", "down")),
@@ -118,6 +119,9 @@ class LayerPointers(ctypes.Structure):
         ("mlp_eps", _f32),
         ("qk_eps", _f32),
         ("scaling", _f32),
+        ("qkv_tail", _ptr),
+        ("qkv_tail_format", _i64),
+        ("qkv_split", _i64),
     ]
 
 

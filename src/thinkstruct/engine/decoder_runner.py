@@ -46,6 +46,7 @@ buffers) for every model this one does not recognise (:func:`supports` says whic
 from __future__ import annotations
 
 import ctypes
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -87,7 +88,7 @@ class _Projection:
         if all(isinstance(m, Int8Linear) for m in modules):
             self.kernel_layer = modules[0] if len(modules) == 1 else Int8Linear.stacked(modules)
             self._run = self.kernel_layer
-        elif all(isinstance(m, GGUFLinear) for m in modules) and _one_format(modules):
+        elif all(isinstance(m, GGUFLinear) for m in modules) and _stackable(modules):
             self.kernel_layer = modules[0] if len(modules) == 1 else GGUFLinear.stacked(modules)
             self._run = self.kernel_layer
         elif len(modules) == 1:
@@ -111,9 +112,11 @@ class _Projection:
         return self._run(x)
 
 
-def _one_format(modules: Sequence[GGUFLinear]) -> bool:
-    """Whether GGUF layers share their block format and input size (they stack)."""
-    return len({(m.fmt, m.in_features) for m in modules}) == 1
+def _stackable(modules: Sequence[GGUFLinear]) -> bool:
+    """Whether GGUF layers share their input size and are at most two runs of one block
+    format (they stack: :meth:`GGUFLinear.stacked`)."""
+    runs = [fmt for fmt, _ in itertools.groupby(m.fmt for m in modules)]
+    return len({m.in_features for m in modules}) == 1 and len(runs) <= 2
 
 
 def _is_dynamic_int8(module: Any) -> bool:
@@ -306,6 +309,14 @@ class DecoderRunner(CausalLmRunner):
                 if isinstance(linear, GGUFLinear):
                     setattr(entry, name, linear.packed.data_ptr())
                     setattr(entry, f"{name}_format", linear.code)
+                    if linear.tail is not None:  # the kernels take a second format for q/k/v only
+                        if name != "qkv":
+                            return None
+                        entry.qkv_tail, entry.qkv_tail_format = (
+                            linear.tail.packed.data_ptr(),
+                            linear.tail.code,
+                        )
+                        entry.qkv_split = linear.head_rows // 16
                 elif isinstance(linear, Int8Linear) and linear.packed:
                     setattr(entry, name, linear.weight_int8.data_ptr())
                     setattr(entry, f"{name}_scale", linear.scale.data_ptr())

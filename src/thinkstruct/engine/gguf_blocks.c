@@ -1,4 +1,4 @@
-/* GGUF weight blocks as the file ships them (Q4_0, Q4_1, Q8_0, Q4_K), multiplied without
+/* GGUF weight blocks as the file ships them (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), multiplied without
  * dequantizing the matrix: included by cpu_kernels.c (after the int8 kernels, whose helpers
  * it uses) into the same library.
  *
@@ -16,6 +16,13 @@
  * each 32, w = d sc q - dmin mn) are Q4_1 blocks of 32 with d = d sc and m = -dmin mn:
  * exact in float32 (an f16 times a 6-bit integer), not in f16, so their fields are f32
  * (0.75 bytes a weight against the file's 0.5625; gguf_weights.py converts them).
+ *   Q6_K: u16 d[16]; i8 sc[2][16]; u8 ql[8][16][2]; u8 qh[8][16]   448 bytes
+ * Q6_K's super-blocks of 256 (f16 d, an int8 scale sc for each 16, 6-bit q, w = d sc (q -
+ * 32)) keep their bytes but per block of 32: the super-block's d, the two 16s' scales,
+ * the low 4 bits of each q as Q4's nibbles (ql, the same order) and the high 2 bits of
+ * elements 2c, 2c + 1, 16 + 2c, 16 + 2c + 1 in bits 0-1, 2-3, 4-5, 6-7 of qh[c][r] (0.875
+ * bytes a weight against the file's 0.82). The integer sum is split at 16: elements 0-15
+ * (the low nibbles) and 16-31 (the high ones), each scaled by d * its sc (exact).
  * the file's bytes reordered so that one load widened to 16-bit holds 2 consecutive quants
  * of each of 16 rows: one int32 lane of a pairwise dot-product instruction a row.
  *
@@ -41,13 +48,19 @@
 #define TS_Q4_1 2
 #define TS_Q8_0 3
 #define TS_Q4_K 4
+#define TS_Q6_K 5
 
 /* Formats with Q4_1's form, w = d q + m (Q4_K's fields float32). */
 #define TS_HAS_MIN(fmt) ((fmt) == TS_Q4_1 || (fmt) == TS_Q4_K)
 
 /* Bytes of one group of 16 rows x 32 inputs; 0 for a format these kernels do not run. */
 static int64_t gguf_group_bytes(int64_t fmt) {
-    return fmt == TS_Q4_0 ? 288 : fmt == TS_Q4_1 ? 320 : fmt == TS_Q8_0 ? 544 : fmt == TS_Q4_K ? 384 : 0;
+    return fmt == TS_Q4_0   ? 288
+           : fmt == TS_Q4_1 ? 320
+           : fmt == TS_Q8_0 ? 544
+           : fmt == TS_Q4_K ? 384
+           : fmt == TS_Q6_K ? 448
+                            : 0;
 }
 
 /* Whether a projection of this format can take K inputs. */
@@ -68,14 +81,14 @@ typedef struct {
 static int64_t gq_quantize_floats(int64_t M, int64_t K) { return M * (3 * (K / 32) + K / 2) + 16; }
 
 /* x [M, K] (row stride ld_x) rounded into scratch (gq_quantize_floats(M, K) floats) for
- * fmt's blocks, as the comment at the top says. One code for every path: the same bits.
+ * the blocks of any format (fmt unused), as the comment at the top says. One code for every path: the same bits.
  * xs = ((x[0:8] + x[8:16]) + x[16:24]) + x[24:32] lane by lane, summed by hsum256. */
 static gq_acts gq_quantize(int64_t fmt, const float *x, int64_t M, int64_t K, int64_t ld_x, float *scratch) {
     const int64_t nb = K / 32;
     float *dx = scratch, *xs = scratch + M * nb;
     int32_t *xc = (int32_t *)(scratch + 2 * M * nb);
     int16_t *xq = (int16_t *)(scratch + 3 * M * nb);
-    const int offset = fmt == TS_Q4_0 ? 8 : 0;
+    const int offset = 8; /* Q4_0's; the other formats do not read xc (one rounding for all) */
     const __m256 sign = _mm256_set1_ps(-0.0f);
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < nb; b++) {
@@ -139,10 +152,26 @@ static inline __attribute__((always_inline)) TS_VNNI void gq_tile512(const int f
                 const char *ahead = (const char *)w + ((g + groups) * nb + b) * gb;
                 for (int64_t line = 0; line < gb; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
             }
-        __m512i s[4][8];
+        __m512i s[4][8], t[4][8]; /* t: Q6_K's second 16 */
         _Pragma("GCC unroll 8") for (int g = 0; g < groups; g++)
-            _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) s[g][r] = _mm512_setzero_si512();
-        if (fmt == TS_Q8_0) {
+            _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) s[g][r] = t[g][r] = _mm512_setzero_si512();
+        if (fmt == TS_Q6_K) {
+            const __m512i two = _mm512_set1_epi32(0x00300030), bias = _mm512_set1_epi16(32);
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++)
+                _Pragma("GCC unroll 8") for (int g = 0; g < groups; g++) {
+                    const uint8_t *blk = w + (g * nb + b) * gb;
+                    const __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 64 + 32 * c)));
+                    const __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 320 + 16 * c)));
+                    const __m512i hl = _mm512_and_si512(_mm512_or_si512(_mm512_slli_epi32(h, 4), _mm512_slli_epi32(h, 18)), two);
+                    const __m512i hh = _mm512_and_si512(_mm512_or_si512(h, _mm512_slli_epi32(h, 14)), two);
+                    const __m512i lo = _mm512_sub_epi16(_mm512_or_si512(_mm512_and_si512(q, low), hl), bias);
+                    const __m512i hi = _mm512_sub_epi16(_mm512_or_si512(_mm512_srli_epi16(q, 4), hh), bias);
+                    _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) {
+                        s[g][r] = _mm512_dpwssd_epi32(s[g][r], lo, _mm512_set1_epi32(gq_pair(xb + r * K + 2 * c)));
+                        t[g][r] = _mm512_dpwssd_epi32(t[g][r], hi, _mm512_set1_epi32(gq_pair(xb + r * K + 16 + 2 * c)));
+                    }
+                }
+        } else if (fmt == TS_Q8_0) {
             _Pragma("GCC unroll 16") for (int c = 0; c < 16; c++)
                 _Pragma("GCC unroll 8") for (int g = 0; g < groups; g++) {
                     const __m512i q = _mm512_cvtepi8_epi16(
@@ -166,6 +195,16 @@ static inline __attribute__((always_inline)) TS_VNNI void gq_tile512(const int f
             const uint8_t *blk = w + (g * nb + b) * gb;
             const __m512 d = fmt == TS_Q4_K ? _mm512_loadu_ps((const float *)blk)
                                             : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+            if (fmt == TS_Q6_K) {
+                const __m512 d0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32)))));
+                const __m512 d1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 48)))));
+                _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) {
+                    const __m512 dx = _mm512_set1_ps(a.dx[r * nb + b]);
+                    acc[g][r] = _mm512_fmadd_ps(_mm512_mul_ps(d0, dx), _mm512_cvtepi32_ps(s[g][r]), acc[g][r]);
+                    acc[g][r] = _mm512_fmadd_ps(_mm512_mul_ps(d1, dx), _mm512_cvtepi32_ps(t[g][r]), acc[g][r]);
+                }
+                continue;
+            }
             _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) {
                 __m512i i = s[g][r];
                 if (fmt == TS_Q4_0) i = _mm512_sub_epi32(i, _mm512_set1_epi32(a.xc[r * nb + b]));
@@ -203,9 +242,26 @@ static inline __attribute__((always_inline)) void gq_tile256(const int fmt, cons
     for (int64_t b = 0; b < nb; b++) {
         const int16_t *xb = a.xq + 32 * b;
         const uint8_t *blk = w + b * gb;
-        __m256i s[2][2];
-        for (int r = 0; r < rows; r++) s[r][0] = s[r][1] = _mm256_setzero_si256();
-        if (fmt == TS_Q8_0) {
+        __m256i s[2][2], t[2][2]; /* t: Q6_K's second 16 */
+        for (int r = 0; r < rows; r++) s[r][0] = s[r][1] = t[r][0] = t[r][1] = _mm256_setzero_si256();
+        if (fmt == TS_Q6_K) {
+            const __m256i two = _mm256_set1_epi32(0x00300030), bias = _mm256_set1_epi16(32);
+            for (int c = 0; c < 8; c++)
+                for (int h = 0; h < 2; h++) {
+                    const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + 64 + 32 * c + 16 * h)));
+                    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 320 + 16 * c + 8 * h)));
+                    const __m256i hl = _mm256_and_si256(_mm256_or_si256(_mm256_slli_epi32(e, 4), _mm256_slli_epi32(e, 18)), two);
+                    const __m256i hh = _mm256_and_si256(_mm256_or_si256(e, _mm256_slli_epi32(e, 14)), two);
+                    const __m256i lo = _mm256_sub_epi16(_mm256_or_si256(_mm256_and_si256(q, low), hl), bias);
+                    const __m256i hi = _mm256_sub_epi16(_mm256_or_si256(_mm256_srli_epi16(q, 4), hh), bias);
+                    for (int r = 0; r < rows; r++) {
+                        s[r][h] = _mm256_add_epi32(
+                            s[r][h], _mm256_madd_epi16(lo, _mm256_set1_epi32(gq_pair(xb + r * K + 2 * c))));
+                        t[r][h] = _mm256_add_epi32(
+                            t[r][h], _mm256_madd_epi16(hi, _mm256_set1_epi32(gq_pair(xb + r * K + 16 + 2 * c))));
+                    }
+                }
+        } else if (fmt == TS_Q8_0) {
             for (int c = 0; c < 16; c++)
                 for (int h = 0; h < 2; h++) {
                     const __m256i q = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 32 + 32 * c + 16 * h)));
@@ -230,6 +286,16 @@ static inline __attribute__((always_inline)) void gq_tile256(const int fmt, cons
         for (int h = 0; h < 2; h++) {
             const __m256 d = fmt == TS_Q4_K ? _mm256_loadu_ps((const float *)blk + 8 * h)
                                             : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
+            if (fmt == TS_Q6_K) {
+                const __m256 d0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 32 + 8 * h)))));
+                const __m256 d1 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 48 + 8 * h)))));
+                for (int r = 0; r < rows; r++) {
+                    const __m256 dx = _mm256_set1_ps(a.dx[r * nb + b]);
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(d0, dx), _mm256_cvtepi32_ps(s[r][h]), acc[r][h]);
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_mul_ps(d1, dx), _mm256_cvtepi32_ps(t[r][h]), acc[r][h]);
+                }
+                continue;
+            }
             for (int r = 0; r < rows; r++) {
                 __m256i i = s[r][h];
                 if (fmt == TS_Q4_0) i = _mm256_sub_epi32(i, _mm256_set1_epi32(a.xc[r * nb + b]));
@@ -298,6 +364,7 @@ TS_GQ_FMT(gq_run512_q4_0, TS_Q4_0)
 TS_GQ_FMT(gq_run512_q4_1, TS_Q4_1)
 TS_GQ_FMT(gq_run512_q8_0, TS_Q8_0)
 TS_GQ_FMT(gq_run512_q4_k, TS_Q4_K)
+TS_GQ_FMT(gq_run512_q6_k, TS_Q6_K)
 #undef TS_GQ_FMT
 
 static inline void gq_run512(const int fmt, const int groups, const int accumulate, const gq_acts a, int64_t M,
@@ -305,6 +372,7 @@ static inline void gq_run512(const int fmt, const int groups, const int accumula
     if (fmt == TS_Q4_0) gq_run512_q4_0(groups, accumulate, a, M, K, w, bias, out, ld_out);
     else if (fmt == TS_Q4_1) gq_run512_q4_1(groups, accumulate, a, M, K, w, bias, out, ld_out);
     else if (fmt == TS_Q4_K) gq_run512_q4_k(groups, accumulate, a, M, K, w, bias, out, ld_out);
+    else if (fmt == TS_Q6_K) gq_run512_q6_k(groups, accumulate, a, M, K, w, bias, out, ld_out);
     else gq_run512_q8_0(groups, accumulate, a, M, K, w, bias, out, ld_out);
 }
 
@@ -367,6 +435,7 @@ static void gguf_blocks(int64_t fmt, const gq_acts a, int64_t M, int64_t K, cons
         case TS_Q4_1: TS_GB(TS_Q4_1) break;
         case TS_Q8_0: TS_GB(TS_Q8_0) break;
         case TS_Q4_K: TS_GB(TS_Q4_K) break;
+        case TS_Q6_K: TS_GB(TS_Q6_K) break;
     }
 #undef TS_GB
 }
@@ -438,6 +507,14 @@ int ts_gguf_dequantize(int64_t fmt, const uint8_t *w, int64_t N, int64_t K, floa
             const float d = fmt == TS_Q4_K ? ((const float *)blk)[r] : _cvtsh_ss(((const uint16_t *)blk)[r]);
             float *o = out + n * K + 32 * b;
             for (int k = 0; k < 32; k++) {
+                if (fmt == TS_Q6_K) {
+                    const int j = k % 16;
+                    const uint8_t byte = blk[64 + (j / 2) * 32 + r * 2 + j % 2];
+                    const int high = (blk[320 + (j / 2) * 16 + r] >> ((j % 2) * 2 + (k < 16 ? 0 : 4))) & 3;
+                    const int q = (k < 16 ? byte & 15 : byte >> 4) | high << 4;
+                    o[k] = d * (float)(int8_t)blk[32 + 16 * (k / 16) + r] * (float)(q - 32);
+                    continue;
+                }
                 if (fmt == TS_Q8_0) {
                     o[k] = d * (float)(int8_t)blk[32 + (k / 2) * 32 + r * 2 + k % 2];
                     continue;

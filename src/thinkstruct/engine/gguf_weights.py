@@ -1,12 +1,12 @@
 """GGUF weights as the file ships them (``--quantize gguf``): :class:`GGUFLinear` and
 :func:`quantize_gguf`.
 
-A GGUF's Q4_0, Q4_1, Q8_0 and Q4_K tensors are multiplied by the compiled kernels block by
-block (:data:`~thinkstruct.engine.cpu_kernels.GGUF_FORMATS`, ``gguf_blocks.c``): the model
+A GGUF's Q4_0, Q4_1, Q8_0, Q4_K and Q6_K tensors are multiplied by the compiled kernels
+block by block (:data:`~thinkstruct.engine.cpu_kernels.GGUF_FORMATS`, ``gguf_blocks.c``): the model
 computes what its file says, where dequantizing to float and re-quantizing to int8
 (``--quantize int8-weights``) rounds every weight a second time and reads more bytes a
-step (int8 is 1.03 bytes a weight with its scales, Q4_1 0.625, Q8_0 1.06, Q4_K 0.75: its
-super-blocks become blocks of 32 with float32 fields, exactly). The multiply
+step (int8 is 1.03 bytes a weight with its scales, Q4_1 0.625, Q8_0 1.06; Q4_K 0.75 and
+Q6_K 0.875, their super-blocks regrouped into blocks of 32, exactly). The multiply
 is integer: each row's activations are rounded to int16 per block of 32 (1/65534 of the
 block's largest magnitude at most), multiplied by the block's quants in int32 lanes
 (exact), then scaled by the block's ``d`` (and ``m`` times the block's float sum), so a
@@ -20,12 +20,13 @@ them), and their rows permuted where transformers' tensor processor permutes the
 dequantized rows (llama.cpp's conversion interleaves the rotary halves of q and k; whole
 rows of blocks move, exactly). Each
 tensor's blocks are repacked once (16 output rows side by side, the same bytes) at load.
-A Linear whose tensor is of another type (F16, Q6_K...) or of sizes the blocks do not fit
+A Linear whose tensor is of another type (F16, Q5_K...) or of sizes the blocks do not fit
 is quantized to int8 rows instead (:class:`~thinkstruct.engine.int8_weights.Int8Linear`).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,18 +44,27 @@ from thinkstruct.parsers.gguf_metadata import GGUFTensorInfo, read_gguf_metadata
 class GGUFLinear(torch.nn.Module):
     """``y = x @ W.T + bias`` for ``W [out, in]`` held as GGUF blocks of format ``fmt``
     (a :data:`GGUF_FORMATS` name), packed for the kernels (``packed``, uint8); float32
-    ``x [..., in]`` -> float32 ``[..., out]``.
+    ``x [..., in]`` -> float32 ``[..., out]``. Stacked layers of two formats (a Q4_K_M
+    file's Q6_K v beside its Q4_K q and k) hold the last rows' blocks in ``tail``, a layer
+    of its own without a bias.
 
     Args:
         fmt: the blocks' ggml type name.
-        packed: the blocks, as :func:`pack_blocks` lays them out.
-        out_features, in_features: ``W``'s shape (``% 16`` and ``% 32``).
+        packed: the blocks, as :func:`pack_blocks` lays them out (the rows before
+            ``tail``'s).
+        out_features, in_features: ``W``'s shape (``% 16`` and ``% 32``), ``tail``'s rows
+            included.
         kernels: the compiled kernels.
         bias: the float bias added to each output (kept float32), or ``None``.
+        tail: the last rows, of another format.
     """
 
     packed: torch.Tensor
     bias: torch.Tensor | None
+    fmt: str
+    out_features: int
+    in_features: int
+    tail: GGUFLinear | None
 
     def __init__(
         self,
@@ -65,17 +75,24 @@ class GGUFLinear(torch.nn.Module):
         in_features: int,
         kernels: CpuKernels,
         bias: torch.Tensor | None = None,
+        tail: GGUFLinear | None = None,
     ) -> None:
         super().__init__()
+        head_rows = out_features - (0 if tail is None else tail.out_features)
         if fmt not in GGUF_FORMATS or packed.numel() != GGUF_FORMATS[fmt].packed_bytes(
-            out_features, in_features
+            head_rows, in_features
         ):
             raise ValueError(
-                f"{fmt} blocks of [{out_features}, {in_features}] do not fit {packed.numel()} bytes"
+                f"{fmt} blocks of [{head_rows}, {in_features}] do not fit {packed.numel()} bytes"
             )
+        if tail is not None and (
+            tail.in_features != in_features or tail.bias is not None or tail.tail is not None
+        ):
+            raise ValueError("a tail must take the same inputs and have no bias or tail of its own")
         self.fmt = fmt
         self.out_features = out_features
         self.in_features = in_features
+        self.tail = tail
         self._kernels = kernels
         self.register_buffer("packed", packed.contiguous(), persistent=False)
         stored_bias = None if bias is None else bias.detach().float().contiguous()
@@ -86,62 +103,91 @@ class GGUFLinear(torch.nn.Module):
         """The format's code in ``gguf_blocks.c`` (``LayerPointers.*_format``)."""
         return GGUF_FORMATS[self.fmt].code
 
+    @property
+    def head_rows(self) -> int:
+        """Rows in ``packed`` (the rest are ``tail``'s)."""
+        return self.out_features - (0 if self.tail is None else self.tail.out_features)
+
     @classmethod
     def stacked(cls, parts: Sequence[GGUFLinear]) -> GGUFLinear:
         """One layer computing ``parts`` over the same input, outputs concatenated in order
-        (exact: packed row groups end to end). Raises ValueError for parts of different
-        formats or input sizes."""
+        (exact: packed row groups end to end; a second format's run of parts, if any, as
+        the tail). Raises ValueError for parts of more than two runs of formats or of
+        different input sizes."""
         first = parts[0]
-        if any(p.fmt != first.fmt or p.in_features != first.in_features for p in parts):
-            raise ValueError("stacked GGUF layers must share their block format and input size")
+        if any(p.in_features != first.in_features or p.tail is not None for p in parts):
+            raise ValueError("stacked GGUF layers must share their input size")
+        runs = [list(group) for _, group in itertools.groupby(parts, key=lambda p: p.fmt)]
+        if len(runs) > 2:
+            raise ValueError("stacked GGUF layers must be at most two runs of one block format")
         bias = None
         if any(p.bias is not None for p in parts):
             bias = torch.cat([torch.zeros(p.out_features) if p.bias is None else p.bias for p in parts])
+        tail = None
+        if len(runs) == 2:
+            tail_parts = runs[1]
+            tail = cls(
+                tail_parts[0].fmt,
+                torch.cat([p.packed for p in tail_parts]),
+                out_features=sum(p.out_features for p in tail_parts),
+                in_features=first.in_features,
+                kernels=first._kernels,
+            )
         return cls(
             first.fmt,
-            torch.cat([p.packed for p in parts]),
+            torch.cat([p.packed for p in runs[0]]),
             out_features=sum(p.out_features for p in parts),
             in_features=first.in_features,
             kernels=first._kernels,
             bias=bias,
+            tail=tail,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.dtype != torch.float32 or rows.stride(-1) != 1:
             rows = rows.float().contiguous()
-        out = self._kernels.gguf_linear(rows, self.fmt, self.packed, self.out_features, self.bias)
+        if self.tail is None:
+            out = self._kernels.gguf_linear(rows, self.fmt, self.packed, self.out_features, self.bias)
+        else:
+            head = self._kernels.gguf_linear(rows, self.fmt, self.packed, self.head_rows, None)
+            out = torch.cat([head, self.tail(rows)], dim=-1)
+            if self.bias is not None:
+                out += self.bias
         return out.view(*x.shape[:-1], self.out_features)
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight ``[out, in]`` the blocks hold (as ggml dequantizes them)."""
-        return self._kernels.gguf_dequantize(self.fmt, self.packed, self.out_features, self.in_features)
+        head = self._kernels.gguf_dequantize(self.fmt, self.packed, self.head_rows, self.in_features)
+        return head if self.tail is None else torch.cat([head, self.tail.dequantized()])
 
     def extra_repr(self) -> str:
         bias = self.bias is not None
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}, {self.fmt} blocks"
+        formats = self.fmt if self.tail is None else f"{self.fmt} and {self.tail.fmt}"
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}, {formats} blocks"
+        )
 
 
 def pack_blocks(fmt: str, raw: np.ndarray[Any, Any]) -> torch.Tensor:
     """A GGUF tensor's blocks ``raw [out, row bytes]`` (uint8, each row its blocks in
     order, as the file holds them) laid out for the kernels: ``[out / 16][in / 32]``
-    groups, each the 16 rows' float fields, then their quants 2 bytes of a row at a time
-    with the rows side by side (``gguf_blocks.c``). Q4_K's super-blocks of 256 become
-    blocks of 32 first (:func:`q4_k_blocks`); the other formats' bytes are only reordered."""
+    groups, each the 16 rows' blocks section by section (:class:`BlockFormat`, as
+    ``gguf_blocks.c`` reads them). Q4_K's and Q6_K's super-blocks of 256 become blocks of
+    32 first (:func:`q4_k_blocks`, :func:`q6_k_blocks`); the other formats' bytes are only
+    reordered."""
     spec = GGUF_FORMATS[fmt]
-    if fmt == "Q4_K":
-        raw = q4_k_blocks(raw)
-    fb, head = spec.field_bytes, spec.fields * spec.field_bytes
+    if fmt in SUPER_BLOCKS:
+        raw = SUPER_BLOCKS[fmt](raw)
     rows = raw.shape[0]
     nb = raw.shape[1] // spec.block_bytes
     blocks = np.ascontiguousarray(raw).reshape(rows // 16, 16, nb, spec.block_bytes)
-    parts = [
-        blocks[..., fb * i : fb * (i + 1)].transpose(0, 2, 1, 3).reshape(rows // 16, nb, 16 * fb)
-        for i in range(spec.fields)
-    ]
-    quants = blocks[..., head:].reshape(rows // 16, 16, nb, spec.quant_bytes // 2, 2)
-    quants = quants.transpose(0, 2, 3, 1, 4)  # [groups, nb, 2 bytes c, row, byte 2c + i]
-    parts.append(quants.reshape(rows // 16, nb, 16 * spec.quant_bytes))
+    parts = []
+    start = 0
+    for size, unit in spec.sections:
+        section = blocks[..., start : start + size].reshape(rows // 16, 16, nb, size // unit, unit)
+        parts.append(section.transpose(0, 2, 3, 1, 4).reshape(rows // 16, nb, 16 * size))
+        start += size
     return torch.from_numpy(np.ascontiguousarray(np.concatenate(parts, axis=-1)).reshape(-1))
 
 
@@ -170,6 +216,46 @@ def q4_k_blocks(raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     packed = (elements[..., :16] | (elements[..., 16:] << 4)).astype(np.uint8)
     fields = [np.ascontiguousarray(f[..., None]).view(np.uint8) for f in (scale, low)]  # [rows, n, 8, 4]
     return np.concatenate([*fields, packed], axis=-1).reshape(rows, -1)
+
+
+#: Bytes of a Q6_K super-block: 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8
+#: scales (one a 16 weights), f16 d.
+Q6_K_BYTES = 210
+
+
+def q6_k_blocks(raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Q6_K super-blocks ``raw [rows, row bytes]`` as the kernels' blocks of 32: ``[rows,
+    in / 32 * 28]``: the super-block's f16 ``d``, the two 16s' int8 scales, 16 bytes of low
+    4 bits (byte j: element j low, j + 16 high) and 8 of high 2 bits (byte c: elements 2c,
+    2c + 1, 16 + 2c, 16 + 2c + 1). The same numbers, ``d sc (q - 32)``, regrouped."""
+    rows = raw.shape[0]
+    sb = np.ascontiguousarray(raw).reshape(rows, -1, Q6_K_BYTES)
+    n = sb.shape[1]
+    ql = sb[..., :128].reshape(rows, n, 2, 2, 32)  # [half, l / 32 block of ql, l]
+    qh = sb[..., 128:192].reshape(rows, n, 2, 1, 32)
+    # ggml: in each half of 128, element 32 j + l has ql[l + 32 (j % 2)] (low nibble for
+    # j < 2, high for j >= 2) and bits 2 j of qh[l].
+    low = np.concatenate([ql & 15, ql >> 4], axis=3)  # [rows, n, half, j, l]
+    high = np.concatenate([(qh >> (2 * j)) & 3 for j in range(4)], axis=3)
+    q = (low | (high << 4)).reshape(rows, n * 8, 32)  # 6-bit, blocks of 32 in order
+    nibbles = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)
+    top = q >> 4
+    pairs = top.reshape(rows, n * 8, 2, 8, 2)  # [16s, c, element 2c + i]
+    highs = (
+        pairs[:, :, 0, :, 0]
+        | (pairs[:, :, 0, :, 1] << 2)
+        | (pairs[:, :, 1, :, 0] << 4)
+        | (pairs[:, :, 1, :, 1] << 6)
+    )
+    scales = sb[..., 192:208].reshape(rows, n * 8, 2)
+    d = np.repeat(sb[..., 208:210], 8, axis=1)  # [rows, n * 8, 2]
+    return np.concatenate([d, scales, nibbles.astype(np.uint8), highs.astype(np.uint8)], axis=-1).reshape(
+        rows, -1
+    )
+
+
+#: Formats whose super-blocks :func:`pack_blocks` converts to blocks of 32 first.
+SUPER_BLOCKS = {"Q4_K": q4_k_blocks, "Q6_K": q6_k_blocks}
 
 
 @dataclass(frozen=True)
