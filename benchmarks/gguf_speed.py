@@ -1,4 +1,5 @@
-"""One user on the embedded SmolLM2: its GGUF blocks (``--quantize gguf``) against int8
+"""One user on the embedded SmolLM2 (or ``--model``, another GGUF of it: a Q4_K_M that
+llama.cpp's quantizer made, say): its GGUF blocks (``--quantize gguf``) against int8
 weights (``--quantize int8-weights``) and llama.cpp, side by side in one run.
 
 Three sides, each prompt run on every side in turn (the side that goes first rotates
@@ -21,7 +22,7 @@ bytes of weights a decoding step reads for each format, this machine's read band
 (a 256 MiB sum, best of 8, same threads; the better of before and after) and the ceiling
 they set (bandwidth / bytes).
 
-    python benchmarks/gguf_speed.py [--rounds 2] [--llama-python /tmp/llv/bin/python]
+    python benchmarks/gguf_speed.py [--rounds 2] [--llama-python /tmp/llv/bin/python] [--model FILE.gguf]
 """
 
 from __future__ import annotations
@@ -103,9 +104,9 @@ def _run(engine: Engine, ids: list[int], grammar: Any) -> tuple[int, float]:
 class _LlamaCpp:
     """The llama.cpp worker process."""
 
-    def __init__(self, python: str, threads: int) -> None:
+    def __init__(self, python: str, path: str, threads: int) -> None:
         self._process = subprocess.Popen(
-            [python, "-c", LLAMA_WORKER, str(smollm2_gguf_path()), str(threads)],
+            [python, "-c", LLAMA_WORKER, str(path), str(threads)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -182,14 +183,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--llama-python", default="/tmp/llv/bin/python", help="'' skips llama.cpp")
+    parser.add_argument("--model", default=str(smollm2_gguf_path()), help="a GGUF (default: the embedded one)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"# load average before: {os.getloadavg()}, torch threads {torch.get_num_threads()}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(active)')}")  # fmt: skip
-    models = {"gguf": load_model(quantize="gguf", progress=False), "int8": load_model(quantize="int8-weights", progress=False)}  # fmt: skip
+    print(f"# {args.model}")
+    models = {"gguf": load_model(args.model, quantize="gguf", progress=False), "int8": load_model(args.model, quantize="int8-weights", progress=False)}  # fmt: skip
     engines = {label: Engine(m).start() for label, m in models.items()}
-    llama = _LlamaCpp(args.llama_python, torch.get_num_threads()) if args.llama_python else None
+    llama = _LlamaCpp(args.llama_python, args.model, torch.get_num_threads()) if args.llama_python else None
     first = models["gguf"]
     try:
         grammars = {label: e.compiler.compile(Constraint.json_schema(SCHEMA)) for label, e in engines.items()}

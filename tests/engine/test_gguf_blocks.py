@@ -22,7 +22,7 @@ from thinkstruct.engine.gguf_weights import Q4_K_BYTES, Q6_K_BYTES, GGUFLinear, 
 
 FORMATS = sorted(GGUF_FORMATS)
 #: Formats whose weights are d q + m (a float m a block).
-WITH_MINS = ("Q4_1", "Q4_K")
+WITH_MINS = ("Q4_1", "Q5_1", "Q4_K")
 
 
 def unit(fmt: str) -> int:
@@ -69,8 +69,8 @@ def test_packed_blocks_hold_what_gguf_dequantizes(kernels, fmt: str) -> None:
         assert packed.numel() == raw.size * 24 // 18
     elif fmt == "Q6_K":  # regrouped: 28 bytes a block of 32 where the file has 26.25
         assert packed.numel() == raw.size * 28 * 8 // Q6_K_BYTES
-    else:
-        assert packed.numel() == raw.size  # the file's bytes, reordered
+    else:  # the file's bytes, reordered (Q5's fifth bits regrouped too)
+        assert packed.numel() == raw.size
     assert torch.equal(kernels.gguf_dequantize(fmt, packed, 48, inputs), reference)
 
 
@@ -86,12 +86,13 @@ def _quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def _mins(fmt: str, raw: np.ndarray, rows: int, inputs: int) -> torch.Tensor:
-    """Q4_1 blocks' m ``[rows, inputs / 32]`` (float16 after d in each 20-byte block), or
+    """Q4_1 and Q5_1 blocks' m ``[rows, inputs / 32]`` (float16 after d), or
     Q4_K's (-dmin times a sub-block's 6-bit min, float32 after d once converted)."""
     if fmt == "Q4_K":
         fields = q4_k_blocks(raw).reshape(rows, inputs // 32, 24)[..., 4:8].copy()
         return torch.from_numpy(fields.view(np.float32).reshape(rows, inputs // 32))
-    fields = np.ascontiguousarray(raw).reshape(rows, inputs // 32, 20)[..., 2:4].copy()
+    block = 24 if fmt == "Q5_1" else 20
+    fields = np.ascontiguousarray(raw).reshape(rows, inputs // 32, block)[..., 2:4].copy()
     return torch.from_numpy(fields.view(np.float16).reshape(rows, inputs // 32).astype(np.float32))
 
 

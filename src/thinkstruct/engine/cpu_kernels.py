@@ -81,14 +81,16 @@ class BlockFormat(NamedTuple):
 
 
 #: The GGUF block formats the kernels run, by ggml type name: the one list (``--quantize
-#: gguf`` and its default follow it). Q4_K and Q6_K blocks are converted to blocks of 32
-#: first (:func:`~thinkstruct.engine.gguf_weights.pack_blocks`).
+#: gguf`` and its default follow it). Q5, Q4_K and Q6_K blocks are regrouped first
+#: (:func:`~thinkstruct.engine.gguf_weights.pack_blocks`).
 GGUF_FORMATS = {
     "Q4_0": BlockFormat(1, ((2, 2), (16, 2))),  # f16 d, nibbles
     "Q4_1": BlockFormat(2, ((2, 2), (2, 2), (16, 2))),  # f16 d, f16 m, nibbles
     "Q8_0": BlockFormat(3, ((2, 2), (32, 2))),  # f16 d, int8
     "Q4_K": BlockFormat(4, ((4, 4), (4, 4), (16, 2))),  # f32 d, f32 m, nibbles
     "Q6_K": BlockFormat(5, ((2, 2), (1, 1), (1, 1), (16, 2), (8, 1))),  # f16 d, 2 x int8 sc, ql, qh
+    "Q5_0": BlockFormat(6, ((2, 2), (16, 2), (4, 1))),  # f16 d, nibbles, fifth bits
+    "Q5_1": BlockFormat(7, ((2, 2), (2, 2), (16, 2), (4, 1))),  # f16 d, f16 m, nibbles, fifth bits
 }
 
 _i64 = ctypes.c_int64

@@ -1,4 +1,4 @@
-/* GGUF weight blocks as the file ships them (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K), multiplied without
+/* GGUF weight blocks as the file ships them (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K), multiplied without
  * dequantizing the matrix: included by cpu_kernels.c (after the int8 kernels, whose helpers
  * it uses) into the same library.
  *
@@ -11,6 +11,11 @@
  *   Q4_1: u16 d[16]; u16 m[16]; u8 q[8][16][2] 320 bytes
  *         (q[c][r][i]: row r's byte 2c + i, i.e. its elements 2c + i and 16 + 2c + i)
  *   Q8_0: u16 d[16]; i8 q[16][16][2]           544 bytes (q[c][r][i]: row r's element 2c + i)
+ *   Q5_0: u16 d[16]; u8 q[8][16][2]; u8 qh[4][16]            352 bytes
+ *   Q5_1: u16 d[16]; u16 m[16]; u8 q[8][16][2]; u8 qh[4][16] 384 bytes
+ *         (Q4_0's and Q4_1's and a fifth bit: w = d (q - 16), w = d q + m; the file's 32
+ *         high bits of a block as qh[k][r]: its low nibble the bits of elements 2c, 2c + 1,
+ *         16 + 2c, 16 + 2c + 1 for c = 2k, its high nibble those for c = 2k + 1)
  *   Q4_K: f32 d[16]; f32 m[16]; u8 q[8][16][2] 384 bytes (as Q4_1, the fields float32)
  * Q4_K's super-blocks of 256 weights (f16 d and dmin, 6-bit scales sc and mins mn for
  * each 32, w = d sc q - dmin mn) are Q4_1 blocks of 32 with d = d sc and m = -dmin mn:
@@ -49,9 +54,17 @@
 #define TS_Q8_0 3
 #define TS_Q4_K 4
 #define TS_Q6_K 5
+#define TS_Q5_0 6
+#define TS_Q5_1 7
+
+#define TS_IS_Q5(fmt) ((fmt) == TS_Q5_0 || (fmt) == TS_Q5_1)
 
 /* Formats with Q4_1's form, w = d q + m (Q4_K's fields float32). */
-#define TS_HAS_MIN(fmt) ((fmt) == TS_Q4_1 || (fmt) == TS_Q4_K)
+#define TS_HAS_MIN(fmt) ((fmt) == TS_Q4_1 || (fmt) == TS_Q5_1 || (fmt) == TS_Q4_K)
+/* Where a format's quants start in a group (the nibbles for the 4- and 5-bit ones). */
+#define TS_QOFF(fmt) ((fmt) == TS_Q4_K ? 128 : (fmt) == TS_Q4_1 || (fmt) == TS_Q5_1 ? 64 : 32)
+/* Where Q5's high bits start in a group. */
+#define TS_HOFF(fmt) ((fmt) == TS_Q5_1 ? 320 : 288)
 
 /* Bytes of one group of 16 rows x 32 inputs; 0 for a format these kernels do not run. */
 static int64_t gguf_group_bytes(int64_t fmt) {
@@ -60,6 +73,8 @@ static int64_t gguf_group_bytes(int64_t fmt) {
            : fmt == TS_Q8_0 ? 544
            : fmt == TS_Q4_K ? 384
            : fmt == TS_Q6_K ? 448
+           : fmt == TS_Q5_0 ? 352
+           : fmt == TS_Q5_1 ? 384
                             : 0;
 }
 
@@ -140,8 +155,8 @@ static inline __attribute__((always_inline)) TS_VNNI void gq_tile512(const int f
                                                                      const uint8_t *w, const float *bias,
                                                                      float *out, int64_t ld_out) {
     const int64_t nb = K / 32, gb = gguf_group_bytes(fmt);
-    const int qoff = fmt == TS_Q4_K ? 128 : fmt == TS_Q4_1 ? 64 : 32;
-    const __m512i low = _mm512_set1_epi16(15);
+    const int qoff = TS_QOFF(fmt), hoff = TS_HOFF(fmt);
+    const __m512i low = _mm512_set1_epi16(15), one = _mm512_set1_epi32(0x00100010);
     __m512 acc[4][8];
     _Pragma("GCC unroll 8") for (int g = 0; g < groups; g++)
         _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) acc[g][r] = _mm512_setzero_ps();
@@ -184,7 +199,14 @@ static inline __attribute__((always_inline)) TS_VNNI void gq_tile512(const int f
                 _Pragma("GCC unroll 8") for (int g = 0; g < groups; g++) {
                     const __m512i q = _mm512_cvtepu8_epi16(
                         _mm256_loadu_si256((const __m256i *)(w + (g * nb + b) * gb + qoff + 32 * c)));
-                    const __m512i lo = _mm512_and_si512(q, low), hi = _mm512_srli_epi16(q, 4);
+                    __m512i lo = _mm512_and_si512(q, low), hi = _mm512_srli_epi16(q, 4);
+                    if (TS_IS_Q5(fmt)) { /* the fifth bits: see the layout at the top */
+                        __m512i h = _mm512_cvtepu8_epi32(
+                            _mm_loadu_si128((const __m128i *)(w + (g * nb + b) * gb + hoff + 16 * (c / 2))));
+                        if (c & 1) h = _mm512_srli_epi32(h, 4);
+                        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_or_si512(_mm512_slli_epi32(h, 4), _mm512_slli_epi32(h, 19)), one));
+                        hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_or_si512(_mm512_slli_epi32(h, 2), _mm512_slli_epi32(h, 17)), one));
+                    }
                     _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) {
                         s[g][r] = _mm512_dpwssd_epi32(s[g][r], lo, _mm512_set1_epi32(gq_pair(xb + r * K + 2 * c)));
                         s[g][r] = _mm512_dpwssd_epi32(s[g][r], hi, _mm512_set1_epi32(gq_pair(xb + r * K + 16 + 2 * c)));
@@ -208,6 +230,7 @@ static inline __attribute__((always_inline)) TS_VNNI void gq_tile512(const int f
             _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++) {
                 __m512i i = s[g][r];
                 if (fmt == TS_Q4_0) i = _mm512_sub_epi32(i, _mm512_set1_epi32(a.xc[r * nb + b]));
+                if (fmt == TS_Q5_0) i = _mm512_sub_epi32(i, _mm512_set1_epi32(2 * a.xc[r * nb + b]));
                 const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(a.dx[r * nb + b]));
                 acc[g][r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(i), acc[g][r]);
             }
@@ -235,8 +258,8 @@ static inline __attribute__((always_inline)) void gq_tile256(const int fmt, cons
                                                              const gq_acts a, int64_t K, const uint8_t *w,
                                                              const float *bias, float *out, int64_t ld_out) {
     const int64_t nb = K / 32, gb = gguf_group_bytes(fmt);
-    const int qoff = fmt == TS_Q4_K ? 128 : fmt == TS_Q4_1 ? 64 : 32;
-    const __m256i low = _mm256_set1_epi16(15);
+    const int qoff = TS_QOFF(fmt), hoff = TS_HOFF(fmt);
+    const __m256i low = _mm256_set1_epi16(15), one = _mm256_set1_epi32(0x00100010);
     __m256 acc[2][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -274,7 +297,13 @@ static inline __attribute__((always_inline)) void gq_tile256(const int fmt, cons
                 for (int h = 0; h < 2; h++) {
                     const __m256i q =
                         _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + qoff + 32 * c + 16 * h)));
-                    const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_srli_epi16(q, 4);
+                    __m256i lo = _mm256_and_si256(q, low), hi = _mm256_srli_epi16(q, 4);
+                    if (TS_IS_Q5(fmt)) {
+                        __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + hoff + 16 * (c / 2) + 8 * h)));
+                        if (c & 1) e = _mm256_srli_epi32(e, 4);
+                        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_or_si256(_mm256_slli_epi32(e, 4), _mm256_slli_epi32(e, 19)), one));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_or_si256(_mm256_slli_epi32(e, 2), _mm256_slli_epi32(e, 17)), one));
+                    }
                     for (int r = 0; r < rows; r++) {
                         s[r][h] = _mm256_add_epi32(
                             s[r][h], _mm256_madd_epi16(lo, _mm256_set1_epi32(gq_pair(xb + r * K + 2 * c))));
@@ -299,6 +328,7 @@ static inline __attribute__((always_inline)) void gq_tile256(const int fmt, cons
             for (int r = 0; r < rows; r++) {
                 __m256i i = s[r][h];
                 if (fmt == TS_Q4_0) i = _mm256_sub_epi32(i, _mm256_set1_epi32(a.xc[r * nb + b]));
+                if (fmt == TS_Q5_0) i = _mm256_sub_epi32(i, _mm256_set1_epi32(2 * a.xc[r * nb + b]));
                 const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(a.dx[r * nb + b]));
                 acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(i), acc[r][h]);
             }
@@ -365,6 +395,8 @@ TS_GQ_FMT(gq_run512_q4_1, TS_Q4_1)
 TS_GQ_FMT(gq_run512_q8_0, TS_Q8_0)
 TS_GQ_FMT(gq_run512_q4_k, TS_Q4_K)
 TS_GQ_FMT(gq_run512_q6_k, TS_Q6_K)
+TS_GQ_FMT(gq_run512_q5_0, TS_Q5_0)
+TS_GQ_FMT(gq_run512_q5_1, TS_Q5_1)
 #undef TS_GQ_FMT
 
 static inline void gq_run512(const int fmt, const int groups, const int accumulate, const gq_acts a, int64_t M,
@@ -373,6 +405,8 @@ static inline void gq_run512(const int fmt, const int groups, const int accumula
     else if (fmt == TS_Q4_1) gq_run512_q4_1(groups, accumulate, a, M, K, w, bias, out, ld_out);
     else if (fmt == TS_Q4_K) gq_run512_q4_k(groups, accumulate, a, M, K, w, bias, out, ld_out);
     else if (fmt == TS_Q6_K) gq_run512_q6_k(groups, accumulate, a, M, K, w, bias, out, ld_out);
+    else if (fmt == TS_Q5_0) gq_run512_q5_0(groups, accumulate, a, M, K, w, bias, out, ld_out);
+    else if (fmt == TS_Q5_1) gq_run512_q5_1(groups, accumulate, a, M, K, w, bias, out, ld_out);
     else gq_run512_q8_0(groups, accumulate, a, M, K, w, bias, out, ld_out);
 }
 
@@ -436,6 +470,8 @@ static void gguf_blocks(int64_t fmt, const gq_acts a, int64_t M, int64_t K, cons
         case TS_Q8_0: TS_GB(TS_Q8_0) break;
         case TS_Q4_K: TS_GB(TS_Q4_K) break;
         case TS_Q6_K: TS_GB(TS_Q6_K) break;
+        case TS_Q5_0: TS_GB(TS_Q5_0) break;
+        case TS_Q5_1: TS_GB(TS_Q5_1) break;
     }
 #undef TS_GB
 }
@@ -520,9 +556,13 @@ int ts_gguf_dequantize(int64_t fmt, const uint8_t *w, int64_t N, int64_t K, floa
                     continue;
                 }
                 const int j = k % 16;
-                const uint8_t byte = blk[(fmt == TS_Q4_K ? 128 : fmt == TS_Q4_1 ? 64 : 32) + (j / 2) * 32 + r * 2 + j % 2];
-                const int q = k < 16 ? byte & 15 : byte >> 4;
-                if (fmt == TS_Q4_K)
+                const uint8_t byte = blk[TS_QOFF(fmt) + (j / 2) * 32 + r * 2 + j % 2];
+                int q = k < 16 ? byte & 15 : byte >> 4;
+                if (TS_IS_Q5(fmt)) {
+                    const int c = j / 2;
+                    q |= ((blk[TS_HOFF(fmt) + 16 * (c / 2) + r] >> (4 * (c % 2) + j % 2 + (k < 16 ? 0 : 2))) & 1) << 4;
+                    o[k] = fmt == TS_Q5_0 ? d * (float)(q - 16) : d * (float)q + _cvtsh_ss(((const uint16_t *)(blk + 32))[r]);
+                } else if (fmt == TS_Q4_K)
                     o[k] = d * (float)q + ((const float *)(blk + 64))[r];
                 else if (fmt == TS_Q4_1)
                     o[k] = d * (float)q + _cvtsh_ss(((const uint16_t *)(blk + 32))[r]);

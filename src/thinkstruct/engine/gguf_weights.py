@@ -1,12 +1,12 @@
 """GGUF weights as the file ships them (``--quantize gguf``): :class:`GGUFLinear` and
 :func:`quantize_gguf`.
 
-A GGUF's Q4_0, Q4_1, Q8_0, Q4_K and Q6_K tensors are multiplied by the compiled kernels
-block by block (:data:`~thinkstruct.engine.cpu_kernels.GGUF_FORMATS`, ``gguf_blocks.c``): the model
+A GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K tensors are multiplied by the compiled
+kernels block by block (:data:`~thinkstruct.engine.cpu_kernels.GGUF_FORMATS`, ``gguf_blocks.c``): the model
 computes what its file says, where dequantizing to float and re-quantizing to int8
 (``--quantize int8-weights``) rounds every weight a second time and reads more bytes a
-step (int8 is 1.03 bytes a weight with its scales, Q4_1 0.625, Q8_0 1.06; Q4_K 0.75 and
-Q6_K 0.875, their super-blocks regrouped into blocks of 32, exactly). The multiply
+step (int8 is 1.03 bytes a weight with its scales, Q4_1 0.625, Q5_0 0.6875, Q8_0 1.06;
+Q4_K 0.75 and Q6_K 0.875, their super-blocks regrouped into blocks of 32, exactly). The multiply
 is integer: each row's activations are rounded to int16 per block of 32 (1/65534 of the
 block's largest magnitude at most), multiplied by the block's quants in int32 lanes
 (exact), then scaled by the block's ``d`` (and ``m`` times the block's float sum), so a
@@ -26,9 +26,10 @@ is quantized to int8 rows instead (:class:`~thinkstruct.engine.int8_weights.Int8
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,12 +174,12 @@ def pack_blocks(fmt: str, raw: np.ndarray[Any, Any]) -> torch.Tensor:
     """A GGUF tensor's blocks ``raw [out, row bytes]`` (uint8, each row its blocks in
     order, as the file holds them) laid out for the kernels: ``[out / 16][in / 32]``
     groups, each the 16 rows' blocks section by section (:class:`BlockFormat`, as
-    ``gguf_blocks.c`` reads them). Q4_K's and Q6_K's super-blocks of 256 become blocks of
-    32 first (:func:`q4_k_blocks`, :func:`q6_k_blocks`); the other formats' bytes are only
-    reordered."""
+    ``gguf_blocks.c`` reads them). Q5's fifth bits are regrouped and Q4_K's and Q6_K's
+    super-blocks of 256 become blocks of 32 first (:data:`REGROUPED`); the other formats'
+    bytes are only reordered."""
     spec = GGUF_FORMATS[fmt]
-    if fmt in SUPER_BLOCKS:
-        raw = SUPER_BLOCKS[fmt](raw)
+    if fmt in REGROUPED:
+        raw = REGROUPED[fmt](raw)
     rows = raw.shape[0]
     nb = raw.shape[1] // spec.block_bytes
     blocks = np.ascontiguousarray(raw).reshape(rows // 16, 16, nb, spec.block_bytes)
@@ -254,8 +255,30 @@ def q6_k_blocks(raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     )
 
 
-#: Formats whose super-blocks :func:`pack_blocks` converts to blocks of 32 first.
-SUPER_BLOCKS = {"Q4_K": q4_k_blocks, "Q6_K": q6_k_blocks}
+def q5_blocks(raw: np.ndarray[Any, Any], *, mins: bool) -> np.ndarray[Any, Any]:
+    """Q5_0 (``mins=False``: f16 d, 4 bytes of fifth bits, 16 of nibbles) or Q5_1 blocks
+    (f16 d and m first) ``raw [rows, row bytes]`` with their fifth bits regrouped: ``[rows,
+    in / 32 * (22 or 24)]``, the fields, the nibbles as they are, then 4 bytes: byte k's
+    low nibble the bits of elements 4k, 4k + 1, 16 + 4k, 16 + 4k + 1, its high nibble
+    those of 4k + 2, 4k + 3, 16 + 4k + 2, 16 + 4k + 3 (``gguf_blocks.c``)."""
+    head = 4 if mins else 2
+    rows = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(rows, -1, head + 20)
+    bits = np.unpackbits(blocks[..., head : head + 4], axis=-1, bitorder="little")  # bit j: element j
+    e = bits.reshape(rows, -1, 2, 4, 4)  # [16s, k, t]: element 16 h + 4 k + t
+    order = [e[:, :, 0, :, 0], e[:, :, 0, :, 1], e[:, :, 1, :, 0], e[:, :, 1, :, 1]]
+    order += [e[:, :, 0, :, 2], e[:, :, 0, :, 3], e[:, :, 1, :, 2], e[:, :, 1, :, 3]]
+    highs = np.packbits(np.stack(order, axis=-1), axis=-1, bitorder="little").reshape(rows, -1, 4)
+    return np.concatenate([blocks[..., :head], blocks[..., head + 4 :], highs], axis=-1).reshape(rows, -1)
+
+
+#: Formats whose blocks :func:`pack_blocks` regroups first (the others it only reorders).
+REGROUPED: dict[str, Callable[[np.ndarray[Any, Any]], np.ndarray[Any, Any]]] = {
+    "Q5_0": functools.partial(q5_blocks, mins=False),
+    "Q5_1": functools.partial(q5_blocks, mins=True),
+    "Q4_K": q4_k_blocks,
+    "Q6_K": q6_k_blocks,
+}
 
 
 @dataclass(frozen=True)
