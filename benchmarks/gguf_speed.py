@@ -183,7 +183,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--llama-python", default="/tmp/llv/bin/python", help="'' skips llama.cpp")
-    parser.add_argument("--model", default=str(smollm2_gguf_path()), help="a GGUF (default: the embedded one)")
+    parser.add_argument(
+        "--model", default=str(smollm2_gguf_path()), help="a GGUF (default: the embedded one)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
