@@ -428,6 +428,26 @@ def test_a_stop_inside_the_thought_ends_the_thought_and_an_answer_comes(engine, 
     assert list(out.token_ids[: out.usage.reasoning_tokens]) == list(tokenizer.think_end_ids)
 
 
+def test_a_stop_inside_the_thought_ends_it_before_a_constrained_answer_too(
+    engine, compiler, tiny_model
+) -> None:
+    tokenizer = tiny_model.tokenizer
+    ids, prompt = prompt_ids(tiny_model, "think first", thinking=True)
+    bias = tuple((eos, 100.0) for eos in tokenizer.eos_token_ids)
+    out = run(
+        engine,
+        prompt_ids=ids,
+        sampling=SamplingParams(max_tokens=30, seed=2, logit_bias=bias),
+        grammar=compiler.compile(Constraint.choice(["left", "right"])),
+        reasoning=True,
+        reasoning_parser=prompt.reasoning_parser(),
+        max_reasoning_tokens=20,
+    )
+    assert out.finish_reason is FinishReason.STOP
+    assert out.reasoning == "" and out.usage.reasoning_tokens == len(tokenizer.think_end_ids)
+    assert out.content in ("left", "right")
+
+
 def test_forced_tokens_past_the_step_budget_wait_for_the_next_step(tiny_model, compiler) -> None:
     """A decoding step computes at most ``decode_positions`` positions: forced tokens that
     do not fit are fed over the next steps, that row not sampling meanwhile. A request

@@ -364,8 +364,9 @@ class Engine:
 
     def _matcher(self, request: GenerationRequest) -> GrammarMatcher | None:
         """The request's token matcher: its grammar's (thought included), the thinking
-        budget's for free text that reasons under a budget, else none. Its grammar must
-        be ready (compiled, not still a future)."""
+        budget's for free text that reasons under a budget, else none; a stop token in
+        the thought ends the thought, not the response. Its grammar must be ready
+        (compiled, not still a future)."""
         grammar = request.grammar
         if isinstance(grammar, concurrent.futures.Future):
             grammar = grammar.result()
@@ -382,6 +383,7 @@ class Engine:
         return grammar.matcher(
             reasoning=request.reasoning,
             max_reasoning_tokens=request.max_reasoning_tokens,
+            stops_end_thought=True,
             banned_ids_while_thinking=self._banned_while_thinking,
             end_tag=self._end_tag,
         )

@@ -4,8 +4,8 @@ The decorator from SGLang's ReasonerGrammarBackend, rebuilt to work over every b
 and with end tags spelled in several tokens. One integer carries the phase:
 
 - ``-1`` thinking: the mask allows everything except the stop tokens (a response cannot
-  end inside its thought; or, for free text, they stay allowed and end the thought in
-  place of the end tag) and tokens that would close the thought and run on into the
+  end inside its thought; or, as the engine asks, they stay allowed and end the thought
+  in place of the end tag) and tokens that would close the thought and run on into the
   answer inside the same token; tokens are not fed to the inner grammar.
 - ``0``: the token that completed the end tag was just accepted.
 - ``N > 0``: ``N`` answer tokens accepted after the tag, all fed to the inner grammar.
