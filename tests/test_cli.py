@@ -141,3 +141,15 @@ def test_models_load_quantized_as_the_model_suits_unless_told_otherwise(
     with pytest.raises(ValueError, match="stop here"):
         main(["generate", "--schema", str(schema), *flags, "hello"])
     assert seen["quantize"] == quantize and seen["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("command", [[], ["check"], ["serve"], ["generate"]])
+def test_every_commands_help_prints(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """``--help`` of each command (argparse formats help strings with %: a bare one broke it)."""
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: thinkstruct")
+    if command == ["generate"]:
+        assert "a thought of 50% of --max-tokens" in " ".join(out.split())

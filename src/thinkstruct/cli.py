@@ -325,7 +325,7 @@ def _add_generate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         type=_positive_int,
         default=None,
         metavar="N",
-        help=f"thinking budget, then the answer is forced (default: a thought of {DEFAULT_REASONING_SHARE:.0%} "
+        help=f"thinking budget, then the answer is forced (default: a thought of {DEFAULT_REASONING_SHARE * 100:.0f}%% "
         "of --max-tokens, end tag included, so a thought that does not end by itself still leaves room "
         "for the answer)",
     )
