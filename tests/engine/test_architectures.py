@@ -333,11 +333,12 @@ def quantize_q6_k(weight: Any) -> Any:
     ).reshape(rows, -1)
 
 
-def write_gguf(model: Any, path: Any, arch: str, *, k_quants: bool = False) -> None:
+def write_gguf(model: Any, path: Any, arch: str, *, k_quants: bool = False, down: str | None = None) -> None:
     """``model`` (float32) as a GGUF file of ``arch`` with its tokenizer, as llama.cpp's
     converter lays it out (tensor names from gguf-py's map; Llama's q/k rows permuted);
     ``k_quants``: its Linear weights (every 2-D tensor but the token embeddings) in K
-    blocks as a Q4_K_M file has them: Q6_K for v, down and the output layer, else Q4_K."""
+    blocks as a Q4_K_M file has them: Q6_K for v, down and the output layer, else Q4_K;
+    ``down``: the down projections in that type instead (one ``gguf`` quantizes)."""
     import gguf
 
     config = model.config
@@ -374,7 +375,10 @@ def write_gguf(model: Any, path: Any, arch: str, *, k_quants: bool = False) -> N
                 .reshape(data.shape)
             )
         name = f"{names.get_name(base)}.{suffix}"
-        if k_quants and data.ndim == 2 and not name.startswith("token_embd"):
+        if down is not None and name.endswith("ffn_down.weight"):
+            kind = gguf.GGMLQuantizationType[down]
+            writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        elif k_quants and data.ndim == 2 and not name.startswith("token_embd"):
             if name.startswith(("output", "blk.")) and name.split(".")[-2] in (
                 "attn_v",
                 "ffn_down",
@@ -465,6 +469,37 @@ def test_a_q4_k_m_gguf_runs_its_own_blocks(tmp_path, monkeypatch) -> None:
     assert int(got.argmax()) == int(want.argmax())
     assert float((got - want).norm() / want.norm()) < 1e-3
     assert torch.equal(got, beside)
+
+
+def test_a_gguf_with_a_type_the_kernels_do_not_run_takes_int8_rows_for_those_tensors(
+    tmp_path, monkeypatch
+) -> None:
+    """MXFP4 down projections beside Q4_K and Q6_K ones: still on the blocks by default,
+    those tensors int8 rows (dequantized, then rounded per row), the answer the float32
+    model's to int8's rounding."""
+    from thinkstruct.engine.gguf_weights import GGUFLinear
+    from thinkstruct.engine.models import default_quantize, load_model
+
+    monkeypatch.setenv("THINKSTRUCT_CACHE", str(tmp_path / "cache"))
+    source = build(
+        "llama", features=False, hidden_size=256, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=512, tie_word_embeddings=False,
+    )  # fmt: skip
+    path = tmp_path / "tiny-mixed.gguf"
+    write_gguf(source, path, "llama", k_quants=True, down="MXFP4")
+    assert default_quantize(path) == "gguf"
+    blocks = load_model(path, quantize="auto", progress=False)
+    plain = load_model(path, dtype="float32", quantize=None, progress=False)
+    kinds = {name: type(m).__name__ for name, m in blocks.model.named_modules() if name.endswith("proj")}
+    assert {kinds[f"model.layers.{i}.mlp.down_proj"] for i in (0, 1)} == {"Int8Linear"}
+    assert sum(isinstance(m, GGUFLinear) for m in blocks.model.modules()) == 2 * 6 + 1
+    runner = DecoderRunner(blocks.model, slots=1, context_length=CONTEXT)
+    assert runner.stacked
+    ids = _ids(17, 9)
+    with torch.inference_mode():
+        got, want = runner.forward(0, [ids], [0])[0], reference_logits(plain.model, ids)
+    assert int(got.argmax()) == int(want.argmax())
+    assert float((got - want).norm() / want.norm()) < 0.05
 
 
 def test_dynamic_int8_projections_keep_their_biases_when_stacked(models) -> None:

@@ -298,15 +298,14 @@ class GGUFResult:
 
 
 def runs_blocks(path: Path) -> bool:
-    """Whether every quantized tensor of the GGUF at ``path`` is of a block format the
-    kernels run (and the kernels build here): ``--quantize``'s default then is ``gguf``."""
+    """Whether the GGUF at ``path`` has quantized tensors of a block format the kernels
+    run (and the kernels build here): ``--quantize``'s default then is ``gguf`` (a tensor
+    of another type becomes int8 rows, as :func:`quantize_gguf` says)."""
     if cpu_kernels() is None:
         return False
     from gguf.constants import GGMLQuantizationType as T
 
-    unquantized = {T.F32, T.F16, T.BF16}
-    types = {T(t.type_id) for t in read_gguf_tensors(path)} - unquantized
-    return bool(types) and all(t.name in GGUF_FORMATS for t in types)
+    return any(T(t.type_id).name in GGUF_FORMATS for t in read_gguf_tensors(path))
 
 
 def quantize_gguf(model: torch.nn.Module, path: Path) -> GGUFResult:

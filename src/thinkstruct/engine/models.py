@@ -309,7 +309,7 @@ def load_model(
 
 def default_quantize(path: Path) -> str:
     """``quantize`` for the model at ``path`` when none is asked for: ``"gguf"`` for a GGUF
-    whose every quantized tensor is of a block format the kernels run, else
+    with quantized tensors of a block format the kernels run (its others int8 rows), else
     ``"int8-weights"`` (int8 weights with float32 activations keep answers as close to
     float32 as bfloat16 does and decode several times faster on a CPU: README, "Serving
     performance")."""
