@@ -65,8 +65,8 @@ def test_packed_blocks_hold_what_gguf_dequantizes(kernels, fmt: str) -> None:
     inputs = 3 * unit(fmt)
     raw, reference = _blocks(fmt, 48, inputs, seed=1)
     packed = pack_blocks(fmt, raw)
-    if fmt == "Q4_K":  # converted: 24 bytes a block of 32 where the file has 18
-        assert packed.numel() == raw.size * 24 // 18
+    if fmt == "Q4_K":  # regrouped: 22 bytes a block of 32 where the file has 18
+        assert packed.numel() == raw.size * 22 // 18
     elif fmt == "Q6_K":  # regrouped: 28 bytes a block of 32 where the file has 26.25
         assert packed.numel() == raw.size * 28 * 8 // Q6_K_BYTES
     else:  # the file's bytes, reordered (Q5's fifth bits regrouped too)
@@ -87,10 +87,11 @@ def _quantized_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 def _mins(fmt: str, raw: np.ndarray, rows: int, inputs: int) -> torch.Tensor:
     """Q4_1 and Q5_1 blocks' m ``[rows, inputs / 32]`` (float16 after d), or
-    Q4_K's (-dmin times a sub-block's 6-bit min, float32 after d once converted)."""
-    if fmt == "Q4_K":
-        fields = q4_k_blocks(raw).reshape(rows, inputs // 32, 24)[..., 4:8].copy()
-        return torch.from_numpy(fields.view(np.float32).reshape(rows, inputs // 32))
+    Q4_K's (-dmin times a sub-block's 6-bit min)."""
+    if fmt == "Q4_K":  # -dmin mn, from the regrouped blocks: f16 dmin at 2, the byte mn at 5
+        blocks = q4_k_blocks(raw).reshape(rows, inputs // 32, 22)
+        dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0]
+        return torch.from_numpy(-(dmin * blocks[..., 5].astype(np.float32)))
     block = 24 if fmt == "Q5_1" else 20
     fields = np.ascontiguousarray(raw).reshape(rows, inputs // 32, block)[..., 2:4].copy()
     return torch.from_numpy(fields.view(np.float16).reshape(rows, inputs // 32).astype(np.float32))

@@ -93,7 +93,7 @@ GGUF_FORMATS = {
     "Q4_0": BlockFormat(1, ((2, 2), (16, 2))),  # f16 d, nibbles
     "Q4_1": BlockFormat(2, ((2, 2), (2, 2), (16, 2))),  # f16 d, f16 m, nibbles
     "Q8_0": BlockFormat(3, ((2, 2), (32, 2))),  # f16 d, int8
-    "Q4_K": BlockFormat(4, ((4, 4), (4, 4), (16, 2))),  # f32 d, f32 m, nibbles
+    "Q4_K": BlockFormat(4, ((2, 2), (2, 2), (1, 1), (1, 1), (16, 2))),  # f16 d, f16 dmin, sc, mn, nibbles
     "Q6_K": BlockFormat(5, ((2, 2), (1, 1), (1, 1), (16, 2), (8, 1))),  # f16 d, 2 x int8 sc, ql, qh
     "Q5_0": BlockFormat(6, ((2, 2), (16, 2), (4, 1))),  # f16 d, nibbles, fifth bits
     "Q5_1": BlockFormat(7, ((2, 2), (2, 2), (16, 2), (4, 1))),  # f16 d, f16 m, nibbles, fifth bits

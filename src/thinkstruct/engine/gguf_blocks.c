@@ -16,11 +16,12 @@
  *         (Q4_0's and Q4_1's and a fifth bit: w = d (q - 16), w = d q + m; the file's 32
  *         high bits of a block as qh[k][r]: its low nibble the bits of elements 2c, 2c + 1,
  *         16 + 2c, 16 + 2c + 1 for c = 2k, its high nibble those for c = 2k + 1)
- *   Q4_K: f32 d[16]; f32 m[16]; u8 q[8][16][2] 384 bytes (as Q4_1, the fields float32)
+ *   Q4_K: u16 d[16]; u16 dmin[16]; u8 sc[16]; u8 mn[16]; u8 q[8][16][2]   352 bytes
  * Q4_K's super-blocks of 256 weights (f16 d and dmin, 6-bit scales sc and mins mn for
- * each 32, w = d sc q - dmin mn) are Q4_1 blocks of 32 with d = d sc and m = -dmin mn:
- * exact in float32 (an f16 times a 6-bit integer), not in f16, so their fields are f32
- * (0.75 bytes a weight against the file's 0.5625; gguf_weights.py converts them).
+ * each 32, w = d sc q - dmin mn) are Q4_1 blocks of 32 with d = d sc and m = -dmin mn,
+ * both computed here in float32 (exact: an f16 times a 6-bit integer), from the
+ * super-block's d and dmin and the 32's sc and mn, each block holding its own copy (0.6875
+ * bytes a weight against the file's 0.5625; gguf_weights.py regroups them).
  *   Q6_K: u16 d[16]; i8 sc[2][16]; u8 ql[8][16][2]; u8 qh[8][16]   448 bytes
  * Q6_K's super-blocks of 256 (f16 d, an int8 scale sc for each 16, 6-bit q, w = d sc (q -
  * 32)) keep their bytes but per block of 32: the super-block's d, the two 16s' scales,
@@ -62,7 +63,7 @@
 /* Formats with Q4_1's form, w = d q + m (Q4_K's fields float32). */
 #define TS_HAS_MIN(fmt) ((fmt) == TS_Q4_1 || (fmt) == TS_Q5_1 || (fmt) == TS_Q4_K)
 /* Where a format's quants start in a group (the nibbles for the 4- and 5-bit ones). */
-#define TS_QOFF(fmt) ((fmt) == TS_Q4_K ? 128 : (fmt) == TS_Q4_1 || (fmt) == TS_Q5_1 ? 64 : 32)
+#define TS_QOFF(fmt) ((fmt) == TS_Q4_K ? 96 : (fmt) == TS_Q4_1 || (fmt) == TS_Q5_1 ? 64 : 32)
 /* Where Q5's high bits start in a group. */
 #define TS_HOFF(fmt) ((fmt) == TS_Q5_1 ? 320 : 288)
 
@@ -71,7 +72,7 @@ static int64_t gguf_group_bytes(int64_t fmt) {
     return fmt == TS_Q4_0   ? 288
            : fmt == TS_Q4_1 ? 320
            : fmt == TS_Q8_0 ? 544
-           : fmt == TS_Q4_K ? 384
+           : fmt == TS_Q4_K ? 352
            : fmt == TS_Q6_K ? 448
            : fmt == TS_Q5_0 ? 352
            : fmt == TS_Q5_1 ? 384
@@ -140,6 +141,18 @@ static inline int32_t gq_pair(const int16_t *p) {
     return v;
 }
 
+/* Q4_K's d = d sc and m = -(dmin mn) of a group's 16 rows (AVX2: rows 8h to 8h + 7):
+ * float32 products of an f16 and a 6-bit integer, exact. */
+static inline __attribute__((always_inline)) __m256 gq_q4k_d256(const uint8_t *blk, int h) {
+    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h))),
+                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 64 + 8 * h)))));
+}
+static inline __attribute__((always_inline)) __m256 gq_q4k_m256(const uint8_t *blk, int h) {
+    const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h))),
+                                   _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 80 + 8 * h)))));
+    return _mm256_xor_ps(x, _mm256_set1_ps(-0.0f));
+}
+
 /* ---- AVX-512 VNNI: groups (side by side) x rows, every row's 16 outputs of a group in
  * one register. fmt, groups, rows and accumulate are constants at each call (folded
  * away). One integer sum a block for each group and row: splitting a block's sum over
@@ -148,6 +161,16 @@ static inline int32_t gq_pair(const int16_t *p) {
 #define TS_GQ_PREFETCH 1
 #endif
 #define TS_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+static inline __attribute__((always_inline)) TS_VNNI __m512 gq_q4k_d512(const uint8_t *blk) {
+    return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk)),
+                         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 64)))));
+}
+static inline __attribute__((always_inline)) TS_VNNI __m512 gq_q4k_m512(const uint8_t *blk) {
+    const __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32))),
+                                   _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 80)))));
+    return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000)));
+}
 
 static inline __attribute__((always_inline)) TS_VNNI void gq_tile512(const int fmt, const int groups,
                                                                      const int rows, const int accumulate,
@@ -215,8 +238,7 @@ static inline __attribute__((always_inline)) TS_VNNI void gq_tile512(const int f
         }
         _Pragma("GCC unroll 8") for (int g = 0; g < groups; g++) {
             const uint8_t *blk = w + (g * nb + b) * gb;
-            const __m512 d = fmt == TS_Q4_K ? _mm512_loadu_ps((const float *)blk)
-                                            : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+            const __m512 d = fmt == TS_Q4_K ? gq_q4k_d512(blk) : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
             if (fmt == TS_Q6_K) {
                 const __m512 d0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 32)))));
                 const __m512 d1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 48)))));
@@ -235,7 +257,7 @@ static inline __attribute__((always_inline)) TS_VNNI void gq_tile512(const int f
                 acc[g][r] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(i), acc[g][r]);
             }
             if (TS_HAS_MIN(fmt)) {
-                const __m512 m = fmt == TS_Q4_K ? _mm512_loadu_ps((const float *)(blk + 64))
+                const __m512 m = fmt == TS_Q4_K ? gq_q4k_m512(blk)
                                                 : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
                 _Pragma("GCC unroll 8") for (int r = 0; r < rows; r++)
                     acc[g][r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.xs[r * nb + b]), acc[g][r]);
@@ -313,7 +335,7 @@ static inline __attribute__((always_inline)) void gq_tile256(const int fmt, cons
                 }
         }
         for (int h = 0; h < 2; h++) {
-            const __m256 d = fmt == TS_Q4_K ? _mm256_loadu_ps((const float *)blk + 8 * h)
+            const __m256 d = fmt == TS_Q4_K ? gq_q4k_d256(blk, h)
                                             : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16 * h)));
             if (fmt == TS_Q6_K) {
                 const __m256 d0 = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 32 + 8 * h)))));
@@ -333,7 +355,7 @@ static inline __attribute__((always_inline)) void gq_tile256(const int fmt, cons
                 acc[r][h] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(i), acc[r][h]);
             }
             if (TS_HAS_MIN(fmt)) {
-                const __m256 m = fmt == TS_Q4_K ? _mm256_loadu_ps((const float *)(blk + 64) + 8 * h)
+                const __m256 m = fmt == TS_Q4_K ? gq_q4k_m256(blk, h)
                                                 : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 32 + 16 * h)));
                 for (int r = 0; r < rows; r++)
                     acc[r][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.xs[r * nb + b]), acc[r][h]);
@@ -540,7 +562,8 @@ int ts_gguf_dequantize(int64_t fmt, const uint8_t *w, int64_t N, int64_t K, floa
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *blk = w + ((n / 16) * nb + b) * gb;
             const int r = (int)(n % 16);
-            const float d = fmt == TS_Q4_K ? ((const float *)blk)[r] : _cvtsh_ss(((const uint16_t *)blk)[r]);
+            const float d = fmt == TS_Q4_K ? _cvtsh_ss(((const uint16_t *)blk)[r]) * (float)blk[64 + r]
+                                           : _cvtsh_ss(((const uint16_t *)blk)[r]);
             float *o = out + n * K + 32 * b;
             for (int k = 0; k < 32; k++) {
                 if (fmt == TS_Q6_K) {
@@ -563,7 +586,7 @@ int ts_gguf_dequantize(int64_t fmt, const uint8_t *w, int64_t N, int64_t K, floa
                     q |= ((blk[TS_HOFF(fmt) + 16 * (c / 2) + r] >> (4 * (c % 2) + j % 2 + (k < 16 ? 0 : 2))) & 1) << 4;
                     o[k] = fmt == TS_Q5_0 ? d * (float)(q - 16) : d * (float)q + _cvtsh_ss(((const uint16_t *)(blk + 32))[r]);
                 } else if (fmt == TS_Q4_K)
-                    o[k] = d * (float)q + ((const float *)(blk + 64))[r];
+                    o[k] = d * (float)q + -(_cvtsh_ss(((const uint16_t *)(blk + 32))[r]) * (float)blk[80 + r]);
                 else if (fmt == TS_Q4_1)
                     o[k] = d * (float)q + _cvtsh_ss(((const uint16_t *)(blk + 32))[r]);
                 else

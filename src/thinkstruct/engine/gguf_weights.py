@@ -6,7 +6,7 @@ kernels block by block (:data:`~thinkstruct.engine.cpu_kernels.GGUF_FORMATS`, ``
 computes what its file says, where dequantizing to float and re-quantizing to int8
 (``--quantize int8-weights``) rounds every weight a second time and reads more bytes a
 step (int8 is 1.03 bytes a weight with its scales, Q4_1 0.625, Q5_0 0.6875, Q8_0 1.06;
-Q4_K 0.75 and Q6_K 0.875, their super-blocks regrouped into blocks of 32, exactly). The multiply
+Q4_K 0.6875 and Q6_K 0.875, their super-blocks regrouped into blocks of 32, exactly). The multiply
 is integer: each row's activations are rounded to int16 per block of 32 (1/65534 of the
 block's largest magnitude at most), multiplied by the block's quants in int32 lanes
 (exact), then scaled by the block's ``d`` (and ``m`` times the block's float sum), so a
@@ -198,25 +198,22 @@ Q4_K_BYTES = 144
 
 
 def q4_k_blocks(raw: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """Q4_K super-blocks ``raw [rows, row bytes]`` as blocks of 32 of Q4_1's form with
-    float32 fields: ``[rows, in / 32 * 24]`` (f32 ``d``, f32 ``m``, 16 bytes of nibbles,
-    byte j holding element j low and j + 16 high). Exact: sub-block j's weights are
-    ``d sc_j q - dmin mn_j`` (ggml's ``get_scale_min_k4``), and ``d sc_j`` and
-    ``dmin mn_j`` (an f16 times a 6-bit integer) are float32 numbers."""
+    """Q4_K super-blocks ``raw [rows, row bytes]`` as blocks of 32 of Q4_1's form: ``[rows,
+    in / 32 * 22]``: the super-block's f16 ``d`` and ``dmin``, the 32's 6-bit ``sc`` and
+    ``mn`` (ggml's ``get_scale_min_k4``) a byte each, and 16 bytes of nibbles (byte j:
+    element j low, j + 16 high). The kernels take ``d sc`` and ``-dmin mn`` as the block's
+    ``d`` and ``m``, exactly: an f16 times a 6-bit integer is a float32 number."""
     rows = raw.shape[0]
     sb = np.ascontiguousarray(raw).reshape(rows, -1, Q4_K_BYTES)
-    d = sb[..., 0:2].copy().view(np.float16).astype(np.float32)  # [rows, n, 1]
-    dmin = sb[..., 2:4].copy().view(np.float16).astype(np.float32)
-    q = sb[..., 4:16].astype(np.uint32)  # the 12 bytes of scales and mins
+    n = sb.shape[1]
+    q = sb[..., 4:16].astype(np.uint8)  # the 12 bytes of scales and mins
     sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 15) | ((q[..., 0:4] >> 6) << 4)], axis=-1)
     mn = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
-    scale = d * sc.astype(np.float32)  # [rows, n, 8]
-    low = -(dmin * mn.astype(np.float32))
-    nibbles = sb[..., 16:].reshape(rows, -1, 4, 1, 32)  # 32 bytes: sub-blocks 2j (low), 2j + 1 (high)
-    elements = np.concatenate([nibbles & 15, nibbles >> 4], axis=3).reshape(rows, -1, 8, 32)
+    nibbles = sb[..., 16:].reshape(rows, n, 4, 1, 32)  # 32 bytes: sub-blocks 2j (low), 2j + 1 (high)
+    elements = np.concatenate([nibbles & 15, nibbles >> 4], axis=3).reshape(rows, n, 8, 32)
     packed = (elements[..., :16] | (elements[..., 16:] << 4)).astype(np.uint8)
-    fields = [np.ascontiguousarray(f[..., None]).view(np.uint8) for f in (scale, low)]  # [rows, n, 8, 4]
-    return np.concatenate([*fields, packed], axis=-1).reshape(rows, -1)
+    heads = np.repeat(sb[..., None, 0:4], 8, axis=2)  # [rows, n, 8, d and dmin]
+    return np.concatenate([heads, sc[..., None], mn[..., None], packed], axis=-1).reshape(rows, -1)
 
 
 #: Bytes of a Q6_K super-block: 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8
