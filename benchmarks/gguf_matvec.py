@@ -1,7 +1,8 @@
 """The GGUF block matmul alone (``CpuKernels.gguf_linear``) against int8 rows
 (``w8_linear``) and this machine's read bandwidth: GB/s of weights read for 1-8 activation
 rows, on weights too big for the caches (about 60 MB a format, random values quantized by
-the ``gguf`` package).
+the ``gguf`` package; random super-blocks for Q4_K and Q6_K, ``--inputs`` a multiple of
+256 then).
 
     python benchmarks/gguf_matvec.py [--rows 1 2 8] [--repeats 20]
 
@@ -33,6 +34,22 @@ from thinkstruct.engine.gguf_weights import pack_blocks
 from thinkstruct.engine.int8_weights import Int8Linear
 
 
+def _raw_blocks(fmt: str, weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``weights`` quantized by the ``gguf`` package to ``fmt``; for the K formats, which it
+    does not quantize, random super-blocks of the same size (the speed does not depend on
+    the values), their float16 scales set to small numbers."""
+    rows, k = weights.shape
+    sizes = {"Q4_K": (144, slice(0, 4)), "Q6_K": (210, slice(208, 210))}
+    if fmt not in sizes:
+        return quantize(weights, GGMLQuantizationType[fmt])
+    nbytes, fields = sizes[fmt]
+    raw = rng.integers(0, 256, (rows, k // 256, nbytes), dtype=np.uint8)
+    width = fields.stop - fields.start
+    scales = rng.uniform(1e-4, 1e-2, (rows, k // 256, width // 2)).astype(np.float16)
+    raw[..., fields] = scales.view(np.uint8).reshape(rows, k // 256, width)
+    return raw.reshape(rows, -1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -56,7 +73,7 @@ def main() -> None:
     weights = rng.standard_normal((n, k)).astype(np.float32)
     sides = {}
     for fmt in args.formats:
-        raw = quantize(weights, GGMLQuantizationType[fmt])
+        raw = _raw_blocks(fmt, weights, rng)
         for label, (lib, pack) in trees.items():
             packed = pack(fmt, raw)
             sides[label + fmt] = (

@@ -428,6 +428,19 @@ def test_a_gguf_of_each_architecture_loads_onto_the_decoder_runner(tmp_path, mon
             assert float((got - want).norm() / want.norm()) < 0.05
 
 
+def _k_quant_gguf(tmp_path: Any, monkeypatch: Any, *, down: str | None = None) -> Any:
+    """A small Llama (rows of 256 and 512: K blocks fit) as a Q4_K_M-style GGUF
+    (:func:`write_gguf`), the cache in ``tmp_path``."""
+    monkeypatch.setenv("THINKSTRUCT_CACHE", str(tmp_path / "cache"))
+    source = build(
+        "llama", features=False, hidden_size=256, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=512, tie_word_embeddings=False,
+    )  # fmt: skip
+    path = tmp_path / "tiny-k-quants.gguf"
+    write_gguf(source, path, "llama", k_quants=True, down=down)
+    return path
+
+
 def test_a_q4_k_m_gguf_runs_its_own_blocks(tmp_path, monkeypatch) -> None:
     """A Llama GGUF whose Linear weights are Q4_K and Q6_K as a Q4_K_M file has them (the
     most common download): by default on its own blocks, each holding exactly the weights transformers dequantizes,
@@ -436,13 +449,7 @@ def test_a_q4_k_m_gguf_runs_its_own_blocks(tmp_path, monkeypatch) -> None:
     from thinkstruct.engine.gguf_weights import GGUFLinear
     from thinkstruct.engine.models import default_quantize, load_model
 
-    monkeypatch.setenv("THINKSTRUCT_CACHE", str(tmp_path / "cache"))
-    source = build(
-        "llama", features=False, hidden_size=256, num_attention_heads=2, num_key_value_heads=1,
-        intermediate_size=512, tie_word_embeddings=False,
-    )  # fmt: skip
-    path = tmp_path / "tiny-q4_k_m.gguf"
-    write_gguf(source, path, "llama", k_quants=True)
+    path = _k_quant_gguf(tmp_path, monkeypatch)
     assert default_quantize(path) == "gguf"
     blocks = load_model(path, quantize="auto", progress=False)
     plain = load_model(path, dtype="float32", quantize=None, progress=False)
@@ -480,13 +487,7 @@ def test_a_gguf_with_a_type_the_kernels_do_not_run_takes_int8_rows_for_those_ten
     from thinkstruct.engine.gguf_weights import GGUFLinear
     from thinkstruct.engine.models import default_quantize, load_model
 
-    monkeypatch.setenv("THINKSTRUCT_CACHE", str(tmp_path / "cache"))
-    source = build(
-        "llama", features=False, hidden_size=256, num_attention_heads=2, num_key_value_heads=1,
-        intermediate_size=512, tie_word_embeddings=False,
-    )  # fmt: skip
-    path = tmp_path / "tiny-mixed.gguf"
-    write_gguf(source, path, "llama", k_quants=True, down="MXFP4")
+    path = _k_quant_gguf(tmp_path, monkeypatch, down="MXFP4")
     assert default_quantize(path) == "gguf"
     blocks = load_model(path, quantize="auto", progress=False)
     plain = load_model(path, dtype="float32", quantize=None, progress=False)

@@ -405,22 +405,28 @@ def test_the_thinking_budget_holds_without_a_constraint(engine, tiny_model) -> N
     assert out.finish_reason is FinishReason.LENGTH
 
 
-@pytest.mark.parametrize("seed", [3, 4])
-def test_a_stop_inside_the_thought_ends_the_thought_and_an_answer_comes(engine, tiny_model, seed) -> None:
-    """The model wants to stop at once (its stop token biased to the top): in its thought
-    that ends the thought (the end tag in its place), and in the answer only after a token
-    with text."""
-    tokenizer = tiny_model.tokenizer
+def _wanting_to_stop_at_once(engine, tiny_model, *, seed: int, grammar=None):
+    """A thinking request whose model wants to stop at once (its stop tokens biased to the
+    top), with ``grammar`` or free text."""
     ids, prompt = prompt_ids(tiny_model, "think first", thinking=True)
-    bias = tuple((eos, 100.0) for eos in tokenizer.eos_token_ids)
-    out = run(
+    bias = tuple((eos, 100.0) for eos in tiny_model.tokenizer.eos_token_ids)
+    return run(
         engine,
         prompt_ids=ids,
         sampling=SamplingParams(max_tokens=30, seed=seed, logit_bias=bias),
+        grammar=grammar,
         reasoning=True,
         reasoning_parser=prompt.reasoning_parser(),
         max_reasoning_tokens=20,
     )
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_stop_inside_the_thought_ends_the_thought_and_an_answer_comes(engine, tiny_model, seed) -> None:
+    """In its thought the stop ends the thought (the end tag in its place); in the answer
+    it comes only after a token with text."""
+    tokenizer = tiny_model.tokenizer
+    out = _wanting_to_stop_at_once(engine, tiny_model, seed=seed)
     assert out.finish_reason is FinishReason.STOP
     assert out.reasoning == ""  # the first token, a stop, became the end tag
     assert out.usage.reasoning_tokens == len(tokenizer.think_end_ids)
@@ -431,20 +437,10 @@ def test_a_stop_inside_the_thought_ends_the_thought_and_an_answer_comes(engine, 
 def test_a_stop_inside_the_thought_ends_it_before_a_constrained_answer_too(
     engine, compiler, tiny_model
 ) -> None:
-    tokenizer = tiny_model.tokenizer
-    ids, prompt = prompt_ids(tiny_model, "think first", thinking=True)
-    bias = tuple((eos, 100.0) for eos in tokenizer.eos_token_ids)
-    out = run(
-        engine,
-        prompt_ids=ids,
-        sampling=SamplingParams(max_tokens=30, seed=2, logit_bias=bias),
-        grammar=compiler.compile(Constraint.choice(["left", "right"])),
-        reasoning=True,
-        reasoning_parser=prompt.reasoning_parser(),
-        max_reasoning_tokens=20,
-    )
+    grammar = compiler.compile(Constraint.choice(["left", "right"]))
+    out = _wanting_to_stop_at_once(engine, tiny_model, seed=2, grammar=grammar)
     assert out.finish_reason is FinishReason.STOP
-    assert out.reasoning == "" and out.usage.reasoning_tokens == len(tokenizer.think_end_ids)
+    assert out.reasoning == "" and out.usage.reasoning_tokens == len(tiny_model.tokenizer.think_end_ids)
     assert out.content in ("left", "right")
 
 
