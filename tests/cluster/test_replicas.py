@@ -77,7 +77,10 @@ def test_both_replicas_serve_and_name_themselves(service: RayService, http: http
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
     names = {a.headers[HEADER] for a in answers}
     assert len(names) == 2, names
-    assert all(a.json()["choices"][0]["finish_reason"] == "length" for a in answers)
+    # Sampled answers of a random model: a stop token may come before max_tokens (once
+    # seen in make test); an error may not.
+    finishes = [a.json()["choices"][0]["finish_reason"] for a in answers]
+    assert set(finishes) <= {"length", "stop"}, [a.json()["choices"][0] for a in answers]
 
 
 def test_streams_through_the_deployment_handle(service: RayService) -> None:
