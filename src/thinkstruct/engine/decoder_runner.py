@@ -46,7 +46,6 @@ buffers) for every model this one does not recognise (:func:`supports` says whic
 from __future__ import annotations
 
 import ctypes
-import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -88,7 +87,7 @@ class _Projection:
         if all(isinstance(m, Int8Linear) for m in modules):
             self.kernel_layer = modules[0] if len(modules) == 1 else Int8Linear.stacked(modules)
             self._run = self.kernel_layer
-        elif all(isinstance(m, GGUFLinear) for m in modules) and _stackable(modules):
+        elif all(isinstance(m, GGUFLinear) for m in modules) and GGUFLinear.stack_problem(modules) is None:
             self.kernel_layer = modules[0] if len(modules) == 1 else GGUFLinear.stacked(modules)
             self._run = self.kernel_layer
         elif len(modules) == 1:
@@ -110,13 +109,6 @@ class _Projection:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._run(x)
-
-
-def _stackable(modules: Sequence[GGUFLinear]) -> bool:
-    """Whether GGUF layers share their input size and are at most two runs of one block
-    format (they stack: :meth:`GGUFLinear.stacked`)."""
-    runs = [fmt for fmt, _ in itertools.groupby(m.fmt for m in modules)]
-    return len({m.in_features for m in modules}) == 1 and len(runs) <= 2
 
 
 def _is_dynamic_int8(module: Any) -> bool:

@@ -60,12 +60,13 @@
 
 #define TS_IS_Q5(fmt) ((fmt) == TS_Q5_0 || (fmt) == TS_Q5_1)
 
-/* Formats with Q4_1's form, w = d q + m (Q4_K's fields float32). */
+/* Formats with Q4_1's form, w = d q + m (Q4_K's d and m computed from its fields). */
 #define TS_HAS_MIN(fmt) ((fmt) == TS_Q4_1 || (fmt) == TS_Q5_1 || (fmt) == TS_Q4_K)
-/* Where a format's quants start in a group (the nibbles for the 4- and 5-bit ones). */
-#define TS_QOFF(fmt) ((fmt) == TS_Q4_K ? 96 : (fmt) == TS_Q4_1 || (fmt) == TS_Q5_1 ? 64 : 32)
-/* Where Q5's high bits start in a group. */
-#define TS_HOFF(fmt) ((fmt) == TS_Q5_1 ? 320 : 288)
+/* Where a format's quants start in a group (the nibbles, or low 4 bits, for the 4-, 5-
+ * and 6-bit ones). */
+#define TS_QOFF(fmt) ((fmt) == TS_Q4_K ? 96 : (fmt) == TS_Q4_1 || (fmt) == TS_Q5_1 || (fmt) == TS_Q6_K ? 64 : 32)
+/* Where Q5's fifth bits and Q6_K's high 2 bits start in a group. */
+#define TS_HOFF(fmt) ((fmt) == TS_Q5_1 || (fmt) == TS_Q6_K ? 320 : 288)
 
 /* Bytes of one group of 16 rows x 32 inputs; 0 for a format these kernels do not run. */
 static int64_t gguf_group_bytes(int64_t fmt) {
@@ -97,9 +98,9 @@ typedef struct {
 static int64_t gq_quantize_floats(int64_t M, int64_t K) { return M * (3 * (K / 32) + K / 2) + 16; }
 
 /* x [M, K] (row stride ld_x) rounded into scratch (gq_quantize_floats(M, K) floats) for
- * the blocks of any format (fmt unused), as the comment at the top says. One code for every path: the same bits.
+ * the blocks of any format, as the comment at the top says. One code for every path: the same bits.
  * xs = ((x[0:8] + x[8:16]) + x[16:24]) + x[24:32] lane by lane, summed by hsum256. */
-static gq_acts gq_quantize(int64_t fmt, const float *x, int64_t M, int64_t K, int64_t ld_x, float *scratch) {
+static gq_acts gq_quantize(const float *x, int64_t M, int64_t K, int64_t ld_x, float *scratch) {
     const int64_t nb = K / 32;
     float *dx = scratch, *xs = scratch + M * nb;
     int32_t *xc = (int32_t *)(scratch + 2 * M * nb);
@@ -198,8 +199,8 @@ static inline __attribute__((always_inline)) TS_VNNI void gq_tile512(const int f
             _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++)
                 _Pragma("GCC unroll 8") for (int g = 0; g < groups; g++) {
                     const uint8_t *blk = w + (g * nb + b) * gb;
-                    const __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 64 + 32 * c)));
-                    const __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 320 + 16 * c)));
+                    const __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + qoff + 32 * c)));
+                    const __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + hoff + 16 * c)));
                     const __m512i hl = _mm512_and_si512(_mm512_or_si512(_mm512_slli_epi32(h, 4), _mm512_slli_epi32(h, 18)), two);
                     const __m512i hh = _mm512_and_si512(_mm512_or_si512(h, _mm512_slli_epi32(h, 14)), two);
                     const __m512i lo = _mm512_sub_epi16(_mm512_or_si512(_mm512_and_si512(q, low), hl), bias);
@@ -293,8 +294,8 @@ static inline __attribute__((always_inline)) void gq_tile256(const int fmt, cons
             const __m256i two = _mm256_set1_epi32(0x00300030), bias = _mm256_set1_epi16(32);
             for (int c = 0; c < 8; c++)
                 for (int h = 0; h < 2; h++) {
-                    const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + 64 + 32 * c + 16 * h)));
-                    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 320 + 16 * c + 8 * h)));
+                    const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(blk + qoff + 32 * c + 16 * h)));
+                    const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + hoff + 16 * c + 8 * h)));
                     const __m256i hl = _mm256_and_si256(_mm256_or_si256(_mm256_slli_epi32(e, 4), _mm256_slli_epi32(e, 18)), two);
                     const __m256i hh = _mm256_and_si256(_mm256_or_si256(e, _mm256_slli_epi32(e, 14)), two);
                     const __m256i lo = _mm256_sub_epi16(_mm256_or_si256(_mm256_and_si256(q, low), hl), bias);
@@ -477,7 +478,7 @@ static inline __attribute__((always_inline)) void gq_blocks(const int fmt, const
  * activations. */
 static int64_t gguf_scratch_floats(int64_t M, int64_t K) { return gq_quantize_floats(M, K); }
 
-/* Output blocks [b_lo, b_hi) of 16 of the M rows a (x rounded by gq_quantize for fmt)
+/* Output blocks [b_lo, b_hi) of 16 of the M rows a (x rounded by gq_quantize)
  * times the packed GGUF weights w of format fmt, plus bias [N] where not NULL, into out
  * (row stride ld_out); accumulate: add to what out holds. */
 static void gguf_blocks(int64_t fmt, const gq_acts a, int64_t M, int64_t K, const uint8_t *w, const float *bias,
@@ -509,7 +510,7 @@ typedef struct {
 
 static ts_input ts_input_of(int64_t fmt, const float *x, int64_t M, int64_t K, int64_t ld_x, float *xs) {
     ts_input in = {x, M, K, ld_x, {0}};
-    if (fmt != TS_INT8) in.a = gq_quantize(fmt, x, M, K, ld_x, xs);
+    if (fmt != TS_INT8) in.a = gq_quantize(x, M, K, ld_x, xs);
     return in;
 }
 
@@ -542,7 +543,7 @@ int ts_gguf_linear(int64_t fmt, const float *x, int64_t M, int64_t K, int64_t ld
         float *xs = (float *)malloc((size_t)gguf_scratch_floats(M, K) * sizeof(float));
         gq_acts a = {0};
         if (xs == NULL) failed = 1;
-        else a = gq_quantize(fmt, x, M, K, ld_x, xs);
+        else a = gq_quantize(x, M, K, ld_x, xs);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t c = 0; c < chunks; c++)
             if (xs != NULL)
@@ -568,8 +569,8 @@ int ts_gguf_dequantize(int64_t fmt, const uint8_t *w, int64_t N, int64_t K, floa
             for (int k = 0; k < 32; k++) {
                 if (fmt == TS_Q6_K) {
                     const int j = k % 16;
-                    const uint8_t byte = blk[64 + (j / 2) * 32 + r * 2 + j % 2];
-                    const int high = (blk[320 + (j / 2) * 16 + r] >> ((j % 2) * 2 + (k < 16 ? 0 : 4))) & 3;
+                    const uint8_t byte = blk[TS_QOFF(fmt) + (j / 2) * 32 + r * 2 + j % 2];
+                    const int high = (blk[TS_HOFF(fmt) + (j / 2) * 16 + r] >> ((j % 2) * 2 + (k < 16 ? 0 : 4))) & 3;
                     const int q = (k < 16 ? byte & 15 : byte >> 4) | high << 4;
                     o[k] = d * (float)(int8_t)blk[32 + 16 * (k / 16) + r] * (float)(q - 32);
                     continue;

@@ -109,18 +109,27 @@ class GGUFLinear(torch.nn.Module):
         """Rows in ``packed`` (the rest are ``tail``'s)."""
         return self.out_features - (0 if self.tail is None else self.tail.out_features)
 
+    @staticmethod
+    def stack_problem(parts: Sequence[GGUFLinear]) -> str | None:
+        """Why ``parts`` do not stack (:meth:`stacked`), or ``None`` when they do."""
+        first = parts[0]
+        if any(p.in_features != first.in_features or p.tail is not None for p in parts):
+            return "stacked GGUF layers must share their input size"
+        if len(list(itertools.groupby(p.fmt for p in parts))) > 2:
+            return "stacked GGUF layers must be at most two runs of one block format"
+        return None
+
     @classmethod
     def stacked(cls, parts: Sequence[GGUFLinear]) -> GGUFLinear:
         """One layer computing ``parts`` over the same input, outputs concatenated in order
         (exact: packed row groups end to end; a second format's run of parts, if any, as
         the tail). Raises ValueError for parts of more than two runs of formats or of
         different input sizes."""
+        problem = cls.stack_problem(parts)
+        if problem is not None:
+            raise ValueError(problem)
         first = parts[0]
-        if any(p.in_features != first.in_features or p.tail is not None for p in parts):
-            raise ValueError("stacked GGUF layers must share their input size")
         runs = [list(group) for _, group in itertools.groupby(parts, key=lambda p: p.fmt)]
-        if len(runs) > 2:
-            raise ValueError("stacked GGUF layers must be at most two runs of one block format")
         bias = None
         if any(p.bias is not None for p in parts):
             bias = torch.cat([torch.zeros(p.out_features) if p.bias is None else p.bias for p in parts])
