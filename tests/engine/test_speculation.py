@@ -4,6 +4,7 @@ speculation (greedy, seeded sampling, under a grammar), with drafts accepted."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -13,7 +14,13 @@ from hypothesis import strategies as st
 
 from thinkstruct import Constraint
 from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
-from thinkstruct.engine.speculation import NgramDrafter, SpeculationConfig, draft_lengths, pass_cost
+from thinkstruct.engine.speculation import (
+    NgramDrafter,
+    PassCosts,
+    SpeculationConfig,
+    draft_lengths,
+    pass_cost,
+)
 from thinkstruct.grammar.runtime.matcher import GrammarMatcher
 
 CONFIG = SpeculationConfig(max_draft=5, min_ngram=2, max_ngram=3)
@@ -126,6 +133,54 @@ def test_drafts_are_cut_where_they_pay_most() -> None:
     assert 0 < short < long
     # Forced tokens (odds 1) after a likely first token are worth their positions.
     assert draft_lengths([[0.9, 1.0, 1.0, 1.0, 0.1]], positions=1, rows=1, config=config) == [4]
+
+
+def test_measured_costs_replace_the_model_size_by_size() -> None:
+    config = SpeculationConfig(free_positions=1.5, position_cost=0.14)
+    costs = PassCosts(config, samples=2)
+    assert [costs.cost(m) for m in range(1, 14)] == [pass_cost(m, config) for m in range(1, 14)]
+    # A machine where every position past the first costs 0.3 of a pass (steeper than modelled).
+    for _ in range(3):
+        for m in range(1, 9):
+            costs.observe(m, 0.004 * (1 + 0.3 * (m - 1)))
+    assert [costs.cost(m) for m in range(1, 9)] == pytest.approx([1 + 0.3 * (m - 1) for m in range(1, 9)])
+    # Unmeasured sizes: the model in the measured unit, never below the largest measured.
+    assert costs.cost(9) == pytest.approx(max(3.1, pass_cost(9, config)))
+    assert costs.cost(1000) >= costs.cost(8)
+    # A size seen once (fewer than ``samples``) still counts as the model.
+    costs.observe(12, 1.0)
+    assert costs.cost(12) == pytest.approx(max(3.1, pass_cost(12, config)))
+    # Drafts are cut shorter where passes cost more than the model says.
+    odds = [[0.7] * 8]
+    modelled = draft_lengths(odds, positions=1, rows=1, config=config)
+    measured = draft_lengths(odds, positions=1, rows=1, config=config, costs=costs)
+    assert 0 < measured[0] < modelled[0]
+
+
+def test_measured_costs_follow_the_machine_and_drop_bad_input() -> None:
+    config = SpeculationConfig()
+    costs = PassCosts(config, samples=1, weight=0.5)
+    costs.observe(1, 0.01)
+    costs.observe(4, 0.02)
+    assert costs.cost(4) == pytest.approx(2.0)
+    costs.observe(4, 0.04)  # the moving average: halfway to the newest
+    assert costs.cost(4) == pytest.approx(3.0)
+    for positions, seconds in ((0, 0.1), (-3, 0.1), (10_000, 0.1), (2, 0.0), (2, -1.0)):
+        costs.observe(positions, seconds)
+    assert costs.cost(2) == pytest.approx(pass_cost(2, config))
+    with pytest.raises(ValueError):
+        PassCosts(config, weight=0.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(-2, 80), st.floats(-1.0, 1.0)), max_size=60))
+def test_measured_costs_never_fall_as_positions_grow(seen: list[tuple[int, float]]) -> None:
+    costs = PassCosts(SpeculationConfig(), samples=1)
+    for positions, seconds in seen:
+        costs.observe(positions, seconds)
+    table = [costs.cost(m) for m in range(1, 90)]
+    assert all(c > 0 for c in table)
+    assert all(a <= b for a, b in itertools.pairwise(table))
 
 
 # ---- the runner: logits of a row's last tokens -----------------------------------------

@@ -34,7 +34,7 @@ from thinkstruct.engine.prefix_cache import PrefixCache
 from thinkstruct.engine.request import FinishReason
 from thinkstruct.engine.runner import ModelRunner, TransformersRunner
 from thinkstruct.engine.sampler import sample
-from thinkstruct.engine.speculation import draft_lengths
+from thinkstruct.engine.speculation import PassCosts, draft_lengths
 from thinkstruct.grammar.runtime.bitmask import TokenBitmask, allowed_count, apply_bitmask_inplace
 from thinkstruct.grammar.runtime.reasoning import ReasoningGrammar
 
@@ -129,6 +129,10 @@ class Executor:
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.speculation = speculation
+        #: Decoding steps' seconds by the positions they fed (speculation drafts by them).
+        self.pass_costs = (
+            PassCosts(speculation) if speculation is not None and speculation.measured_costs else None
+        )
         self.masks_during_forward = masks_during_forward
         self._stop_ids = stop_ids
         self._masks = TokenBitmask(max_batch, vocab_size)
@@ -267,6 +271,13 @@ class Executor:
             self.sample_and_advance([rows[i] for i in ready], logits[ready])
         if tail is not None:
             self._verify_drafts(rows, drafts, drafted, firsts)
+        if (
+            self.pass_costs is not None
+            and self.speculation is not None
+            and len(rows) <= self.speculation.max_batch
+        ):
+            positions = sum(map(len, feeds)) + sum(map(len, drafts))
+            self.pass_costs.observe(positions, time.perf_counter() - started)
         return forwarded - started, masked - forwarded
 
     # ---- speculation -----------------------------------------------------------------
@@ -302,7 +313,9 @@ class Executor:
                 drafting.append(i)
                 odds.append(seq.drafter.odds())
         if drafting:
-            lengths = draft_lengths(odds, positions=sum(map(len, feeds)), rows=len(ready), config=config)
+            lengths = draft_lengths(
+                odds, positions=sum(map(len, feeds)), rows=len(ready), config=config, costs=self.pass_costs
+            )
             for i, length in zip(drafting, lengths, strict=True):
                 del drafts[i][length:]
         return drafts

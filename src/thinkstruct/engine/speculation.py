@@ -18,8 +18,13 @@ AVX-512, 4 positions cost about 1.3 passes of one, 8 about 1.9: measured on Smol
 weights). So a row drafts as far as it pays: each draft token has odds of being kept (the
 row's own record for draft tokens from suffix matches of that length and for the pair of
 tokens it continues, from a prior; 1 for a token the grammar forces), and :func:`draft_lengths` cuts the drafts where the expected
-tokens per unit of pass cost (:func:`pass_cost`) are highest, which is no draft at all
-where the odds are poor (free text pays almost nothing for trying).
+tokens per unit of pass cost are highest, which is no draft at all where the odds are
+poor (free text pays almost nothing for trying).
+
+What a pass over more positions costs depends on the machine (on one measured here 8
+positions cost 1.7 passes of one, on another 2.2), so the engine measures it:
+:class:`PassCosts` keeps each decoding step's seconds by the positions it fed and answers
+with those, and with :func:`pass_cost`'s model (the config's) for a size not yet measured.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from thinkstruct.grammar.runtime.matcher import GrammarMatcher
 
-__all__ = ["NgramDrafter", "SpeculationConfig", "draft_lengths", "pass_cost"]
+__all__ = ["NgramDrafter", "PassCosts", "SpeculationConfig", "draft_lengths", "pass_cost"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +50,10 @@ class SpeculationConfig:
             is already bound by arithmetic, not weight bytes: extra positions cost).
         free_positions, position_cost: a pass over ``m`` positions costs
             ``1 + position_cost * max(0, m - free_positions)`` passes of one
-            (:func:`pass_cost`; the defaults fit SmolLM2-135M's int8 weights on two cores).
+            (:func:`pass_cost`; the defaults fit SmolLM2-135M's int8 weights on two
+            cores) until :class:`PassCosts` has measured it.
+        measured_costs: draft by the costs the engine measures (:class:`PassCosts`);
+            ``False``: by the model above only.
         prior: odds that a draft token is kept, by the length of the suffix match it
             follows from (1, 2, ... tokens; the last entry for longer ones), before the
             row has a record of its own.
@@ -67,6 +75,7 @@ class SpeculationConfig:
     prior_weight: float = 4.0
     after_forced: int = 2
     after_forced_prior: float = 0.9
+    measured_costs: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram or self.max_draft < 1 or self.max_batch < 1:
@@ -84,23 +93,96 @@ def pass_cost(positions: float, config: SpeculationConfig) -> float:
     return 1.0 + config.position_cost * max(0.0, positions - config.free_positions)
 
 
+class PassCosts:
+    """What a decoding pass over ``n`` positions costs on this machine, in passes over
+    one: measured where steps of that size have run, else :func:`pass_cost`'s model.
+
+    :meth:`observe` takes each decoding step's wall seconds with the positions it fed
+    (the first ``samples`` of a size averaged, then a moving average weighing the newest
+    by ``weight``). A size counts once it has ``samples`` steps; the unit (a pass over
+    one) is the smallest counted size's seconds over its modelled cost, so measured sizes
+    compare exactly with one another and the model scales to them. A larger pass never
+    costs less than a smaller one (the table is made non-decreasing: noise must not make
+    longer drafts look free).
+
+    Args:
+        config: the model for sizes not measured yet.
+        most: the largest size kept (larger passes are not recorded; they cost as modelled
+            from the unit, at least as much as the largest measured).
+        samples, weight: see above.
+    """
+
+    def __init__(
+        self, config: SpeculationConfig, *, most: int = 64, samples: int = 4, weight: float = 0.1
+    ) -> None:
+        if most < 1 or samples < 1 or not 0.0 < weight <= 1.0:
+            raise ValueError("need most >= 1, samples >= 1 and 0 < weight <= 1")
+        self._config = config
+        self._samples = samples
+        self._weight = weight
+        self._seconds = [0.0] * (most + 1)
+        self._count = [0] * (most + 1)
+        self._table: list[float] | None = None
+
+    def observe(self, positions: int, seconds: float) -> None:
+        """A decoding step fed ``positions`` positions in ``seconds`` seconds."""
+        if not 1 <= positions < len(self._count) or seconds <= 0.0:
+            return
+        n = self._count[positions]
+        old = self._seconds[positions]
+        if n < self._samples:
+            self._seconds[positions] = old + (seconds - old) / (n + 1)
+        else:
+            self._seconds[positions] = old + self._weight * (seconds - old)
+        self._count[positions] = n + 1
+        self._table = None
+
+    def cost(self, positions: float) -> float:
+        """A pass over ``positions`` positions, in passes over one."""
+        table = self._table if self._table is not None else self._build()
+        p = int(positions)
+        if p < len(table):
+            return table[max(p, 0)]
+        return max(table[-1], pass_cost(positions, self._config) * table[0])
+
+    def _build(self) -> list[float]:
+        config, counted = self._config, self._count
+        sizes = [p for p in range(1, len(counted)) if counted[p] >= self._samples]
+        unit = self._seconds[sizes[0]] / pass_cost(sizes[0], config) if sizes else 0.0
+        measured = set(sizes)
+        table, floor = [], 0.0
+        for p in range(len(counted)):
+            here = self._seconds[p] / unit if p in measured else pass_cost(max(p, 1), config)
+            floor = max(floor, here)
+            table.append(floor)
+        self._table = table
+        return table
+
+
 def draft_lengths(
-    odds: Sequence[Sequence[float]], *, positions: int, rows: int, config: SpeculationConfig
+    odds: Sequence[Sequence[float]],
+    *,
+    positions: int,
+    rows: int,
+    config: SpeculationConfig,
+    costs: PassCosts | None = None,
 ) -> list[int]:
     """How much of each row's draft to feed: draft ``i``'s token ``j`` is kept with odds
     ``odds[i][j]`` once the tokens before it are; the pass feeds ``positions`` positions
     without drafts and yields ``rows`` tokens. Row by row, the length with the most
-    expected tokens per unit of :func:`pass_cost` (0 where no draft pays)."""
+    expected tokens per unit of pass cost (``costs``, else :func:`pass_cost`; 0 where no
+    draft pays)."""
+    cost = costs.cost if costs is not None else lambda m: pass_cost(m, config)
     lengths: list[int] = []
     tokens, total = float(rows), float(positions)
     for row in odds:
         best, best_gain = 0, 0.0
-        best_ratio = tokens / pass_cost(total, config)
+        best_ratio = tokens / cost(total)
         reach, gain = 1.0, 0.0
         for length, p in enumerate(row, 1):
             reach *= p
             gain += reach
-            ratio = (tokens + gain) / pass_cost(total + length, config)
+            ratio = (tokens + gain) / cost(total + length)
             if ratio > best_ratio * (1 + 1e-9):
                 best, best_gain, best_ratio = length, gain, ratio
         lengths.append(best)
