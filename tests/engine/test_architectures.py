@@ -414,7 +414,9 @@ def test_a_gguf_of_each_architecture_loads_onto_the_decoder_runner(tmp_path, mon
     write_gguf(source, path, arch)
     ids = _ids(12, 10)
     want = reference_logits(source, ids)
-    for quantize, tolerance in ((None, 1e-4), ("int8-weights", None)):
+    # float32 to 3e-4: summation order differs between torch's matmuls and the runner's
+    # (1.1e-4 seen once on one CPU, phi3); a layout error moves logits by far more.
+    for quantize, tolerance in ((None, 3e-4), ("int8-weights", None)):
         loaded = load_model(path, dtype="float32", quantize=quantize, progress=False)
         assert loaded.model.config.model_type == arch
         runner = DecoderRunner(loaded.model, slots=1, context_length=CONTEXT)
