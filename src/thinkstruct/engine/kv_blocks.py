@@ -331,8 +331,11 @@ class PagedKvCache:
         old = self.num_blocks
         for store in (self.keys, self.values):
             for i, pool in enumerate(store):
-                grown = pool.new_zeros((pool.shape[0], blocks, *pool.shape[2:]))
+                # Written once: the old blocks copied, only the new ones zeroed (zeros
+                # first, then the copy over them, wrote the old part twice).
+                grown = pool.new_empty((pool.shape[0], blocks, *pool.shape[2:]))
                 grown[:, :old].copy_(pool)
+                grown[:, old:].zero_()
                 store[i] = grown
         self._refs.extend([0] * (blocks - old))
         for block in range(old, blocks):
