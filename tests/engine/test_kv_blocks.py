@@ -165,6 +165,23 @@ def test_a_write_never_lands_in_a_shared_block() -> None:
         cache.prepare(0, 80, 81)
 
 
+def test_grown_pools_keep_their_blocks_and_start_the_new_ones_at_zero() -> None:
+    """New blocks are zeros (the torch path's attention reads a padded span: garbage past a
+    row's length, NaN say, would reach its sum through a zero weight)."""
+    cache = PagedKvCache(
+        layers=2, slots=1, kv_heads=1, head_dim=DIM, context_length=CONTEXT, dtype=torch.float32,
+        initial_blocks=2,
+    )  # fmt: skip
+    for pool in (*cache.keys, *cache.values):
+        pool.normal_()
+    before = [pool.clone() for pool in (*cache.keys, *cache.values)]
+    cache.prepare(0, 0, 3 * BLOCK_TOKENS)  # a third block: the pools double to four
+    assert cache.num_blocks == 4
+    for pool, old in zip((*cache.keys, *cache.values), before, strict=True):
+        assert torch.equal(pool[:, :2], old)
+        assert torch.count_nonzero(pool[:, 2:]) == 0
+
+
 # ---- the decoder runner on it ------------------------------------------------------------
 
 
