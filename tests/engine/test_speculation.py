@@ -167,6 +167,7 @@ def test_measured_costs_follow_the_machine_and_drop_bad_input() -> None:
     assert costs.cost(4) == pytest.approx(3.0)
     for positions, seconds in ((0, 0.1), (-3, 0.1), (10_000, 0.1), (2, 0.0), (2, -1.0)):
         costs.observe(positions, seconds)
+    costs.observe(2, 0.5, rows=config.max_batch + 1)  # a batch too large to draft: not its cost
     assert costs.cost(2) == pytest.approx(pass_cost(2, config))
     with pytest.raises(ValueError):
         PassCosts(config, weight=0.0)

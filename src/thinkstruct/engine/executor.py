@@ -129,9 +129,12 @@ class Executor:
         self.vocab_size = vocab_size
         self.context_length = context_length
         self.speculation = speculation
-        #: Decoding steps' seconds by the positions they fed (speculation drafts by them).
+        #: Decoding steps' seconds by the positions they fed (speculation drafts by them;
+        #: kept only where it drafts: on a batch-invariant runner).
         self.pass_costs = (
-            PassCosts(speculation) if speculation is not None and speculation.measured_costs else None
+            PassCosts(speculation)
+            if speculation is not None and speculation.measured_costs and runner.batch_invariant
+            else None
         )
         self.masks_during_forward = masks_during_forward
         self._stop_ids = stop_ids
@@ -271,13 +274,9 @@ class Executor:
             self.sample_and_advance([rows[i] for i in ready], logits[ready])
         if tail is not None:
             self._verify_drafts(rows, drafts, drafted, firsts)
-        if (
-            self.pass_costs is not None
-            and self.speculation is not None
-            and len(rows) <= self.speculation.max_batch
-        ):
+        if self.pass_costs is not None:
             positions = sum(map(len, feeds)) + sum(map(len, drafts))
-            self.pass_costs.observe(positions, time.perf_counter() - started)
+            self.pass_costs.observe(positions, time.perf_counter() - started, rows=len(rows))
         return forwarded - started, masked - forwarded
 
     # ---- speculation -----------------------------------------------------------------

@@ -98,8 +98,9 @@ class PassCosts:
     one: measured where steps of that size have run, else :func:`pass_cost`'s model.
 
     :meth:`observe` takes each decoding step's wall seconds with the positions it fed
-    (the first ``samples`` of a size averaged, then a moving average weighing the newest
-    by ``weight``). A size counts once it has ``samples`` steps; the unit (a pass over
+    (only steps of at most ``config.max_batch`` rows, the ones that draft; the first
+    ``samples`` of a size averaged, then a moving average weighing the newest by
+    ``weight``). A size counts once it has ``samples`` steps; the unit (a pass over
     one) is the smallest counted size's seconds over its modelled cost, so measured sizes
     compare exactly with one another and the model scales to them. A larger pass never
     costs less than a smaller one (the table is made non-decreasing: noise must not make
@@ -107,8 +108,8 @@ class PassCosts:
 
     Args:
         config: the model for sizes not measured yet.
-        most: the largest size kept (larger passes are not recorded; they cost as modelled
-            from the unit, at least as much as the largest measured).
+        most: the largest size kept (larger passes are not recorded; they cost as
+            modelled, at least as much as the largest measured).
         samples, weight: see above.
     """
 
@@ -124,9 +125,9 @@ class PassCosts:
         self._count = [0] * (most + 1)
         self._table: list[float] | None = None
 
-    def observe(self, positions: int, seconds: float) -> None:
-        """A decoding step fed ``positions`` positions in ``seconds`` seconds."""
-        if not 1 <= positions < len(self._count) or seconds <= 0.0:
+    def observe(self, positions: int, seconds: float, *, rows: int = 1) -> None:
+        """A decoding step of ``rows`` rows fed ``positions`` positions in ``seconds`` seconds."""
+        if rows > self._config.max_batch or not 1 <= positions < len(self._count) or seconds <= 0.0:
             return
         n = self._count[positions]
         old = self._seconds[positions]
@@ -143,7 +144,7 @@ class PassCosts:
         p = int(positions)
         if p < len(table):
             return table[max(p, 0)]
-        return max(table[-1], pass_cost(positions, self._config) * table[0])
+        return max(table[-1], pass_cost(positions, self._config))
 
     def _build(self) -> list[float]:
         config, counted = self._config, self._count
