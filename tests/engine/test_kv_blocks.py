@@ -5,6 +5,8 @@ copies no whole block."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import settings
@@ -180,6 +182,36 @@ def test_grown_pools_keep_their_blocks_and_start_the_new_ones_at_zero() -> None:
     for pool, old in zip((*cache.keys, *cache.values), before, strict=True):
         assert torch.equal(pool[:, :2], old)
         assert torch.count_nonzero(pool[:, 2:]) == 0
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_reserved_blocks_take_memory_only_once_used() -> None:
+    """By default the pools reserve every slot's whole context and as much again (1 GiB
+    here) as untouched zero pages: building them takes almost no memory, the slots fill
+    their contexts without a doubling (which stalls every row), and ``nbytes`` counts the
+    blocks used, not the reservation."""
+    shape = {"layers": 4, "slots": 2, "kv_heads": 2, "head_dim": 64, "context_length": 4096 * BLOCK_TOKENS}
+    before = _resident_bytes()
+    cache = PagedKvCache(**shape, dtype=torch.float32)  # type: ignore[arg-type]
+    assert cache.block_bytes == 2 * 4 * 2 * BLOCK_TOKENS * 64 * 4
+    assert cache.num_blocks == 2 * 2 * 4096  # 1 GiB of blocks
+    assert _resident_bytes() - before < 64 << 20
+    assert cache.nbytes == 0
+    for slot in range(2):
+        cache.prepare(slot, 0, 4096 * BLOCK_TOKENS)
+    assert cache.num_blocks == 2 * 2 * 4096  # no doubling
+    assert cache.nbytes == 2 * 4096 * cache.block_bytes
+    cache.free(0)
+    assert cache.nbytes == 2 * 4096 * cache.block_bytes  # touched blocks stay counted
+    # Within a small reservation the pools start smaller and double past it.
+    small = PagedKvCache(**shape, dtype=torch.float32, reserve_bytes=100 * cache.block_bytes)  # type: ignore[arg-type]
+    assert small.num_blocks == 100
+    small.prepare(0, 0, 101 * BLOCK_TOKENS)
+    assert small.num_blocks == 200 and small.nbytes == 101 * cache.block_bytes
 
 
 # ---- the decoder runner on it ------------------------------------------------------------
