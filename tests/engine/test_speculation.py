@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from thinkstruct import Constraint
 from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
 from thinkstruct.engine.speculation import (
+    DraftRecord,
     NgramDrafter,
     PassCosts,
     SpeculationConfig,
@@ -54,6 +55,44 @@ def test_the_drafter_grows_with_the_answer_and_learns_its_odds() -> None:
         drafter.record(2, 0)  # the first token refused every time
     after = drafter.odds()
     assert after[0] < before[0] / 2 and after[1] == before[1]  # the second was never checked
+
+
+def test_a_new_request_drafts_by_how_the_engine_s_recent_drafts_fared() -> None:
+    """Free rows' one-token matches refused nine times in ten across earlier requests: a
+    new request's drafter no longer drafts them (they cost more than they give), while a
+    row under a grammar, whose record is its own, still does."""
+    config = SpeculationConfig(max_draft=1, min_ngram=1, max_ngram=1, free_positions=1.0, position_cost=0.2)
+    shared = DraftRecord(config)
+
+    def one_token_draft(constrained: bool) -> int:
+        drafter = NgramDrafter([7, 8, 7], config, shared=shared)
+        draft = drafter.propose(4, _Script([None] * 8) if constrained else None)
+        assert draft == [8]  # "7" was followed by "8"
+        return draft_lengths([drafter.odds()], positions=1, rows=1, config=config)[0]
+
+    assert one_token_draft(False) == 1 and one_token_draft(True) == 1  # the prior: 0.3
+    for _ in range(20):  # short requests: ten checked draft tokens each
+        earlier = NgramDrafter([7, 8, 7], config, shared=shared)
+        for k in range(10):
+            earlier.propose(4)
+            earlier.record(1, int(k == 0))
+    assert one_token_draft(False) == 0
+    assert one_token_draft(True) == 1
+
+
+def test_the_engine_record_follows_the_recent_requests() -> None:
+    config = SpeculationConfig()
+    record = DraftRecord(config, window=100)
+    assert record.odds(0, constrained=False) == pytest.approx(config.prior[0])
+    for _ in range(300):
+        record.record(0, False, constrained=False)
+    assert record.odds(0, constrained=False) < 0.05
+    for _ in range(300):  # the workload changed: counts halved past the window
+        record.record(0, True, constrained=False)
+    assert record.odds(0, constrained=False) > 0.8
+    assert record.odds(0, constrained=True) == pytest.approx(config.prior[0])
+    with pytest.raises(ValueError, match="window"):
+        DraftRecord(config, window=0)
 
 
 class _Script(GrammarMatcher):
@@ -165,7 +204,8 @@ def test_measured_costs_follow_the_machine_and_drop_bad_input() -> None:
     assert costs.cost(4) == pytest.approx(2.0)
     costs.observe(4, 0.04)  # the moving average: halfway to the newest
     assert costs.cost(4) == pytest.approx(3.0)
-    for positions, seconds in ((0, 0.1), (-3, 0.1), (10_000, 0.1), (2, 0.0), (2, -1.0)):
+    bad = ((0, 0.1), (-3, 0.1), (10_000, 0.1), (2, 0.0), (2, -1.0), (2, 5e-324), (2, float("nan")))
+    for positions, seconds in bad:
         costs.observe(positions, seconds)
     costs.observe(2, 0.5, rows=config.max_batch + 1)  # a batch too large to draft: not its cost
     assert costs.cost(2) == pytest.approx(pass_cost(2, config))

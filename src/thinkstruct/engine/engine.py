@@ -46,7 +46,7 @@ from thinkstruct.engine.output import OutputProcessor
 from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest, InvalidSamplingParam
 from thinkstruct.engine.scheduler import Scheduler
 from thinkstruct.engine.sequence import Sequence
-from thinkstruct.engine.speculation import NgramDrafter, SpeculationConfig
+from thinkstruct.engine.speculation import DraftRecord, NgramDrafter, SpeculationConfig
 from thinkstruct.grammar.runtime.end_tag import end_tag_matcher
 
 if TYPE_CHECKING:
@@ -244,6 +244,9 @@ class Engine:
         self.context_length = model.context_length
         self.max_prompt_tokens = prompt_token_limit(self.config.max_prompt_tokens, self.context_length)
         self.stats = EngineStats()
+        #: How draft tokens fared over the recent requests (each request's drafter starts
+        #: from it; read and written on the engine thread).
+        self._drafts = DraftRecord(self.config.speculation) if self.config.speculation is not None else None
         self._texts = TokenTexts(self.tokenizer)
         self._stop_ids = frozenset(self.tokenizer.eos_token_ids)
         family = model.family
@@ -347,7 +350,7 @@ class Engine:
         )
         seq = Sequence(request, handle, output=output, submitted_at=time.monotonic())
         if self.config.speculation is not None:
-            seq.drafter = NgramDrafter(request.prompt_ids, self.config.speculation)
+            seq.drafter = NgramDrafter(request.prompt_ids, self.config.speculation, shared=self._drafts)
         with self._lock:
             if self._closing or self._thread is None or not self._thread.is_alive():
                 raise EngineClosed("the engine is not running")

@@ -21,6 +21,12 @@ tokens it continues, from a prior; 1 for a token the grammar forces), and :func:
 tokens per unit of pass cost are highest, which is no draft at all where the odds are
 poor (free text pays almost nothing for trying).
 
+A request's own record is short (a hundred tokens of free text check a few dozen draft
+tokens), so its drafter starts from the engine's (:class:`DraftRecord`): how draft tokens
+of each class fared over the recent requests, kept apart for rows under a grammar and
+free ones. Free text's one-token matches, kept about one time in five, then stop being
+drafted after the first requests, while an extraction's, kept one time in two, go on.
+
 What a pass over more positions costs depends on the machine (on one measured here 8
 positions cost 1.7 passes of one, on another 2.2), so the engine measures it:
 :class:`PassCosts` keeps each decoding step's seconds by the positions it fed and answers
@@ -36,7 +42,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from thinkstruct.grammar.runtime.matcher import GrammarMatcher
 
-__all__ = ["NgramDrafter", "PassCosts", "SpeculationConfig", "draft_lengths", "pass_cost"]
+__all__ = ["DraftRecord", "NgramDrafter", "PassCosts", "SpeculationConfig", "draft_lengths", "pass_cost"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,9 +62,9 @@ class SpeculationConfig:
             ``False``: by the model above only.
         prior: odds that a draft token is kept, by the length of the suffix match it
             follows from (1, 2, ... tokens; the last entry for longer ones), before the
-            row has a record of its own.
+            engine has a record (:class:`DraftRecord`).
         prior_weight: how many of its own draft tokens a row's record needs to weigh as
-            much as the prior.
+            much as the engine's odds.
         after_forced: how many tokens a row took after the grammar's last forced run are
             kept to draft after the next one where the lookup has nothing the grammar
             allows (a JSON key is forced, the ``": "`` after it is not).
@@ -126,8 +132,10 @@ class PassCosts:
         self._table: list[float] | None = None
 
     def observe(self, positions: int, seconds: float, *, rows: int = 1) -> None:
-        """A decoding step of ``rows`` rows fed ``positions`` positions in ``seconds`` seconds."""
-        if rows > self._config.max_batch or not 1 <= positions < len(self._count) or seconds <= 0.0:
+        """A decoding step of ``rows`` rows fed ``positions`` positions in ``seconds`` seconds
+        (under a nanosecond, or not a number: not a measurement; a unit that small would
+        round to zero)."""
+        if rows > self._config.max_batch or not 1 <= positions < len(self._count) or not seconds >= 1e-9:
             return
         n = self._count[positions]
         old = self._seconds[positions]
@@ -195,6 +203,43 @@ def draft_lengths(
 #: How many of a pair's own checks weigh as much as its class's odds.
 PAIR_WEIGHT = 1.0
 
+
+class DraftRecord:
+    """The engine's record of its draft tokens, by class (the length of the suffix match
+    they followed from, then the after-forced tokens: :class:`NgramDrafter`'s), apart for
+    rows under a grammar and free ones: the odds a new request's drafter starts from.
+
+    A class's odds are its kept over its checked tokens, with the config's prior counted
+    as ``weight`` tokens; past ``window`` checked tokens a class's counts are halved, so
+    the record follows the recent requests (a change of workload).
+
+    Written and read on the engine thread only.
+    """
+
+    def __init__(self, config: SpeculationConfig, *, weight: float = 16.0, window: float = 1000.0) -> None:
+        if weight <= 0 or window <= 0:
+            raise ValueError("need weight > 0 and window > 0")
+        self._prior = [*config.prior, config.after_forced_prior]
+        self._weight = weight
+        self._window = window
+        self._tried = {kind: [0.0] * len(self._prior) for kind in (False, True)}
+        self._kept = {kind: [0.0] * len(self._prior) for kind in (False, True)}
+
+    def odds(self, cls: int, *, constrained: bool) -> float:
+        """The odds that a draft token of class ``cls`` is kept."""
+        w = self._weight
+        return (self._kept[constrained][cls] + w * self._prior[cls]) / (self._tried[constrained][cls] + w)
+
+    def record(self, cls: int, kept: bool, *, constrained: bool) -> None:
+        """A draft token of class ``cls`` was checked, and kept or refused."""
+        tried, kept_ = self._tried[constrained], self._kept[constrained]
+        tried[cls] += 1
+        kept_[cls] += kept
+        if tried[cls] > self._window:
+            tried[cls] /= 2
+            kept_[cls] /= 2
+
+
 #: The class of a draft token the grammar forces (kept once the token before it is).
 FORCED = -1
 
@@ -209,15 +254,20 @@ class NgramDrafter:
     costs O(``max_ngram``) a token.
     """
 
-    def __init__(self, context: Sequence[int], config: SpeculationConfig) -> None:
+    def __init__(
+        self, context: Sequence[int], config: SpeculationConfig, *, shared: DraftRecord | None = None
+    ) -> None:
         self.config = config
         self._tokens: list[int] = []
         self._seen: dict[tuple[int, ...], int] = {}
+        #: The engine's record (the odds this one's start from) and whether the last
+        #: proposal went through a grammar (which of its records it reads and writes).
+        self._shared = shared if shared is not None else DraftRecord(config)
+        self._constrained = False
         #: Draft tokens checked and kept, by class: the length of the suffix match they
         #: followed from (``0 ... len(prior) - 1``), then the after-forced tokens.
-        self._odds_prior = [*config.prior, config.after_forced_prior]
-        self._tried = [0] * len(self._odds_prior)
-        self._kept = [0] * len(self._odds_prior)
+        self._tried = [0] * (len(config.prior) + 1)
+        self._kept = [0] * (len(config.prior) + 1)
         self._after_class = len(config.prior)
         #: The last proposal's tokens' classes (FORCED for forced tokens) and pairs (the
         #: token before each, and it).
@@ -256,7 +306,8 @@ class NgramDrafter:
             if c == FORCED:
                 out.append(1.0)
                 continue
-            odds = (self._kept[c] + w * self._odds_prior[c]) / (self._tried[c] + w)
+            prior = self._shared.odds(c, constrained=self._constrained)
+            odds = (self._kept[c] + w * prior) / (self._tried[c] + w)
             record = self._pair_record.get(pair)
             if record is not None:
                 odds = (record[1] + PAIR_WEIGHT * odds) / (record[0] + PAIR_WEIGHT)
@@ -279,6 +330,7 @@ class NgramDrafter:
         holds a token of ``stop_ids``.
         """
         self._classes, self._pairs = [], []
+        self._constrained = matcher is not None
         limit = min(limit, self.config.max_draft)
         if limit < 1:
             return []
@@ -356,6 +408,7 @@ class NgramDrafter:
             if c != FORCED:
                 self._tried[c] += 1
                 self._kept[c] += j < accepted
+                self._shared.record(c, j < accepted, constrained=self._constrained)
                 record = self._pair_record.setdefault(pair, [0, 0])
                 record[0] += 1
                 record[1] += j < accepted
