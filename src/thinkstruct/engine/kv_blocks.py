@@ -69,14 +69,16 @@ RESERVE_BYTES = 4 << 30
 
 
 def _untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """Zeros whose memory the system supplies page by page on first touch: an anonymous
-    mapping (page-aligned), nothing written. Pages of 4 KiB: numpy's large zeros ask for
+    """Zeros whose memory the system supplies page by page on first touch: a private
+    anonymous mapping (as a large ``malloc`` is; Python's default, shared, would be shared
+    memory and shared with a forked child), page-aligned, nothing written. Pages of 4 KiB: numpy's large zeros ask for
     2 MiB pages, each zeroed whole at its first touch, and the pools' blocks (heads
     outermost) reach hundreds of such pages at once: measured, steps of 50 ms."""
     size = math.prod(shape) * dtype.itemsize
     if size == 0:
         return torch.zeros(shape, dtype=dtype)
-    return torch.frombuffer(mmap.mmap(-1, size), dtype=dtype).view(shape)
+    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(memory, dtype=dtype).view(shape)
 
 
 @dataclass(eq=False)
