@@ -32,9 +32,9 @@ measured, one thread, 1k positions, shuffled blocks 1.2-1.6x consecutive ones' t
 
 **Sizing.** The pools reserve room for every slot's whole context and as much again
 for the prefix cache, up to :data:`RESERVE_BYTES` over all layers, as zero pages the
-system maps on first touch (an anonymous mapping: nothing written), so memory grows only
-with the blocks used: the lowest free block goes first, and :attr:`PagedKvCache.nbytes`
-counts up to the highest block ever used. Past that room they double when no block is
+system maps on first touch (a private anonymous mapping: nothing written), so memory
+grows only with the blocks used: the lowest free block goes first, and
+:attr:`PagedKvCache.nbytes` counts up to the highest block ever used. Past that room they double when no block is
 free (every block keeps its index, so the tables stay valid; the kernels get the new
 buffers on the next pass), copying only the blocks ever used: a doubling stalls every
 row, and doubling from a small start while the prefix cache filled stalled the batch
@@ -71,9 +71,10 @@ RESERVE_BYTES = 4 << 30
 def _untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """Zeros whose memory the system supplies page by page on first touch: a private
     anonymous mapping (as a large ``malloc`` is; Python's default, shared, would be shared
-    memory and shared with a forked child), page-aligned, nothing written. Pages of 4 KiB: numpy's large zeros ask for
-    2 MiB pages, each zeroed whole at its first touch, and the pools' blocks (heads
-    outermost) reach hundreds of such pages at once: measured, steps of 50 ms."""
+    memory and shared with a forked child), page-aligned, nothing written. Pages of 4 KiB:
+    numpy's large zeros ask for 2 MiB pages, each zeroed whole at its first touch, and the
+    pools' blocks (heads outermost) reach hundreds of such pages at once: measured, steps
+    of 50 ms."""
     size = math.prod(shape) * dtype.itemsize
     if size == 0:
         return torch.zeros(shape, dtype=dtype)
@@ -148,11 +149,12 @@ class PagedKvCache:
         self.slots = slots
         #: Blocks a slot's table has room for (its whole context).
         self.max_blocks = -(-context_length // self.block_tokens)
+        #: Bytes one block holds over every layer's keys and values.
+        self.block_bytes = 2 * layers * kv_heads * self.block_tokens * head_dim * dtype.itemsize
         if initial_blocks is None:
-            block_bytes = 2 * layers * kv_heads * self.block_tokens * head_dim * dtype.itemsize
             initial_blocks = max(
                 INITIAL_BLOCKS_PER_SLOT * slots,
-                min(2 * slots * self.max_blocks, reserve_bytes // block_bytes),
+                min(2 * slots * self.max_blocks, reserve_bytes // max(self.block_bytes, 1)),
             )
         blocks = max(1, initial_blocks)
         shape = (kv_heads, blocks, self.block_tokens, head_dim)
@@ -176,12 +178,6 @@ class PagedKvCache:
     def num_blocks(self) -> int:
         """Blocks the pools hold (free or not)."""
         return self.keys[0].shape[1]
-
-    @property
-    def block_bytes(self) -> int:
-        """Bytes one block holds over every layer's keys and values."""
-        one = self.keys[0][:, 0]
-        return 2 * len(self.keys) * one.numel() * one.element_size()
 
     @property
     def nbytes(self) -> int:
