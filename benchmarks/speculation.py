@@ -16,7 +16,10 @@ Workloads:
   for until the batch thins out): the time until all 8 are done.
 
 Prints tokens/s per side, the ratio, draft tokens accepted per draft token fed, and
-whether the answers are identical (they must be: the runner is batch-invariant).
+whether the answers are identical (they must be: the runner is batch-invariant); under
+each workload, the decoding passes of each side and what the kept drafts would give were
+a pass of several positions as cheap as a pass of one (the bound on this machine is that
+cost: here the extra positions are int16 dot products at the VNNI instructions' rate).
 
     python benchmarks/speculation.py [--rounds 2] [--quantize auto|int8-weights|gguf] [--config JSON]
 """
@@ -143,6 +146,21 @@ def _run_many(engine: Engine, items: list[tuple[list[int], Any, int]]) -> tuple[
     return time.perf_counter() - start, outs
 
 
+def _bound(seconds: dict[str, float], passes: dict[str, tuple[int, float]]) -> str:
+    """What the drafts as kept allow: the ratio were every decoding pass "on" (several
+    positions: the drafts checked) as cheap as one "off" (one position and its forced
+    tokens), the rest of each request (prefill, scheduling) as measured."""
+    (n_on, s_on), (n_off, s_off) = passes["on"], passes["off"]
+    if not n_on or not n_off:
+        return "no decoding passes"
+    one = s_off / n_off
+    bound = seconds["off"] / (seconds["on"] - s_on + n_on * one)
+    return (
+        f"decoding passes: {n_on} on ({1000 * s_on / n_on:.2f} ms each), {n_off} off ({1000 * one:.2f} ms);"
+        f" were a pass on as cheap as one off: {bound:.2f}x"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -175,6 +193,7 @@ def main() -> None:
             tokens = 0
             same = True
             drafted0, kept0 = on.stats.draft_tokens, on.stats.accepted_draft_tokens
+            passes0 = {side: (e.stats.steps, e.stats.step_seconds) for side, e in (("on", on), ("off", off))}
             ratios = []
             for r in range(args.rounds):
                 for k, (ids, grammar, max_tokens) in enumerate(items):
@@ -194,6 +213,11 @@ def main() -> None:
                 f" {seconds['off'] / seconds['on']:>6.2f}x {kept / max(drafted, 1):>8.0%} {same!s:>5}"
                 f"   (per request: median {statistics.median(ratios):.2f}x)"
             )
+            passes = {
+                side: (e.stats.steps - passes0[side][0], e.stats.step_seconds - passes0[side][1])
+                for side, e in (("on", on), ("off", off))
+            }
+            print("  " + _bound(seconds, passes))
         seconds = {"on": 0.0, "off": 0.0}
         same = True
         batch = [jobs["extraction"][k % len(jobs["extraction"])] for k in range(8)]
