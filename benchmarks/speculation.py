@@ -181,6 +181,7 @@ def main() -> None:
     off = Engine(
         model, config=EngineConfig(speculation=None, prefix_cache_bytes=0), compiler=on.compiler
     ).start()
+    sides = [("on", on), ("off", off)]
     try:
         jobs = _jobs(model, on.compiler)
         for engine in (on, off):  # warm-up: kernels, first passes
@@ -193,11 +194,11 @@ def main() -> None:
             tokens = 0
             same = True
             drafted0, kept0 = on.stats.draft_tokens, on.stats.accepted_draft_tokens
-            passes0 = {side: (e.stats.steps, e.stats.step_seconds) for side, e in (("on", on), ("off", off))}
+            passes0 = {side: (e.stats.steps, e.stats.step_seconds) for side, e in sides}
             ratios = []
             for r in range(args.rounds):
                 for k, (ids, grammar, max_tokens) in enumerate(items):
-                    order = [("on", on), ("off", off)] if (r + k) % 2 == 0 else [("off", off), ("on", on)]
+                    order = sides if (r + k) % 2 == 0 else sides[::-1]
                     got = {}
                     for side, engine in order:
                         elapsed, out = _run(engine, ids, grammar, max_tokens)
@@ -215,14 +216,14 @@ def main() -> None:
             )
             passes = {
                 side: (e.stats.steps - passes0[side][0], e.stats.step_seconds - passes0[side][1])
-                for side, e in (("on", on), ("off", off))
+                for side, e in sides
             }
             print("  " + _bound(seconds, passes))
         seconds = {"on": 0.0, "off": 0.0}
         same = True
         batch = [jobs["extraction"][k % len(jobs["extraction"])] for k in range(8)]
         for r in range(args.rounds):
-            order = [("on", on), ("off", off)] if r % 2 == 0 else [("off", off), ("on", on)]
+            order = sides if r % 2 == 0 else sides[::-1]
             got = {}
             for side, engine in order:
                 elapsed, outs = _run_many(engine, batch)
