@@ -304,6 +304,45 @@ def load_model(
     return loaded
 
 
+@dataclass(frozen=True, slots=True)
+class ModelDirectory:
+    """A model as another server loads it (vLLM, through ``make vllm-serve``).
+
+    Attributes:
+        weights_dir: a Hugging Face model directory: the model's own, or a GGUF's
+            converted cache entry.
+        name: the served model id.
+        choice: the reasoning family detected for it, and why.
+    """
+
+    weights_dir: Path
+    name: str
+    choice: FamilyChoice
+
+
+def model_directory(path: str | os.PathLike[str] | None = None, *, progress: bool = True) -> ModelDirectory:
+    """The Hugging Face directory of a model (``None``: the embedded SmolLM2), a GGUF
+    converted once into the cache as :func:`load_model` converts it, with its served name
+    and family; no weights are loaded.
+
+    Raises:
+        ModelNotFoundError, UnsupportedModelError: as :func:`load_model`.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    source = _resolve_path(path)
+    names = [served_model_name(source)]
+    if source.suffix == ".gguf":
+        names += _gguf_names(source)
+        weights_dir, _ = _converted_gguf(source, progress=progress)
+    else:
+        weights_dir = source
+        names += _directory_names(source)
+    config = _read_json(weights_dir / "config.json")
+    architectures = [str(config.get("model_type", "")), *(config.get("architectures") or [])]
+    return ModelDirectory(weights_dir, names[0], detect_family(names=names, architectures=architectures))
+
+
 # ---- what the model is ------------------------------------------------------------------
 
 

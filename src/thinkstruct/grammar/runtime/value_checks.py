@@ -297,6 +297,20 @@ class ValueChecker:
         kept = bisect.bisect_right(self._lengths, offset) - 1
         return len(self._snapshots) - max(kept, 0)
 
+    @property
+    def scanning(self) -> str:
+        """What the next character continues: ``"string"`` (inside a string value or
+        key), ``"number"``, ``"literal"`` (``true``, ``false``, ``null``) or
+        ``"structure"`` (between values)."""
+        mode = self._mode
+        if mode in (_STRING, _KEY):
+            return "string"
+        if mode == _NUMBER:
+            return "number"
+        if mode == _LITERAL:
+            return "literal"
+        return "structure"
+
     def held_from(self) -> int | None:
         """Offset from which the text belongs to an open value that holds checked
         keywords (it may still be undone: do not stream it), or ``None``."""

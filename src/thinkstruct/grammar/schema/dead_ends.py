@@ -1,0 +1,202 @@
+"""Checked keywords that the closing-token rule can enforce: :func:`dead_ends`.
+
+Where tokens cannot be taken back, a checked keyword is enforced by forbidding the token
+that would close a failing value (:mod:`thinkstruct.grammar.runtime.closing_tokens`). That
+never lets a failing value through, but it can leave a request with no token at all: in
+``{"uniqueItems": true, "items": {"enum": ["a", "ab"]}}`` after ``["ab","a`` the grammar
+allows only ``"`` and ``b"``, and both close a failing item. Strict mode must know before
+generation, so each checked keyword is classified here: it is *enforceable* when every
+prefix the grammar allows can still be completed into a value that passes; otherwise it is
+a *dead end* (strict mode refuses the schema naming its pointer).
+
+The proof is by a few sound rules, and anything they do not cover is a dead end. A value
+is *open-ended* when every prefix of it can be completed in infinitely many ways that
+all satisfy its subschema: a string with no ``maxLength``, ``pattern``, ``format``,
+``enum`` or ``const``; a number (not an integer: ``0`` cannot be continued) with no
+bounds; an object that takes further properties (no ``additionalProperties: false``,
+``maxProperties``, ``propertyNames``, ``patternProperties``); an array that takes further
+items (no ``maxItems``, no tuple form); a subschema with ``type`` spelled out and nothing
+conditional beside the keyword. An open-ended value can always steer clear of a finite
+set of failing values. The rules:
+
+- ``uniqueItems`` on an array whose items are open-ended: the items before are a finite set.
+- ``not`` of a ``const`` or an ``enum`` on an open-ended value: a finite set.
+- ``oneOf`` on a value where every two branches either take disjoint types or one of
+  them is a finite set (``const``/``enum``) and the other open-ended: the values in two
+  branches at once are then a finite set, left by continuing the open-ended one.
+- ``minProperties`` on an open-ended object; ``contains`` / ``minContains`` on an array
+  that takes further items when a value satisfying the ``contains`` subschema exists.
+
+A keyword is judged on the subschema holding it, and only where that subschema is the
+check's own (a keyword inside a conditional branch, checked at a value above it, is a dead
+end).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from thinkstruct.grammar.schema.checks import CheckPlan, KeywordEnforcement
+from thinkstruct.grammar.schema.instances import NO_WITNESS, witness
+from thinkstruct.grammar.schema.walk import JSON_TYPES, local_ref, resolve
+
+#: Keywords that bound a string's continuations.
+_BOUNDED_STRING = frozenset({"maxLength", "pattern", "format", "enum", "const", "contentMediaType"})
+#: Keywords that bound a number's continuations.
+_BOUNDED_NUMBER = frozenset(
+    {"enum", "const", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum", "multipleOf"}
+)
+#: Keywords that bound an object's further properties.
+_BOUNDED_OBJECT = frozenset(
+    {"maxProperties", "propertyNames", "patternProperties", "unevaluatedProperties", "enum", "const"}
+)
+#: Keywords that bound an array's further items.
+_BOUNDED_ARRAY = frozenset({"maxItems", "prefixItems", "unevaluatedItems", "enum", "const", "contains"})
+#: Keywords whose presence makes a value's language conditional (not judged here).
+_CONDITIONAL = frozenset(
+    {"anyOf", "oneOf", "allOf", "not", "if", "then", "else", "dependentSchemas", "dependencies", "$ref"}
+)
+
+
+def dead_ends(plan: CheckPlan) -> tuple[KeywordEnforcement, ...]:
+    """The checked keywords of ``plan`` whose closing-token enforcement may leave no
+    token (each with its pointer and where it is checked); ``()`` when every one is
+    enforceable."""
+    own = {check.schema_pointer: check for check in plan.checks}
+    found = []
+    for enforced in plan.enforcement:
+        if enforced.enforcement != "checked":
+            continue
+        holder = enforced.pointer.rsplit("/", 1)[0]
+        node = resolve(plan.schema, holder)
+        if (
+            holder not in own
+            or not isinstance(node, dict)
+            or not _enforceable(enforced.keyword, node, plan.schema)
+        ):
+            found.append(enforced)
+    return tuple(found)
+
+
+def _enforceable(keyword: str, node: dict[str, Any], root: Any) -> bool:
+    if keyword == "uniqueItems":
+        items = node.get("items", {})
+        return node.get("uniqueItems") is not True or (
+            isinstance(items, dict) and "prefixItems" not in node and _open_ended(items, root)
+        )
+    if keyword == "not":
+        excluded = node.get("not")
+        finite = isinstance(excluded, dict) and set(excluded) in ({"const"}, {"enum"})
+        return finite and _open_ended(_without(node, "not"), root)
+    if keyword == "oneOf":
+        branches = node.get("oneOf")
+        if not isinstance(branches, list) or not all(isinstance(b, dict) for b in branches):
+            return False
+        rest = _without(node, "oneOf")
+        merged = [_resolved({**rest, **branch}, root) for branch in branches]
+        return all(_separable(a, b, root) for a, b in itertools.combinations(merged, 2))
+    if keyword == "minProperties":
+        return _types(node) == {"object"} and _open_ended(_without(node, "minProperties"), root)
+    if keyword in ("contains", "minContains"):
+        contains = node.get("contains")
+        return (
+            _types(node) == {"array"}
+            and "maxItems" not in node
+            and "prefixItems" not in node
+            and contains is not None
+            and _witness_within(contains, node.get("items", {}))
+        )
+    return False
+
+
+def _witness_within(schema: Any, items: Any) -> bool:
+    """Whether a value of ``schema`` is easy to build that ``items`` also takes."""
+    import jsonschema
+
+    found = witness(schema)
+    return found is not NO_WITNESS and (
+        items in ({}, True) or jsonschema.Draft202012Validator(items).is_valid(found)
+    )
+
+
+def _separable(a: dict[str, Any] | None, b: dict[str, Any] | None, root: Any) -> bool:
+    """Whether the values in both branches are a finite set left by continuing one."""
+    if a is None or b is None:
+        return False
+    types_a, types_b = _numbers(_types(a)), _numbers(_types(b))
+    if types_a and types_b and not types_a & types_b:
+        return True
+    finite_a, finite_b = _finite(a), _finite(b)
+    return (finite_a and _open_ended(b, root)) or (finite_b and _open_ended(a, root))
+
+
+def _finite(node: dict[str, Any]) -> bool:
+    return "const" in node or isinstance(node.get("enum"), list)
+
+
+def _open_ended(node: Any, root: Any) -> bool:
+    """Whether every prefix of a value of ``node`` has infinitely many completions that
+    satisfy ``node`` (see the module docstring)."""
+    node = _resolved(node, root)
+    if node is None or _CONDITIONAL & node.keys():
+        return False
+    types = _types(node)
+    if not types:
+        return False
+    for t in types:
+        if t == "string" and _BOUNDED_STRING & node.keys():
+            return False
+        if t == "number" and _BOUNDED_NUMBER & node.keys():
+            return False
+        if t == "object" and (
+            _BOUNDED_OBJECT & node.keys() or not _takes_more(node.get("additionalProperties"))
+        ):
+            return False
+        if t == "array" and (_BOUNDED_ARRAY & node.keys() or isinstance(node.get("items"), list)):
+            return False
+        if t not in ("string", "number", "object", "array"):
+            return False
+    return True
+
+
+def _takes_more(additional: Any) -> bool:
+    """Whether ``additionalProperties`` lets an object take one more property."""
+    if additional is None or additional is True:
+        return True
+    return isinstance(additional, dict) and witness(additional) is not NO_WITNESS
+
+
+def _resolved(node: Any, root: Any) -> dict[str, Any] | None:
+    """``node`` with a bare local ``$ref`` followed (up to 32 times)."""
+    for _ in range(32):
+        if not isinstance(node, dict):
+            return None
+        if set(node) - {"$ref", "description", "title", "$comment"} or "$ref" not in node:
+            return node
+        found = local_ref(node, root)
+        if found is None:
+            return None
+        node = found[0]
+    return None
+
+
+def _types(node: dict[str, Any]) -> set[str]:
+    declared = node.get("type")
+    if isinstance(declared, str):
+        declared = [declared]
+    if not isinstance(declared, list) or not all(t in JSON_TYPES for t in declared):
+        return set()
+    return set(declared)
+
+
+def _numbers(types: set[str]) -> set[str]:
+    """``types`` with ``integer`` read as ``number`` (every integer is a number)."""
+    return {"number" if t == "integer" else t for t in types}
+
+
+def _without(node: dict[str, Any], keyword: str) -> dict[str, Any]:
+    return {k: v for k, v in node.items() if k != keyword}
+
+
+__all__ = ["dead_ends"]
