@@ -12,7 +12,6 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-
 from tests.integrations.vllm_server import VllmServer, vllm_server
 
 #: The compile deadline the server runs with (THINKSTRUCT_VLLM_COMPILE_TIMEOUT_S).

@@ -113,7 +113,7 @@ class PrecompileMiddleware:
             await asyncio.wrap_future(service.submit(constraint))
         except InvalidConstraint as error:
             return VLLMValidationError(str(error), parameter=field)
-        except Exception:  # noqa: BLE001  # an internal failure: vLLM's own validation decides
+        except Exception:  # an internal failure: vLLM's own validation decides
             logger.exception("thinkstruct: pre-compiling a %s constraint failed", constraint.kind.value)
         return None
 
