@@ -44,7 +44,7 @@ $(VLLM_STAMP): pyproject.toml constraints-vllm.txt Makefile
 
 venv-vllm: $(VLLM_STAMP)
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/ruff check src tests benchmarks
 	@# mypy (about a minute cold, one core) runs beside the tests, which leave a core idle part

