@@ -35,6 +35,8 @@ end).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from thinkstruct.grammar.schema.checks import CheckPlan, KeywordEnforcement
@@ -80,34 +82,76 @@ def dead_ends(plan: CheckPlan) -> tuple[KeywordEnforcement, ...]:
 
 
 def _enforceable(keyword: str, node: dict[str, Any], root: Any) -> bool:
-    if keyword == "uniqueItems":
-        items = node.get("items", {})
-        return node.get("uniqueItems") is not True or (
-            isinstance(items, dict) and "prefixItems" not in node and _open_ended(items, root)
-        )
-    if keyword == "not":
-        excluded = node.get("not")
-        finite = isinstance(excluded, dict) and set(excluded) in ({"const"}, {"enum"})
-        return finite and _open_ended(_without(node, "not"), root)
-    if keyword == "oneOf":
-        branches = node.get("oneOf")
-        if not isinstance(branches, list) or not all(isinstance(b, dict) for b in branches):
-            return False
-        rest = _without(node, "oneOf")
-        merged = [_resolved({**rest, **branch}, root) for branch in branches]
-        return all(_separable(a, b, root) for a, b in itertools.combinations(merged, 2))
-    if keyword == "minProperties":
-        return _types(node) == {"object"} and _open_ended(_without(node, "minProperties"), root)
-    if keyword in ("contains", "minContains"):
-        contains = node.get("contains")
-        return (
-            _types(node) == {"array"}
-            and "maxItems" not in node
-            and "prefixItems" not in node
-            and contains is not None
-            and _witness_within(contains, node.get("items", {}))
-        )
-    return False
+    rule = RULES.get(keyword)
+    return rule is not None and rule.holds(node, root)
+
+
+def _unique(node: dict[str, Any], root: Any) -> bool:
+    items = node.get("items", {})
+    return node.get("uniqueItems") is not True or (
+        isinstance(items, dict) and "prefixItems" not in node and _open_ended(items, root)
+    )
+
+
+def _not(node: dict[str, Any], root: Any) -> bool:
+    excluded = node.get("not")
+    finite = isinstance(excluded, dict) and set(excluded) in ({"const"}, {"enum"})
+    return finite and _open_ended(_without(node, "not"), root)
+
+
+def _one_of(node: dict[str, Any], root: Any) -> bool:
+    branches = node.get("oneOf")
+    if not isinstance(branches, list) or not all(isinstance(b, dict) for b in branches):
+        return False
+    rest = _without(node, "oneOf")
+    merged = [_resolved({**rest, **branch}, root) for branch in branches]
+    return all(_separable(a, b, root) for a, b in itertools.combinations(merged, 2))
+
+
+def _min_properties(node: dict[str, Any], root: Any) -> bool:
+    return _types(node) == {"object"} and _open_ended(_without(node, "minProperties"), root)
+
+
+def _contains(node: dict[str, Any], root: Any) -> bool:
+    contains = node.get("contains")
+    return (
+        _types(node) == {"array"}
+        and "maxItems" not in node
+        and "prefixItems" not in node
+        and contains is not None
+        and _witness_within(contains, node.get("items", {}))
+    )
+
+
+@dataclass(frozen=True)
+class ClosingCondition:
+    """When the closing-token rule enforces one keyword with no dead end.
+
+    Attributes:
+        when: the condition, in words (``docs/keyword_support.md`` shows it).
+        holds: whether it holds for the subschema holding the keyword (and the root, for
+            ``$ref``s).
+    """
+
+    when: str
+    holds: Callable[[dict[str, Any], Any], bool]
+
+
+#: The keywords the closing-token rule enforces, and when; every other checked keyword
+#: is a dead end (refused in strict mode).
+RULES: dict[str, ClosingCondition] = {
+    "uniqueItems": ClosingCondition("the items are open-ended", _unique),
+    "not": ClosingCondition("it excludes a `const` or an `enum` from an open-ended value", _not),
+    "oneOf": ClosingCondition(
+        "every two branches take disjoint types, or one is a `const`/`enum` and the other open-ended", _one_of
+    ),
+    "minProperties": ClosingCondition("the object is open-ended", _min_properties),
+    "contains": ClosingCondition(
+        "the array takes further items (no `maxItems`, no tuple) and a value of the `contains` subschema is easy to build",
+        _contains,
+    ),
+    "minContains": ClosingCondition("as `contains`", _contains),
+}
 
 
 def _witness_within(schema: Any, items: Any) -> bool:
@@ -199,4 +243,4 @@ def _without(node: dict[str, Any], keyword: str) -> dict[str, Any]:
     return {k: v for k, v in node.items() if k != keyword}
 
 
-__all__ = ["dead_ends"]
+__all__ = ["RULES", "ClosingCondition", "dead_ends"]
