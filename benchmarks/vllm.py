@@ -7,6 +7,9 @@ it (nothing else of the project alive meanwhile), turns interleaved round by rou
     xgrammar backend, thinking off, over HTTP: tokens per second with 1, 8 and 32
     closed-loop users (each sends its next request when one finishes), free text and
     JSON (a schema), counted from the ``usage`` of the requests that finish in the window.
+(c) ``coverage``: no server: the whole JSONSchemaBench sample through the plugin's compile
+    service as vLLM's processes build it (strict ``auto``, SmolLM2's tokenizer): compiled
+    exactly, enforced at closing tokens, refused (and by which keyword).
 (b) ``backends``: inside vLLM, the thinkstruct backend (strict) against vLLM's xgrammar
     and guidance backends: 8-user JSON tokens per second; time to first token of a
     schema never seen (a fresh property name each time, so nothing is cached); and a
@@ -18,7 +21,7 @@ it (nothing else of the project alive meanwhile), turns interleaved round by rou
 Prints each round's figures, then the medians per side and the ratios the targets are
 stated in, and the command that reproduces the run. Never asserts.
 
-    python benchmarks/vllm.py [--parts serve backends] [--rounds 2] [--window 60]
+    python benchmarks/vllm.py [--parts serve backends coverage] [--rounds 2] [--window 60]
         [--users 1 8 32] [--sample 40] [--thinking 5]
 
 vLLM runs from ``.venv-vllm`` (``make venv-vllm``), as ``make vllm-serve`` starts it.
@@ -51,6 +54,43 @@ from vllm_support import (
     thinkstruct_server,
     vllm_server,
 )
+
+
+def run_coverage() -> None:
+    import collections
+
+    from thinkstruct import InvalidConstraint
+    from thinkstruct.grammar.constraint import Constraint
+    from thinkstruct.integrations.vllm.service import PluginCompiler
+    from thinkstruct.integrations.vllm.settings import PluginSettings
+    from thinkstruct.tokenizer import smollm2_gguf_path
+
+    service = PluginCompiler(str(smollm2_gguf_path()), 49152, PluginSettings())
+    exact = closing = 0
+    refused: collections.Counter[str] = collections.Counter()
+    schemas = load_maskbench(with_valid_instances=False)
+    for entry in schemas:
+        try:
+            compiled = service.compile(Constraint.json_schema(entry.schema))
+        except InvalidConstraint as error:
+            message = str(error)
+            refused[
+                "not enforceable without undo" if "inside vLLM" in message else "refused by thinkstruct"
+            ] += 1
+            continue
+        if compiled.checks is None:
+            exact += 1
+        else:
+            closing += 1
+    service.close()
+    total = len(schemas)
+    print(
+        f"(c) coverage, strict, {total} schemas: exact {exact}, enforced at closing tokens {closing}, "
+        f"refused {sum(refused.values())} ({100 * sum(refused.values()) / total:.1f} %: "
+        + ", ".join(f"{k} {v}" for k, v in refused.items())
+        + ")",
+        flush=True,
+    )
 
 
 def run_serve_round(server: Server, users: list[int], window: float) -> dict[str, float]:
@@ -99,7 +139,12 @@ def run_backend_round(server: Server, window: float, sample: list[Any], thoughts
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--parts", nargs="+", choices=("serve", "backends"), default=["serve", "backends"])
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=("serve", "backends", "coverage"),
+        default=["serve", "backends", "coverage"],
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--window", type=float, default=60.0, help="seconds of each closed-loop measurement")
     parser.add_argument("--users", type=int, nargs="+", default=[1, 8, 32])
@@ -112,6 +157,8 @@ def main() -> None:
     if not VLLM_PYTHON.is_file():
         raise SystemExit(f"{VLLM_PYTHON} is missing: run `make venv-vllm`")
     sample = sample_schemas(load_maskbench(), count=args.sample, seed=args.seed) if args.sample else []
+    if "coverage" in args.parts:
+        run_coverage()
     results: dict[str, list[dict[str, Any]]] = {}
     for round_index in range(args.rounds):
         print(f"round {round_index + 1}", flush=True)

@@ -35,9 +35,10 @@ BACKENDS = ("thinkstruct", "xgrammar", "guidance")
 #: The plugin's ASGI middleware that compiles constraints off vLLM's event loop.
 PRECOMPILE_MIDDLEWARE = "thinkstruct.integrations.vllm.middleware.PrecompileMiddleware"
 #: vLLM's tool-call parser for each tool-call syntax of thinkstruct's families (where vLLM
-#: has one). vLLM needs a tool parser for any ``tool_choice``; a forced call (a named
-#: function, or ``required``) is then held to its arguments' schema by the structured-output
-#: backend and read back as JSON, whatever the syntax.
+#: has one). vLLM takes no ``tool_choice`` without a tool parser, and no tool parser without
+#: ``--enable-auto-tool-choice``; a forced call (a named function, or ``required``) is then
+#: held to its arguments' schema by the structured-output backend and read back as JSON,
+#: whatever the syntax.
 VLLM_TOOL_PARSERS = {
     "hermes": "hermes",
     "hermes-list": "hermes",
@@ -109,7 +110,7 @@ def vllm_command(
             command += ["--chat-template", str(template)]
     tool_parser = VLLM_TOOL_PARSERS.get(family.tool_call_syntax or "")
     if tool_parser is not None:
-        command += ["--tool-call-parser", tool_parser]
+        command += ["--enable-auto-tool-choice", "--tool-call-parser", tool_parser]
     return [*command, *extra]
 
 
