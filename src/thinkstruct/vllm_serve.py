@@ -102,7 +102,9 @@ def vllm_command(
         backend,
     ]
     if backend == "thinkstruct":
-        command += ["--middleware", PRECOMPILE_MIDDLEWARE]
+        # Every tool's arguments held to its schema, as if each were `strict: true`: vLLM's
+        # own floor for tool-call structural tags (its default holds only the envelope).
+        command += ["--middleware", PRECOMPILE_MIDDLEWARE, "--tool-strict-level", "parameter"]
     if family.chat_template is not None:
         command += ["--reasoning-parser", PARSER_PREFIX + family.name]
         template = _family_template(found.weights_dir, family.name)
