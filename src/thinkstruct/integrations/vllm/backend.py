@@ -13,6 +13,7 @@ and for how long the request thinks before its answer.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,9 @@ class ThinkstructBackend(StructuredOutputBackend):
             self._banned = tuple(
                 sorted({i for text in self.family.banned_while_thinking for i in _single_id(tokenizer, text)})
             )
+        # xgrammar compiles in a worker process; start it now rather than on the first
+        # request that needs it (a cold worker start is seconds of that request's deadline).
+        threading.Thread(target=self._warm_up, name="thinkstruct-warm-up", daemon=True).start()
         logger.info(
             "thinkstruct backend: strict=%s, compile deadline %.0f s, cache %d bytes, reasoning family %s",
             self.service.settings.strict,

@@ -10,8 +10,9 @@ vLLM chooses its structured-output backend by name from a closed list, in three 
    server with vLLM's own libraries: for this backend it validates with thinkstruct's
    (:mod:`.frontend`: a refusal is vLLM's HTTP 400, naming the JSON pointer).
 3. ``StructuredOutputManager`` builds its backend by name and compiles from the request's
-   key alone: for this backend it builds :class:`~.backend.ThinkstructBackend` and
-   compiles with the whole request (:meth:`~.backend.ThinkstructBackend.grammar_for`).
+   key alone: for this backend it builds :class:`~.backend.ThinkstructBackend` as the
+   engine starts (its compile workers start then, not on the first request) and compiles
+   with the whole request (:meth:`~.backend.ThinkstructBackend.grammar_for`).
    With one of thinkstruct's reasoning parsers the grammar follows the thought itself (its
    end tag, budget and bans), so the manager's own reasoning gate is turned off for it.
 
@@ -51,11 +52,11 @@ def install() -> bool:
     Raises:
         SeamMoved: the installed vLLM is another version, or a seam moved.
     """
-    import vllm
     from vllm.config.structured_outputs import StructuredOutputsConfig
     from vllm.sampling_params import SamplingParams
     from vllm.v1.structured_output import StructuredOutputManager
 
+    import vllm
     from thinkstruct.integrations.vllm.backend import BACKEND_NAME
 
     if getattr(StructuredOutputManager, "_thinkstruct_seam", False):
@@ -64,6 +65,7 @@ def install() -> bool:
     _require(version.startswith(SUPPORTED_VLLM), f"the version is {version}")
     for owner, name in (
         (SamplingParams, "_validate_structured_outputs"),
+        (StructuredOutputManager, "__init__"),
         (StructuredOutputManager, "grammar_init"),
         (StructuredOutputManager, "_create_grammar"),
     ):
@@ -121,8 +123,28 @@ def _wrap_validation(params_cls: Any, name: str) -> None:
 
 def _wrap_manager(manager_cls: Any, name: str) -> None:
     """Seam 3: the manager builds this backend and compiles with the whole request."""
+    original_new = manager_cls.__init__
     original_init = manager_cls.grammar_init
     original_create = manager_cls._create_grammar
+
+    def build(self: Any) -> None:
+        from thinkstruct.integrations.vllm.backend import ThinkstructBackend
+
+        self.backend = ThinkstructBackend(
+            self.vllm_config,
+            tokenizer=self.tokenizer,
+            vocab_size=self.vllm_config.model_config.get_vocab_size(),
+        )
+        if self.backend.family is not None:
+            # The grammar follows the thought itself (ReasoningGrammar).
+            self.enable_in_reasoning = True
+
+    @functools.wraps(original_new)
+    def new(self: Any, vllm_config: Any) -> None:
+        original_new(self, vllm_config)
+        config = vllm_config.structured_outputs_config
+        if config.backend == name and not vllm_config.model_config.skip_tokenizer_init:
+            build(self)
 
     @functools.wraps(original_init)
     def grammar_init(self: Any, request: Any) -> None:
@@ -134,16 +156,7 @@ def _wrap_manager(manager_cls: Any, name: str) -> None:
             and params.structured_outputs is not None
             and params.structured_outputs._backend == name
         ):
-            from thinkstruct.integrations.vllm.backend import ThinkstructBackend
-
-            self.backend = ThinkstructBackend(
-                self.vllm_config,
-                tokenizer=self.tokenizer,
-                vocab_size=self.vllm_config.model_config.get_vocab_size(),
-            )
-            if self.backend.family is not None:
-                # The grammar follows the thought itself (ReasoningGrammar).
-                self.enable_in_reasoning = True
+            build(self)  # after clear_backend()
         original_init(self, request)
 
     @functools.wraps(original_create)
@@ -154,6 +167,7 @@ def _wrap_manager(manager_cls: Any, name: str) -> None:
             return self.backend.grammar_for(request)
         return original_create(self, request)
 
+    manager_cls.__init__ = new
     manager_cls.grammar_init = grammar_init
     manager_cls._create_grammar = create_grammar
 
