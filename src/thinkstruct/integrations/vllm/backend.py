@@ -74,6 +74,12 @@ class ThinkstructBackend(StructuredOutputBackend):
             self.family.name if self.family else None,
         )
 
+    def _warm_up(self) -> None:
+        try:
+            self.service.compiler.warm_up(("xgrammar",))
+        except Exception as error:  # noqa: BLE001  # the first compile starts it instead
+            logger.warning("thinkstruct: the xgrammar compile worker did not start ahead: %s", error)
+
     def compile_grammar(
         self, request_type: Any, grammar_spec: str, stop_token_ids: Any = None
     ) -> ThinkstructGrammar:
