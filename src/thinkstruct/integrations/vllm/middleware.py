@@ -108,7 +108,8 @@ class PrecompileMiddleware:
         if found is None:
             return None
         constraint, field = found
-        service = service_for(model_config)
+        # The first call loads the tokenizer and builds the compiler: not on the event loop.
+        service = await asyncio.to_thread(service_for, model_config)
         try:
             await asyncio.wrap_future(service.submit(constraint))
         except InvalidConstraint as error:
