@@ -61,13 +61,15 @@ async def cold_while_loaded(
     )
     await asyncio.sleep(window / 3)  # let the users reach a steady batch first
     cold = await first_token_s(server, body(server, QUESTIONS[0], fresh_schema()))
-    return cold, await load
+    return cold, (await load).tokens_per_s
 
 
 def run_round(
     server: Server, window: float, body: Callable[[Server, str, dict[str, Any]], dict[str, Any]]
 ) -> dict[str, float]:
-    tps = asyncio.run(closed_loop(server, 8, window, lambda i: body(server, QUESTIONS[i % 8], PERSON)))
+    tps = asyncio.run(
+        closed_loop(server, 8, window, lambda i: body(server, QUESTIONS[i % 8], PERSON))
+    ).tokens_per_s
     cold, loaded_tps = asyncio.run(cold_while_loaded(server, window, body))
     figures = {
         "json 8 users tok/s": tps,

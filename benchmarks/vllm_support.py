@@ -133,28 +133,39 @@ def chat_body(
     return body
 
 
+@dataclass(frozen=True)
+class Load:
+    """What a closed loop measured: tokens per second, and the requests behind it."""
+
+    tokens_per_s: float
+    requests: int
+    mean_tokens: float
+
+    def line(self) -> str:
+        return f"{self.tokens_per_s:7.1f} tok/s ({self.requests} answers of {self.mean_tokens:.0f} tokens)"
+
+
 async def closed_loop(
     server: Server, users: int, window_s: float, make_body: Callable[[int], dict[str, Any]]
-) -> float:
-    """Tokens per second of ``users`` clients sending one request after another for
-    ``window_s`` seconds (completion tokens of the requests that finish in the window)."""
-    done_tokens = 0
+) -> Load:
+    """``users`` clients sending one request after another for ``window_s`` seconds:
+    completion tokens per second of the requests that finish in the window."""
+    done: list[int] = []
     deadline = time.monotonic() + window_s
     async with httpx.AsyncClient(base_url=server.url, timeout=600) as client:
 
         async def user(index: int) -> None:
-            nonlocal done_tokens
             n = index
             while time.monotonic() < deadline:
                 reply = await client.post("/v1/chat/completions", json=make_body(n))
                 n += users
                 if reply.status_code == 200 and time.monotonic() <= deadline:
-                    done_tokens += int(reply.json()["usage"]["completion_tokens"])
+                    done.append(int(reply.json()["usage"]["completion_tokens"]))
 
         started = time.monotonic()
         await asyncio.gather(*(user(i) for i in range(users)))
         elapsed = min(time.monotonic(), deadline) - started
-    return done_tokens / elapsed
+    return Load(sum(done) / elapsed, len(done), sum(done) / max(len(done), 1))
 
 
 async def first_token_s(server: Server, body: dict[str, Any]) -> float:
