@@ -53,6 +53,7 @@ from vllm_support import (
     thinking,
     thinkstruct_server,
     vllm_server,
+    warm_up,
 )
 
 #: vLLM's flag for JSON without whitespace (xgrammar and guidance).
@@ -97,6 +98,7 @@ def run_coverage() -> None:
 
 
 def run_serve_round(server: Server, users: list[int], window: float) -> dict[str, float]:
+    warm_up(server)
     figures = {}
     for mode in ("free", "json"):
         schema = PERSON if mode == "json" else None
@@ -115,6 +117,7 @@ def run_serve_round(server: Server, users: list[int], window: float) -> dict[str
 
 
 def run_backend_round(server: Server, window: float, sample: list[Any], thoughts: int) -> dict[str, Any]:
+    warm_up(server)
     tps = asyncio.run(
         closed_loop(
             server, 8, window, lambda i: chat_body(server, QUESTIONS[i % len(QUESTIONS)], schema=PERSON)

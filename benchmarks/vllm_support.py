@@ -133,6 +133,14 @@ def chat_body(
     return body
 
 
+def warm_up(server: Server) -> None:
+    """One free and one JSON request, answered before anything is measured: each side's
+    lazy start-up (compile services, vocabulary views, first compile) is not measured."""
+    with httpx.Client(base_url=server.url, timeout=900) as client:
+        for schema in (None, PERSON):
+            client.post("/v1/chat/completions", json=chat_body(server, QUESTIONS[0], schema=schema))
+
+
 @dataclass(frozen=True)
 class Load:
     """What a closed loop measured: tokens per second, and the requests behind it."""
