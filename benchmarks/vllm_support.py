@@ -24,34 +24,13 @@ import jsonschema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from e2e import PERSON, QUESTIONS  # the schema and prompts of the engine's end-to-end benchmark
 from serve_process import free_port, start_serve, wait_healthy
 from thinkstruct.vllm_serve import vllm_command
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 MAX_TOKENS = 128
-
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 40},
-        "age": {"type": "integer", "minimum": 0, "maximum": 130},
-        "city": {"type": "string", "maxLength": 40},
-        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 4},
-    },
-    "required": ["name", "age", "city", "hobbies"],
-    "additionalProperties": False,
-}
-QUESTIONS = [
-    "Describe a fictional person who lives in Paris.",
-    "Tell me about an old fisherman from Lisbon.",
-    "Invent a character: a young painter in Kyoto.",
-    "Describe a retired teacher living in Cairo.",
-    "Make up a musician from New Orleans.",
-    "Describe a scientist who works in Geneva.",
-    "Invent a chess player from Buenos Aires.",
-    "Tell me about a gardener in Cape Town.",
-]
 
 
 @dataclass
@@ -83,11 +62,10 @@ def vllm_server(
     ``pythonpath``: where vLLM's processes find the modules those flags name)."""
     port = free_port()
     command = vllm_command(port=port, backend=backend, python=str(VLLM_PYTHON), progress=False, extra=extra)
-    env = dict(
-        os.environ,
-        VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
-        PYTHONPATH=pythonpath,
-    )
+    # vLLM sets its workers' OpenMP threads itself (its CPU binding); this process's
+    # settings for thinkstruct's engine stay here.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
+    env.update(VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), PYTHONPATH=pythonpath)
     process = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -103,16 +81,22 @@ def vllm_server(
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            process.terminate()
-        try:
-            process.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    """SIGTERM to the server (its process group, where it has one), SIGKILL after 3 minutes."""
+    if process.poll() is not None:
+        return
+    _signal(process, signal.SIGTERM)
+    try:
+        process.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        _signal(process, signal.SIGKILL)
+        process.wait()
+
+
+def _signal(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):  # not a group leader: the process alone
+        process.send_signal(sig)
 
 
 def chat_body(

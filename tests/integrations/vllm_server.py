@@ -62,13 +62,10 @@ def vllm_server(
     port = _free_port()
     command = vllm_command(port=port, backend=backend, python=str(VLLM_PYTHON), progress=False)
     model = command[command.index("--served-model-name") + 1]
-    environment = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        # The main environment's paths must not leak into vLLM's interpreter.
-        "PYTHONPATH": "",
-        **(env or {}),
-    }
+    # vLLM sets its workers' OpenMP threads itself (its CPU binding), not as the test run
+    # sets them for thinkstruct's engine; the main environment's paths stay out too.
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
+    environment.update({"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": "", **(env or {})})
     with tempfile.NamedTemporaryFile("w", prefix="vllm-", suffix=".log", delete=False) as log_file:
         log = Path(log_file.name)
         process = subprocess.Popen(

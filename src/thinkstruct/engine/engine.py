@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from thinkstruct.engine.scheduler import DecodePlan
     from thinkstruct.grammar.base import CompiledGrammar, GrammarMatcher
     from thinkstruct.grammar.service.compiler import GrammarCompiler
-    from thinkstruct.tokenizer import Tokenizer
 
 log = logging.getLogger("thinkstruct.engine")
 
@@ -252,9 +251,7 @@ class Engine:
         family = model.family
         self._end_tag = family.think_end
         self._end_tag_matcher = end_tag_matcher(self.tokenizer, family.think_end)
-        self._banned_while_thinking = tuple(
-            sorted({i for text in family.banned_while_thinking for i in _single_id(self.tokenizer, text)})
-        )
+        self._banned_while_thinking = self.tokenizer.single_ids(family.banned_while_thinking)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._submitted: collections.deque[Sequence] = collections.deque()
@@ -645,13 +642,3 @@ class Engine:
         if scheduler is not None:
             scheduler.clear()
         self.stats.running = self.stats.slots_used = self.stats.kv_tokens = 0
-
-
-def _single_id(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
-    """The id of ``text`` if it is one token of the vocabulary, else nothing."""
-    hf = tokenizer.hf
-    token_id = hf.convert_tokens_to_ids(text)
-    unk = getattr(hf, "unk_token_id", None)
-    if isinstance(token_id, int) and token_id != unk and hf.convert_ids_to_tokens(token_id) == text:
-        return (token_id,)
-    return ()

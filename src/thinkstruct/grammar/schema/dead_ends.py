@@ -41,7 +41,8 @@ from typing import Any
 
 from thinkstruct.grammar.schema.checks import CheckPlan, KeywordEnforcement
 from thinkstruct.grammar.schema.instances import NO_WITNESS, witness
-from thinkstruct.grammar.schema.walk import JSON_TYPES, local_ref, resolve
+from thinkstruct.grammar.schema.keywords import _types
+from thinkstruct.grammar.schema.walk import local_ref, resolve
 
 #: Keywords that bound a string's continuations.
 _BOUNDED_STRING = frozenset({"maxLength", "pattern", "format", "enum", "const", "contentMediaType"})
@@ -168,7 +169,7 @@ def _separable(a: dict[str, Any] | None, b: dict[str, Any] | None, root: Any) ->
     """Whether the values in both branches are a finite set left by continuing one."""
     if a is None or b is None:
         return False
-    types_a, types_b = _numbers(_types(a)), _numbers(_types(b))
+    types_a, types_b = _types(a), _types(b)
     if types_a and types_b and not types_a & types_b:
         return True
     finite_a, finite_b = _finite(a), _finite(b)
@@ -188,7 +189,7 @@ def _open_ended(node: Any, root: Any) -> bool:
     types = _types(node)
     if not types:
         return False
-    for t in types:
+    for t in types - ({"integer"} if "number" in types else set()):
         if t == "string" and _BOUNDED_STRING & node.keys():
             return False
         if t == "number" and _BOUNDED_NUMBER & node.keys():
@@ -223,20 +224,6 @@ def _resolved(node: Any, root: Any) -> dict[str, Any] | None:
             return None
         node = found[0]
     return None
-
-
-def _types(node: dict[str, Any]) -> set[str]:
-    declared = node.get("type")
-    if isinstance(declared, str):
-        declared = [declared]
-    if not isinstance(declared, list) or not all(t in JSON_TYPES for t in declared):
-        return set()
-    return set(declared)
-
-
-def _numbers(types: set[str]) -> set[str]:
-    """``types`` with ``integer`` read as ``number`` (every integer is a number)."""
-    return {"number" if t == "integer" else t for t in types}
 
 
 def _without(node: dict[str, Any], keyword: str) -> dict[str, Any]:

@@ -60,9 +60,7 @@ class ThinkstructBackend(StructuredOutputBackend):
         tokenizer = self.service.tokenizer
         if self.family is not None:
             self._end_tag_tokens = len(end_tag_matcher(tokenizer, self.family.think_end).closing_ids(0))
-            self._banned = tuple(
-                sorted({i for text in self.family.banned_while_thinking for i in _single_id(tokenizer, text)})
-            )
+            self._banned = tokenizer.single_ids(self.family.banned_while_thinking)
         # xgrammar compiles in a worker process; start it now rather than on the first
         # request that needs it (a cold worker start is seconds of that request's deadline).
         threading.Thread(target=self._warm_up, name="thinkstruct-warm-up", daemon=True).start()
@@ -135,16 +133,6 @@ class ThinkstructBackend(StructuredOutputBackend):
     def destroy(self) -> None:
         """The compile service lives as long as the process (the API server's validation
         shares it); nothing to release per backend."""
-
-
-def _single_id(tokenizer: Any, text: str) -> tuple[int, ...]:
-    """The id of ``text`` if it is one token of the vocabulary, else nothing."""
-    hf = tokenizer.hf
-    token_id = hf.convert_tokens_to_ids(text)
-    unk = getattr(hf, "unk_token_id", None)
-    if isinstance(token_id, int) and token_id != unk and hf.convert_ids_to_tokens(token_id) == text:
-        return (token_id,)
-    return ()
 
 
 __all__ = ["BACKEND_NAME", "ThinkstructBackend", "ThinkstructGrammar", "reasoning_family"]
