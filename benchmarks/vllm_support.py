@@ -132,9 +132,11 @@ class Load:
     tokens_per_s: float
     requests: int
     mean_tokens: float
+    failed: int = 0
 
     def line(self) -> str:
-        return f"{self.tokens_per_s:7.1f} tok/s ({self.requests} answers of {self.mean_tokens:.0f} tokens)"
+        failed = f", {self.failed} failed" if self.failed else ""
+        return f"{self.tokens_per_s:7.1f} tok/s ({self.requests} answers of {self.mean_tokens:.0f} tokens{failed})"
 
 
 async def closed_loop(
@@ -143,21 +145,29 @@ async def closed_loop(
     """``users`` clients sending one request after another for ``window_s`` seconds:
     completion tokens per second of the requests that finish in the window."""
     done: list[int] = []
+    failed: list[int] = []
     deadline = time.monotonic() + window_s
-    async with httpx.AsyncClient(base_url=server.url, timeout=600) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=window_s + 300) as client:
 
         async def user(index: int) -> None:
             n = index
             while time.monotonic() < deadline:
-                reply = await client.post("/v1/chat/completions", json=make_body(n))
-                n += users
+                try:
+                    reply = await client.post("/v1/chat/completions", json=make_body(n))
+                except httpx.HTTPError:
+                    failed.append(n)  # no answer (a timeout): counted, not fatal
+                    continue
+                finally:
+                    n += users
                 if reply.status_code == 200 and time.monotonic() <= deadline:
                     done.append(int(reply.json()["usage"]["completion_tokens"]))
+                elif reply.status_code != 200:
+                    failed.append(n)
 
         started = time.monotonic()
         await asyncio.gather(*(user(i) for i in range(users)))
         elapsed = min(time.monotonic(), deadline) - started
-    return Load(sum(done) / elapsed, len(done), sum(done) / max(len(done), 1))
+    return Load(sum(done) / elapsed, len(done), sum(done) / max(len(done), 1), len(failed))
 
 
 async def first_token_s(server: Server, body: dict[str, Any]) -> float:
