@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from thinkstruct.engine.engine import EngineConfig
-from thinkstruct.engine.free_text import DEFAULT_REASONING_SHARE, check_reasoning_share
+from thinkstruct.engine.core.engine import EngineConfig
+from thinkstruct.engine.core.thinking_budget import DEFAULT_REASONING_SHARE, check_reasoning_share
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.backends import BACKEND_NAMES
 from thinkstruct.grammar.service.config import CompilerConfig
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # ---- serve / generate -------------------------------------------------------------------
 
 #: ``--quantize``'s default: chosen for the model by
-#: :func:`~thinkstruct.engine.models.default_quantize` (a GGUF whose blocks the kernels run:
+#: :func:`~thinkstruct.engine.model.loading.default_quantize` (a GGUF whose blocks the kernels run:
 #: ``gguf``, its own weights; otherwise ``int8-weights``).
 DEFAULT_QUANTIZE = "auto"
 

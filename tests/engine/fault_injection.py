@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import thinkstruct.engine.executor as executor_module
+import thinkstruct.engine.core.executor as executor_module
 
 #: A request with this seed fails inside its own sampling.
 SAMPLING_FAULT_SEED = 0xFA_0017

@@ -10,8 +10,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from thinkstruct.engine.core.scheduler import RequestState, Scheduler
 from thinkstruct.engine.request import FinishReason
-from thinkstruct.engine.scheduler import RequestState, Scheduler
 
 
 @dataclass(eq=False)

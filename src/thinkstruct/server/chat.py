@@ -62,7 +62,7 @@ from thinkstruct.server.usage import generation_info, total_usage
 
 if TYPE_CHECKING:
     from thinkstruct.engine import Completion, Usage
-    from thinkstruct.engine.detokenizer import TokenTexts
+    from thinkstruct.engine.output.detokenizer import TokenTexts
     from thinkstruct.parsers import ChatPrompt
 
 log = logging.getLogger("thinkstruct.server")

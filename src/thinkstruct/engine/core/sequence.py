@@ -3,7 +3,7 @@
 It holds what the three parts of the engine keep per request: the scheduler's state,
 slot and pending tokens; the executor's grammar matcher, random generator, logit
 adjustments and draft proposer; and the output processor that turns its tokens into
-deltas (:class:`~thinkstruct.engine.output.OutputProcessor`).
+deltas (:class:`~thinkstruct.engine.output.processor.OutputProcessor`).
 """
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ import concurrent.futures
 import secrets
 from typing import TYPE_CHECKING
 
-from thinkstruct.engine.logit_adjustments import LogitAdjustments
+from thinkstruct.engine.core.scheduler import RequestState
 from thinkstruct.engine.request import FinishReason, GenerationRequest
-from thinkstruct.engine.sampler import new_generator
-from thinkstruct.engine.scheduler import RequestState
+from thinkstruct.engine.sampling.logit_adjustments import LogitAdjustments
+from thinkstruct.engine.sampling.sampler import new_generator
 
 if TYPE_CHECKING:
     import torch
 
-    from thinkstruct.engine.checked_answer import CheckedAnswer
-    from thinkstruct.engine.handle import RequestHandle
-    from thinkstruct.engine.output import OutputProcessor
-    from thinkstruct.engine.speculation import NgramDrafter
+    from thinkstruct.engine.core.handle import RequestHandle
+    from thinkstruct.engine.output.checked_answer import CheckedAnswer
+    from thinkstruct.engine.output.processor import OutputProcessor
+    from thinkstruct.engine.sampling.speculation import NgramDrafter
     from thinkstruct.grammar.base import CompiledGrammar, GrammarMatcher
     from thinkstruct.grammar.runtime.value_checks import CheckFailure
 

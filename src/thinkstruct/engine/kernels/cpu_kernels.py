@@ -6,7 +6,7 @@ SmolLM2-135M at batch 8: SDPA 406 µs a layer for one query token a row, an RMS 
 79 µs). ``cpu_kernels.c`` does a layer's glue in four calls: RMS norm, per-head q/k norm
 and rotary positions (any rotary table, partial or none) plus the KV cache write,
 attention over each token's own slot (or its sliding window), and the gated SiLU; the
-matrix multiply of :class:`~thinkstruct.engine.int8_weights.Int8Linear` (int8 weights,
+matrix multiply of :class:`~thinkstruct.engine.weights.int8_weights.Int8Linear` (int8 weights,
 float32 activations, an optional bias; 8-row AVX-512 tiles where the CPU has them, the
 same bits); :meth:`CpuKernels.decoder_layers`, a whole decoder stack of int8-weight layers
 in one parallel region; and the engine's sampling and grammar-mask application.
@@ -88,7 +88,7 @@ class BlockFormat(NamedTuple):
 
 #: The GGUF block formats the kernels run, by ggml type name: the one list (``--quantize
 #: gguf`` and its default follow it). Q5, Q4_K and Q6_K blocks are regrouped first
-#: (:func:`~thinkstruct.engine.gguf_weights.pack_blocks`).
+#: (:func:`~thinkstruct.engine.weights.gguf_weights.pack_blocks`).
 GGUF_FORMATS = {
     "Q4_0": BlockFormat(1, ((2, 2), (16, 2))),  # f16 d, nibbles
     "Q4_1": BlockFormat(2, ((2, 2), (2, 2), (16, 2))),  # f16 d, f16 m, nibbles
@@ -256,7 +256,7 @@ class CpuKernels:
     ) -> torch.Tensor:
         """``x [M, K] @ W.T (+ bias [N])`` for int8 ``W [N, K]`` with row scales ``scale
         [N]``, given as ``packed [N / 16, K, 16]`` (see
-        :class:`~thinkstruct.engine.int8_weights.Int8Linear`): ``[M, N]``.
+        :class:`~thinkstruct.engine.weights.int8_weights.Int8Linear`): ``[M, N]``.
 
         Raises:
             ValueError: shapes, dtypes or layouts that do not fit together (named).

@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from thinkstruct.engine.detokenizer import IncrementalDetokenizer, TokenTexts
+from thinkstruct.engine.output.detokenizer import IncrementalDetokenizer, TokenTexts
+from thinkstruct.engine.output.stop_strings import StopStringMatcher
 from thinkstruct.engine.request import Delta, FinishReason, TokenLogprob, Usage
-from thinkstruct.engine.stop_strings import StopStringMatcher
 from thinkstruct.grammar.runtime.end_tag import COMPLETES, RUNS_ON, EndTagMatcher
 from thinkstruct.parsers.tool_calls.parser import ToolCallParser
 

@@ -5,18 +5,18 @@ matmuls 1.5x slower on two cores). Callers submit requests from any thread; the 
 thread runs continuous batching over the slots of one KV cache, in three parts with data
 flowing one way:
 
-- the :class:`~thinkstruct.engine.scheduler.Scheduler` decides: which queued requests
+- the :class:`~thinkstruct.engine.core.scheduler.Scheduler` decides: which queued requests
   take free slots (one whose grammar is still compiling keeps its place), the next
   prefill pass (several prompts' chunks in one pass of at most
   :attr:`EngineConfig.prefill_chunk` positions between two decoding steps, so running
   requests keep their pace), the next decoding pass (each row's sampled token plus the
   tokens its grammar forces, within :attr:`EngineConfig.decode_positions`), and how the
   rows are laid out after rows leave;
-- the :class:`~thinkstruct.engine.executor.Executor` runs the plan on the model runner:
+- the :class:`~thinkstruct.engine.core.executor.Executor` runs the plan on the model runner:
   the forward pass while a helper thread fills the grammar bitmask rows (the grammar
   libraries release the GIL), the masks, logit adjustments, sampling with each row's own
   generator, the grammar advance (jump-forward), speculative drafts, the prefix cache;
-- each request's :class:`~thinkstruct.engine.output.OutputProcessor` turns its tokens
+- each request's :class:`~thinkstruct.engine.output.processor.OutputProcessor` turns its tokens
   into deltas: detokenizing, the reasoning split, stop strings, tool calls.
 
 A failure in one request's own path (its grammar, its sampling, its parser) ends that
@@ -37,22 +37,22 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from thinkstruct.engine.checked_answer import CheckedAnswer, SettledToken, Undo
-from thinkstruct.engine.detokenizer import TokenTexts
-from thinkstruct.engine.executor import Executor, SampledLogprob, default_runner, spare_core
-from thinkstruct.engine.free_text import thinking_budget_matcher
-from thinkstruct.engine.handle import RequestHandle
-from thinkstruct.engine.output import OutputProcessor
+from thinkstruct.engine.core.executor import Executor, SampledLogprob, default_runner, spare_core
+from thinkstruct.engine.core.handle import RequestHandle
+from thinkstruct.engine.core.scheduler import Scheduler
+from thinkstruct.engine.core.sequence import Sequence
+from thinkstruct.engine.core.thinking_budget import thinking_budget_matcher
+from thinkstruct.engine.output.checked_answer import CheckedAnswer, SettledToken, Undo
+from thinkstruct.engine.output.detokenizer import TokenTexts
+from thinkstruct.engine.output.processor import OutputProcessor
 from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest, InvalidSamplingParam
-from thinkstruct.engine.scheduler import Scheduler
-from thinkstruct.engine.sequence import Sequence
-from thinkstruct.engine.speculation import DraftRecord, NgramDrafter, SpeculationConfig
+from thinkstruct.engine.sampling.speculation import DraftRecord, NgramDrafter, SpeculationConfig
 from thinkstruct.grammar.runtime.end_tag import end_tag_matcher
 
 if TYPE_CHECKING:
-    from thinkstruct.engine.models import LoadedModel
-    from thinkstruct.engine.runner import ModelRunner
-    from thinkstruct.engine.scheduler import DecodePlan
+    from thinkstruct.engine.core.scheduler import DecodePlan
+    from thinkstruct.engine.model.loading import LoadedModel
+    from thinkstruct.engine.runners.runner import ModelRunner
     from thinkstruct.grammar.base import CompiledGrammar, GrammarMatcher
     from thinkstruct.grammar.service.compiler import GrammarCompiler
     from thinkstruct.tokenizer import Tokenizer
@@ -108,18 +108,18 @@ class EngineConfig:
             every row of a large batch pay for them.
         idle_poll_s: how long the idle engine thread sleeps between checks.
         prefix_cache_bytes: most bytes of keys and values of finished requests kept for
-            requests that start the same way (:mod:`~thinkstruct.engine.prefix_cache`: a
+            requests that start the same way (:mod:`~thinkstruct.engine.kv.prefix_cache`: a
             chat's next turn, a repeated system prompt); 0 keeps none.
         check_tries_per_value: most times a value that fails a checked keyword (one no
-            grammar enforces: :mod:`~thinkstruct.engine.checked_answer`) is generated
+            grammar enforces: :mod:`~thinkstruct.engine.output.checked_answer`) is generated
             again at one position before the request ends with an error naming it.
         check_tries_per_request: most such retries in one request.
         masks_during_forward: fill grammar masks on a helper thread while the forward pass
             runs (the libraries release the GIL); ``None``: where a core is left over
-            beside torch's threads (:func:`~thinkstruct.engine.executor.spare_core`), else
+            beside torch's threads (:func:`~thinkstruct.engine.core.executor.spare_core`), else
             after the pass.
         speculation: n-gram drafts verified in the decoding pass
-            (:mod:`~thinkstruct.engine.speculation`), on a batch-invariant runner only
+            (:mod:`~thinkstruct.engine.sampling.speculation`), on a batch-invariant runner only
             (there a seed gives the same tokens with and without); ``None`` turns it off.
     """
 
@@ -219,12 +219,12 @@ class Engine:
     """Continuous batching over one model, one thread.
 
     Args:
-        model: the loaded model (:func:`~thinkstruct.engine.models.load_model`).
+        model: the loaded model (:func:`~thinkstruct.engine.model.loading.load_model`).
         config: scheduling limits.
         compiler: the grammar compiler requests' constraints were compiled with (the
             engine does not compile; :attr:`compiler` is offered to callers). Default: one
             over the model's tokenizer with default settings.
-        runner: a custom :class:`~thinkstruct.engine.runner.ModelRunner` (default:
+        runner: a custom :class:`~thinkstruct.engine.runners.runner.ModelRunner` (default:
             :func:`default_runner` over ``model.model``).
     """
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from thinkstruct.engine.sequence import Sequence
+    from thinkstruct.engine.core.sequence import Sequence
 
 
 #: Seconds a prompt may be passed over by shorter ones; after that it goes ahead of every
@@ -94,7 +94,7 @@ class Scheduler:
     Args:
         max_batch: KV slots (most requests prefilling or decoding at once).
         prefill_chunk: positions a prefill pass computes (see
-            :attr:`~thinkstruct.engine.engine.EngineConfig.prefill_chunk`).
+            :attr:`~thinkstruct.engine.core.engine.EngineConfig.prefill_chunk`).
         decode_positions: positions a decoding pass may compute, at least one per row.
         packs_tokens: the runner computes only the tokens fed (else rows x the longest).
         clock: seconds, monotonic (injectable for tests).

@@ -25,7 +25,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from thinkstruct.engine.prefix_cache import KvSpan
+from thinkstruct.engine.kv.prefix_cache import KvSpan
 
 #: The attention implementation name the runner sets on models it drives.
 SLOT_ATTENTION = "thinkstruct_slots"

@@ -7,7 +7,7 @@ becomes int8 with its own float32 scale (its largest magnitude / 127, symmetric)
 layer computes ``x @ (q * scale).T`` with ``x`` left in float32. Nothing depends on the
 inputs: no calibration, and the huge channels small Llamas feed their ``down_proj`` layers
 ("massive activations", peak/mean 17,000 in SmolLM2) cost nothing, where quantizing the
-activations too (:mod:`thinkstruct.engine.int8`, ``--quantize int8``) has to smooth them,
+activations too (:mod:`thinkstruct.engine.weights.int8`, ``--quantize int8``) has to smooth them,
 keeps 9 of SmolLM2's layers in float32, and moves a row's result with the other rows of its
 batch (one activation scale per tensor). Measured on SmolLM2-135M against float32,
 teacher-forced over 16 chat answers: top-1 agreement 97.2 %, mean KL 0.0044 (an earlier
@@ -16,7 +16,7 @@ prefill: float32 multiply-adds do half the work per instruction of ``int8``'s in
 (30 layers of SmolLM2's projection shapes, cold caches: 128 against 79 ms for 64 rows), while
 decoding is as fast or faster (12 against 17 ms for one row, even at 8).
 
-The matrix multiply is :mod:`~thinkstruct.engine.cpu_kernels`' ``w8_linear`` (AVX2, or
+The matrix multiply is :mod:`~thinkstruct.engine.kernels.cpu_kernels`' ``w8_linear`` (AVX2, or
 AVX-512 where the CPU has it: the weights widen to float32 in registers as they stream;
 the same bits either way). Where those kernels cannot build,
 torch's ``_weight_int8pack_mm`` computes the same function (far slower on AVX2).
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from thinkstruct.engine.cpu_kernels import CpuKernels, cpu_kernels
+from thinkstruct.engine.kernels.cpu_kernels import CpuKernels, cpu_kernels
 
 #: Output rows the packed layout interleaves (``cpu_kernels.c``): a layer whose output
 #: count is not a multiple of it stays float32.

@@ -5,10 +5,10 @@ Each layer keeps one pool of keys and one of values, ``[kv_heads, num_blocks,
 block_tokens, head_dim]`` (heads outermost: a slot whose blocks are consecutive is read
 head by head as one run, as the contiguous slot buffers were; blocks first cost attention
 about 13 % at a thousand positions, measured). A block is one index into every layer's pools: the keys and
-values of :data:`~thinkstruct.engine.prefix_cache.BLOCK_TOKENS` consecutive positions of
+values of :data:`~thinkstruct.engine.kv.prefix_cache.BLOCK_TOKENS` consecutive positions of
 one slot, every layer. ``table[slot, p // block_tokens]`` is the block holding position
 ``p`` of ``slot`` (offset ``p % block_tokens``); the compiled kernels read and write
-through it (:class:`~thinkstruct.engine.cpu_kernels.Pages`).
+through it (:class:`~thinkstruct.engine.kernels.cpu_kernels.Pages`).
 
 Blocks are reference counted: every slot's table holds one reference to each of its
 blocks, every :class:`HeldBlocks` one to each of its. So a row that moves to another slot,
@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from thinkstruct.engine.prefix_cache import BLOCK_TOKENS
+from thinkstruct.engine.kv.prefix_cache import BLOCK_TOKENS
 
 #: Fewest blocks the pools hold at first, for every slot.
 INITIAL_BLOCKS_PER_SLOT = 8
@@ -85,7 +85,7 @@ def _untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor
 @dataclass(eq=False)
 class HeldBlocks:
     """Consecutive whole blocks of a :class:`PagedKvCache`, by reference (a
-    :class:`~thinkstruct.engine.prefix_cache.HeldKv`).
+    :class:`~thinkstruct.engine.kv.prefix_cache.HeldKv`).
 
     Attributes:
         cache: the cache the blocks belong to.

@@ -1,6 +1,6 @@
 """The model runner seam: :class:`ModelRunner`; :class:`CausalLmRunner`, what runners of
 a transformers model share; :class:`SlotRunner`, what runners on a
-:class:`~thinkstruct.engine.kv_slots.SlotCache` share; and :class:`TransformersRunner`.
+:class:`~thinkstruct.engine.kv.slots.SlotCache` share; and :class:`TransformersRunner`.
 
 The scheduler asks a runner for one thing: run the model over some consecutive slots,
 each row feeding its own tokens from its own position, and return the logits of each
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from thinkstruct.engine.kv_slots import SLOT_ATTENTION, SlotCache
-from thinkstruct.engine.prefix_cache import HeldKv, KvSpan
+from thinkstruct.engine.kv.prefix_cache import HeldKv, KvSpan
+from thinkstruct.engine.kv.slots import SLOT_ATTENTION, SlotCache
 
 #: Tokens per slot allocated at start; buffers double as rows grow, up to the context.
 INITIAL_CAPACITY = 256

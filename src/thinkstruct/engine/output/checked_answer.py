@@ -30,13 +30,13 @@ import codecs
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from thinkstruct.engine.output import SampledLogprob, ThoughtTracker
+from thinkstruct.engine.output.processor import SampledLogprob, ThoughtTracker
 from thinkstruct.grammar.runtime.tag_checks import AnswerChecker, answer_checker
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from thinkstruct.engine.detokenizer import TokenTexts
+    from thinkstruct.engine.output.detokenizer import TokenTexts
     from thinkstruct.grammar.runtime.end_tag import EndTagMatcher
     from thinkstruct.grammar.runtime.value_checks import CheckFailure
     from thinkstruct.grammar.schema.tag_checks import Checks

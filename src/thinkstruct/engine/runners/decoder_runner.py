@@ -1,6 +1,6 @@
 """A lean runner for the decoder architectures of the registry: :class:`DecoderRunner`.
 
-Llama, Mistral, Qwen2, Qwen3, SmolLM3, Phi-3 (:mod:`~thinkstruct.engine.architectures`
+Llama, Mistral, Qwen2, Qwen3, SmolLM3, Phi-3 (:mod:`~thinkstruct.engine.runners.architectures`
 says how each lays out its layers: fused or separate projections, biases, per-head q/k
 norms, rotary tables, partial and absent rotary, sliding windows); one code path reads
 the entry, on the compiled kernels and on torch operations alike.
@@ -22,24 +22,24 @@ wake-up). This runner computes the same function from the same weights with fewe
   to the longest. Padding was up to 40 % of a prefill pass's positions under load
   (measured), all of it paid in the matrix multiplies;
 - attention folds the query heads that share a key/value head into the query length
-  (as :func:`~thinkstruct.engine.kv_slots.slot_attention` does), so no key or value is
+  (as :func:`~thinkstruct.engine.kv.slots.slot_attention` does), so no key or value is
   copied per query head. It stays SDPA: a row's result must not depend on how long the
   other rows of its batch are (softmax over a padded span summed in another order would
   change its last bits, and a seeded request its tokens).
 
 A float32 model (``--dtype float32``, or ``--quantize int8``, whose activations are
 float32) runs its norms, rotary positions with the cache write, attention and gated SiLU
-on :mod:`~thinkstruct.engine.cpu_kernels` where they build: four calls a layer instead of
+on :mod:`~thinkstruct.engine.kernels.cpu_kernels` where they build: four calls a layer instead of
 about twenty torch operations, and attention reads each token's own slot directly (no
 padding, no mask). Measured on SmolLM2-135M int8, interleaved in one process: a decoding
 step 36.0 against 47.8 ms at batch 1, 47.6 against 67.5 ms at batch 8.
 
-Its keys and values live in blocks (:class:`~thinkstruct.engine.kv_blocks.PagedKvCache`,
+Its keys and values live in blocks (:class:`~thinkstruct.engine.kv.blocks.PagedKvCache`,
 a block table per slot): a row that moves to another slot, a prompt that starts like a
 live row and the prefix cache's blocks are shared by reference, never copied; the kernels
 and the torch path read and write through the table. It shares the
-:class:`~thinkstruct.engine.runner.ModelRunner` contract with
-:class:`~thinkstruct.engine.runner.TransformersRunner`, which stays the runner (on slot
+:class:`~thinkstruct.engine.runners.runner.ModelRunner` contract with
+:class:`~thinkstruct.engine.runners.runner.TransformersRunner`, which stays the runner (on slot
 buffers) for every model this one does not recognise (:func:`supports` says which, and why).
 """
 
@@ -52,13 +52,20 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from thinkstruct.engine.architectures import Architecture, architecture_of, text_config
-from thinkstruct.engine.cpu_kernels import INT8, CpuKernels, LayerPointers, Pages, RopeLayout, cpu_kernels
-from thinkstruct.engine.gguf_weights import GGUFLinear
-from thinkstruct.engine.int8_weights import Int8Linear
-from thinkstruct.engine.kv_blocks import HeldBlocks, PagedKvCache
-from thinkstruct.engine.prefix_cache import HeldKv
-from thinkstruct.engine.runner import CausalLmRunner, PaddedPass, padded_pass, tail_positions
+from thinkstruct.engine.kernels.cpu_kernels import (
+    INT8,
+    CpuKernels,
+    LayerPointers,
+    Pages,
+    RopeLayout,
+    cpu_kernels,
+)
+from thinkstruct.engine.kv.blocks import HeldBlocks, PagedKvCache
+from thinkstruct.engine.kv.prefix_cache import HeldKv
+from thinkstruct.engine.runners.architectures import Architecture, architecture_of, text_config
+from thinkstruct.engine.runners.runner import CausalLmRunner, PaddedPass, padded_pass, tail_positions
+from thinkstruct.engine.weights.gguf_weights import GGUFLinear
+from thinkstruct.engine.weights.int8_weights import Int8Linear
 
 
 def supports(model: Any, *, context_length: int | None = None) -> str | None:
@@ -228,7 +235,7 @@ class DecoderRunner(CausalLmRunner):
             separate q/k/v and gate/up layers become views of the fused weights), its int8
             q/k/v and gate/up weights are stacked into new ones.
         slots, context_length, vocab_size: as for
-            :class:`~thinkstruct.engine.runner.CausalLmRunner`.
+            :class:`~thinkstruct.engine.runners.runner.CausalLmRunner`.
         kernels: run passes on the compiled kernels (:func:`cpu_kernels`) where they
             can: a float32 model whose sizes are multiples of 8, on a machine where they
             build. ``False`` computes with torch operations only.

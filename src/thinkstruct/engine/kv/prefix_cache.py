@@ -11,7 +11,7 @@ computing them. A chat's next turn, an agent's next call after a tool result, a 
 system prompt and a retried request so skip what was computed before.
 
 What a node keeps is whatever the runner's ``read`` hands over (:class:`HeldKv`): on a
-paged runner (:class:`~thinkstruct.engine.kv_blocks.PagedKvCache`) a reference to the
+paged runner (:class:`~thinkstruct.engine.kv.blocks.PagedKvCache`) a reference to the
 slot's own blocks, so keeping them copies nothing and reusing them only maps them into
 the joining slot's block table; on any other runner a copy (:class:`KvSpan`), written
 back into the joining slot. The tree does not care which: it counts ``nbytes`` and calls

@@ -1,7 +1,7 @@
 """Decoder architectures as data: :data:`ARCHITECTURES`, :data:`REFUSED`, :func:`architecture_of`.
 
 Each entry says how a transformers model type lays out a decoder layer, in the terms the
-decoder runner (:mod:`~thinkstruct.engine.decoder_runner`), its compiled kernels and its
+decoder runner (:mod:`~thinkstruct.engine.runners.decoder_runner`), its compiled kernels and its
 plain-torch path all read: which modules project the attention input (q/k/v separate or
 fused) and the MLP input (gate/up separate or fused), whether query and key heads are
 RMS-normalized before rotary positions, which layers skip rotary positions, and where a

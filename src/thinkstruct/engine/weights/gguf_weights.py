@@ -2,7 +2,7 @@
 :func:`quantize_gguf`.
 
 A GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K tensors are multiplied by the compiled
-kernels block by block (:data:`~thinkstruct.engine.cpu_kernels.GGUF_FORMATS`, ``gguf_blocks.c``): the model
+kernels block by block (:data:`~thinkstruct.engine.kernels.cpu_kernels.GGUF_FORMATS`, ``gguf_blocks.c``): the model
 computes what its file says, where dequantizing to float and re-quantizing to int8
 (``--quantize int8-weights``) rounds every weight a second time and reads more bytes a
 step (int8 is 1.03 bytes a weight with its scales, Q4_1 0.625, Q5_0 0.6875, Q8_0 1.06;
@@ -21,7 +21,7 @@ dequantized rows (llama.cpp's conversion interleaves the rotary halves of q and 
 rows of blocks move, exactly). Each
 tensor's blocks are repacked once (16 output rows side by side, the same bytes) at load.
 A Linear whose tensor is of another type (F16, Q5_K...) or of sizes the blocks do not fit
-is quantized to int8 rows instead (:class:`~thinkstruct.engine.int8_weights.Int8Linear`).
+is quantized to int8 rows instead (:class:`~thinkstruct.engine.weights.int8_weights.Int8Linear`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from thinkstruct.engine.cpu_kernels import GGUF_FORMATS, CpuKernels, cpu_kernels
-from thinkstruct.engine.int8_weights import Int8Linear
+from thinkstruct.engine.kernels.cpu_kernels import GGUF_FORMATS, CpuKernels, cpu_kernels
+from thinkstruct.engine.weights.int8_weights import Int8Linear
 from thinkstruct.parsers.gguf_metadata import GGUFTensorInfo, read_gguf_metadata, read_gguf_tensors
 
 
@@ -325,7 +325,7 @@ def quantize_gguf(model: torch.nn.Module, path: Path) -> GGUFResult:
     started = time.perf_counter()
     kernels = cpu_kernels()
     if kernels is None:
-        from thinkstruct.engine.cpu_kernels import unavailable_reason
+        from thinkstruct.engine.kernels.cpu_kernels import unavailable_reason
 
         raise ValueError(
             f"--quantize gguf runs on the compiled kernels, which are off here ({unavailable_reason()})"

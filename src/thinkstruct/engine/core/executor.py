@@ -26,22 +26,22 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from thinkstruct.engine.cpu_kernels import cpu_kernels
-from thinkstruct.engine.decoder_runner import DecoderRunner, supports
-from thinkstruct.engine.logit_adjustments import adjust_logits
-from thinkstruct.engine.logprobs import LogprobTable
-from thinkstruct.engine.prefix_cache import PrefixCache
+from thinkstruct.engine.kernels.cpu_kernels import cpu_kernels
+from thinkstruct.engine.kv.prefix_cache import PrefixCache
 from thinkstruct.engine.request import FinishReason
-from thinkstruct.engine.runner import ModelRunner, TransformersRunner
-from thinkstruct.engine.sampler import sample
-from thinkstruct.engine.speculation import PassCosts, draft_lengths
+from thinkstruct.engine.runners.decoder_runner import DecoderRunner, supports
+from thinkstruct.engine.runners.runner import ModelRunner, TransformersRunner
+from thinkstruct.engine.sampling.logit_adjustments import adjust_logits
+from thinkstruct.engine.sampling.logprobs import LogprobTable
+from thinkstruct.engine.sampling.sampler import sample
+from thinkstruct.engine.sampling.speculation import PassCosts, draft_lengths
 from thinkstruct.grammar.runtime.bitmask import TokenBitmask, allowed_count, apply_bitmask_inplace
 from thinkstruct.grammar.runtime.reasoning import ReasoningGrammar
 
 if TYPE_CHECKING:
-    from thinkstruct.engine.scheduler import DecodePlan, Move, PrefillPlan
-    from thinkstruct.engine.sequence import Sequence
-    from thinkstruct.engine.speculation import SpeculationConfig
+    from thinkstruct.engine.core.scheduler import DecodePlan, Move, PrefillPlan
+    from thinkstruct.engine.core.sequence import Sequence
+    from thinkstruct.engine.sampling.speculation import SpeculationConfig
 
 log = logging.getLogger("thinkstruct.engine")
 
@@ -82,7 +82,7 @@ def spare_core() -> bool:
 
 
 def default_runner(model: object, *, slots: int, context_length: int, vocab_size: int) -> ModelRunner:
-    """:class:`~thinkstruct.engine.decoder_runner.DecoderRunner` for the models its
+    """:class:`~thinkstruct.engine.runners.decoder_runner.DecoderRunner` for the models its
     architecture registry computes exactly (fewer operations per step), the transformers
     runner for any other."""
     reason = supports(model, context_length=context_length)
@@ -287,7 +287,7 @@ class Executor:
         """Each row's n-gram draft for this step (none where speculation does not pay or
         is off): within the step's positions, ``max_tokens`` and the context, through the
         grammar (cut where it refuses, its forced tokens in), cut where it pays most
-        (:func:`~thinkstruct.engine.speculation.draft_lengths`)."""
+        (:func:`~thinkstruct.engine.sampling.speculation.draft_lengths`)."""
         drafts: list[list[int]] = [[] for _ in rows]
         config = self.speculation
         if config is None or not self.runner.batch_invariant or len(rows) > config.max_batch:

