@@ -23,17 +23,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_model import EOS_ID, THINK_END_ID, THINK_START_ID, build_tiny_model
 
-from thinkstruct.engine.model.loading import (
-    PLAIN_FAMILY,
-    LoadedModel,
-    ModelNotFoundError,
-    UnsupportedModelError,
-    detect_family,
-    load_model,
-    models_cache_dir,
-    served_model_name,
-)
+from thinkstruct.engine.model.errors import ModelNotFoundError, UnsupportedModelError
+from thinkstruct.engine.model.families import PLAIN_FAMILY, detect_family
+from thinkstruct.engine.model.gguf_conversion import models_cache_dir
+from thinkstruct.engine.model.loading import LoadedModel, load_model
 from thinkstruct.engine.model.model_cache import MANIFEST, entry_problem, read_manifest
+from thinkstruct.engine.model.paths import served_model_name
 from thinkstruct.parsers import UnknownName, render_chat
 from thinkstruct.tokenizer import gguf_cache_key, smollm2_gguf_path
 
