@@ -202,7 +202,7 @@ def build(name: str) -> tuple[Any, Any]:
 
 def bench(name: str, args: argparse.Namespace) -> list[tuple[str, str]]:
     from thinkstruct import Constraint
-    from thinkstruct.engine.core.engine import Engine, EngineConfig
+    from thinkstruct.engine import Engine, EngineConfig
     from thinkstruct.engine.model.loading import LoadedModel
     from thinkstruct.engine.runners.decoder_runner import supports
     from thinkstruct.parsers.reasoning_families import get_reasoning_family

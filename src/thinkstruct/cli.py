@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from thinkstruct.engine.core.engine import EngineConfig
+from thinkstruct.engine.core.config import EngineConfig
 from thinkstruct.engine.core.thinking_budget import DEFAULT_REASONING_SHARE, check_reasoning_share
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.backends import BACKEND_NAMES

@@ -236,7 +236,7 @@ def test_an_architecture_with_soft_capping_is_refused_with_the_reason(caplog) ->
     runs it on transformers' modules and logs why."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    from thinkstruct.engine.core.engine import default_runner
+    from thinkstruct.engine.runners.decoder_runner import default_runner
 
     assert "soft-caps" in REFUSED["gemma3_text"]
     config = Gemma3TextConfig(**{**COMMON, "head_dim": 32})

@@ -364,7 +364,7 @@ def test_a_stacked_pass_whose_attention_is_wider_than_the_model(avx512) -> None:
 
 
 def test_a_model_the_decoder_runner_does_not_compute_gets_the_transformers_runner() -> None:
-    from thinkstruct.engine.core.engine import default_runner
+    from thinkstruct.engine.runners.decoder_runner import default_runner
 
     model = _small_llama(hidden_size=32, hidden_act="gelu")
     assert supports(model) == "activation 'gelu' (the runner computes gated SiLU)"

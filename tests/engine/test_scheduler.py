@@ -1,6 +1,7 @@
-"""The scheduler's states and slot layout, as a state machine: whatever requests join,
-start, finish or wait for their grammar, decoding rows hold slots 0..n-1, prefilling rows
-the slots above, and carrying out the returned moves leaves every row's KV in its slot."""
+"""The scheduler's states, plans and slot layout, as a state machine: whatever requests
+join, start, finish or wait for their grammar, decoding rows hold slots 0..n-1, prefilling
+rows the slots above, a reused prefix comes from a slot (or the prefix cache) that holds
+those very tokens, and carrying out the returned moves leaves every row's KV in its slot."""
 
 from __future__ import annotations
 
@@ -10,8 +11,20 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from thinkstruct.engine.core.scheduler import RequestState, Scheduler
+from thinkstruct.engine.core.scheduler import MIN_REUSED_PREFIX, Scheduler
+from thinkstruct.engine.core.sequence import RequestState
+from thinkstruct.engine.core.step import RowOutput, StepResult
 from thinkstruct.engine.request import FinishReason
+
+#: Tokens the model's prefix cache keeps together (a block).
+BLOCK = 4
+#: The start prompts may share (a system prompt).
+SHARED = list(range(100, 112))
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: list[int]
 
 
 @dataclass(eq=False)
@@ -19,14 +32,24 @@ class Row:
     """What the scheduler reads and writes of a request."""
 
     name: int
+    request: Request
     pending: list[int]
     grammar_ready: bool = True
     state: RequestState = RequestState.WAITING
     slot: int = -1
     cached: int = 0
+    cached_prompt_tokens: int = 0
     submitted_at: float = 0.0
     finish_reason: FinishReason | None = None
     left: list[int] = field(default_factory=list)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def context(self) -> list[int]:
+        return self.request.prompt_ids
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -36,17 +59,37 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.kv: dict[int, int] = {}  # slot -> the row whose KV it holds
         self.rows: list[Row] = []
         self.left: list[Row] = []
+        self.cache: list[tuple[int, ...]] = []  # what leaving rows' slots held
+
+    def _stored(self, prompt: list[int]) -> int:
+        """Whole blocks of ``prompt`` (short of its last token) that a leaving row held."""
+        best = 0
+        for tokens in self.cache:
+            n = 0
+            while n < min(len(tokens), len(prompt) - 1) and tokens[n] == prompt[n]:
+                n += 1
+            best = max(best, n // BLOCK * BLOCK)
+        return best
 
     def _lay_out(self) -> None:
-        def leaving(row: Row) -> None:
-            self.left.append(row)
-
-        for move in self.scheduler.layout(leaving):  # type: ignore[arg-type]
+        finished = [r for r in self.scheduler.held if r.state is RequestState.FINISHED]
+        layout = self.scheduler.layout()
+        assert [(x.slot, x.tokens) for x in layout.leaving] == [
+            (r.slot, r.context[: r.cached]) for r in finished if r.cached
+        ]
+        for leaving in layout.leaving:
+            self.cache.append(tuple(leaving.tokens))
+        self.left.extend(finished)
+        for move in layout.moves:
             self.kv[move.dst] = self.kv[move.src]
+        assert layout.held == len(self.scheduler.held)
 
-    @rule(length=st.integers(1, 20), ready=st.booleans())
-    def submit(self, length: int, ready: bool) -> None:
-        row = Row(name=len(self.rows), pending=list(range(length)), grammar_ready=ready)
+    @rule(
+        shared=st.integers(0, len(SHARED)), tail=st.lists(st.integers(0, 3), max_size=12), ready=st.booleans()
+    )
+    def submit(self, shared: int, tail: list[int], ready: bool) -> None:
+        prompt = SHARED[:shared] + tail or [0]
+        row = Row(name=len(self.rows), request=Request(prompt), pending=list(prompt), grammar_ready=ready)
         self.rows.append(row)
         self.scheduler.enqueue(row)  # type: ignore[arg-type]
         assert row.state is (RequestState.WAITING if ready else RequestState.WAITING_FOR_GRAMMAR)
@@ -58,23 +101,41 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule()
     def step(self) -> None:
-        self.scheduler.admit(lambda row: None)
+        candidates = self.scheduler.admissions()
+        assert all(r.grammar_ready and r.state is not RequestState.FINISHED for r in candidates)
+        self.scheduler.admit(candidates)
         for row in self.scheduler.prefilling:
-            self.kv.setdefault(row.slot, row.name)
             if row.cached == 0:
                 self.kv[row.slot] = row.name
-        plan = self.scheduler.prefill_plan(lambda row: None)
-        if plan is not None:
-            assert sum(len(c) for c in plan.chunks) <= 8 or len(plan.rows) == 1
-            joining = []
-            for row, chunk in zip(plan.rows, plan.chunks, strict=True):
-                assert self.kv[row.slot] == row.name
-                row.cached += len(chunk)
-                del row.pending[: len(chunk)]
-                if not row.pending:
-                    joining.append(row)
-            self.scheduler.started(joining)  # type: ignore[arg-type]
-            self._lay_out()
+        unstarted = self.scheduler.unstarted
+        plan = self.scheduler.prefill_plan({r: self._stored(r.request.prompt_ids) for r in unstarted})  # type: ignore[misc]
+        if plan is None:
+            return
+        for reuse in plan.reuses:
+            row = next(r for r in self.rows if r.slot == reuse.slot and r.state is RequestState.PREFILLING)
+            assert MIN_REUSED_PREFIX <= reuse.tokens < row.prompt_tokens == len(reuse.prompt)
+            assert row.cached == row.cached_prompt_tokens == reuse.tokens
+            if reuse.donor is None:
+                assert reuse.tokens == self._stored(row.request.prompt_ids)
+            else:
+                donor = next(r for r in self.rows if r.name == self.kv[reuse.donor])
+                assert donor.cached >= reuse.tokens
+                assert donor.request.prompt_ids[: reuse.tokens] == row.request.prompt_ids[: reuse.tokens]
+        assert sum(len(c) for c in plan.chunks) <= 8 or len(plan.rows) == 1
+        outputs = []
+        for row, chunk in zip(plan.rows, plan.chunks, strict=True):
+            assert self.kv[row.slot] == row.name
+            assert chunk == row.pending[: len(chunk)]
+            outputs.append(
+                RowOutput(seq=row, computed=len(chunk), pending=row.pending[len(chunk) :], draws=[])
+            )  # type: ignore[arg-type]
+        complete = [
+            row for row, chunk in zip(plan.rows, plan.chunks, strict=True) if len(chunk) == len(row.pending)
+        ]
+        started = self.scheduler.update(StepResult(rows=outputs))
+        assert started == complete
+        assert all(r.state is RequestState.DECODING and r.cached == r.prompt_tokens for r in started)
+        self._lay_out()
 
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
@@ -108,5 +169,5 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert all(r.state is RequestState.FINISHED for r in self.left)
 
 
-SchedulerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+SchedulerMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
 test_scheduler_states_and_layout = SchedulerMachine.TestCase

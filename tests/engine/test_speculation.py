@@ -233,7 +233,7 @@ def int8w(tiny_model_dir: Any) -> Any:
 
 
 def test_tail_logits_are_the_bits_of_feeding_one_token_at_a_time(int8w: Any) -> None:
-    from thinkstruct.engine.core.engine import default_runner
+    from thinkstruct.engine.runners.decoder_runner import default_runner
 
     def runner() -> Any:
         r = default_runner(int8w.model, slots=2, context_length=256, vocab_size=int8w.tokenizer.vocab_size)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from thinkstruct.engine.core.engine import Engine, EngineClosed, EngineConfig, EngineOverloaded, EngineStats
+from thinkstruct.engine.core.config import EngineClosed, EngineConfig, EngineOverloaded, EngineStats
+from thinkstruct.engine.core.engine import Engine
 from thinkstruct.engine.core.handle import RequestHandle
 from thinkstruct.engine.request import (
     Completion,

@@ -3,21 +3,28 @@
 One long-lived engine thread does all torch work (torch on two threads at once made
 matmuls 1.5x slower on two cores). Callers submit requests from any thread; the engine
 thread runs continuous batching over the slots of one KV cache, in three parts with data
-flowing one way:
+flowing one way (vLLM v1's schedule, execute, update):
 
-- the :class:`~thinkstruct.engine.core.scheduler.Scheduler` decides: which queued requests
+- the :class:`~thinkstruct.engine.core.scheduler.Scheduler` plans: which queued requests
   take free slots (one whose grammar is still compiling keeps its place), the next
   prefill pass (several prompts' chunks in one pass of at most
-  :attr:`EngineConfig.prefill_chunk` positions between two decoding steps, so running
-  requests keep their pace), the next decoding pass (each row's sampled token plus the
-  tokens its grammar forces, within :attr:`EngineConfig.decode_positions`), and how the
+  :attr:`~thinkstruct.engine.core.config.EngineConfig.prefill_chunk` positions between
+  two decoding steps, so running requests keep their pace, and the prompt prefixes taken
+  from another slot or the prefix cache), the next decoding pass (each row's sampled
+  token plus the tokens its grammar forces, within
+  :attr:`~thinkstruct.engine.core.config.EngineConfig.decode_positions`), and how the
   rows are laid out after rows leave;
-- the :class:`~thinkstruct.engine.core.executor.Executor` runs the plan on the model runner:
-  the forward pass while a helper thread fills the grammar bitmask rows (the grammar
-  libraries release the GIL), the masks, logit adjustments, sampling with each row's own
-  generator, the grammar advance (jump-forward), speculative drafts, the prefix cache;
-- each request's :class:`~thinkstruct.engine.output.processor.OutputProcessor` turns its tokens
-  into deltas: detokenizing, the reasoning split, stop strings, tool calls.
+- the :class:`~thinkstruct.engine.core.executor.Executor` runs a plan on the model runner
+  (the forward pass while a helper thread fills the grammar bitmask rows, the masks,
+  logit adjustments, sampling with each row's own generator, the grammar advance and
+  jump-forward, speculative drafts, the prefix cache) and returns what each row got, a
+  :class:`~thinkstruct.engine.core.step.StepResult`;
+- the scheduler applies the result to the rows' positions, and the engine hands each
+  row's draws to its :class:`~thinkstruct.engine.output.processor.OutputProcessor`
+  (through a :class:`~thinkstruct.engine.output.checked_answer.CheckedAnswer` where its
+  grammar has checks), which turns them into deltas: detokenizing, the reasoning split,
+  stop strings, tool calls. There the row may end (a stop, a stop string,
+  ``max_tokens``, the context) or take a value that failed its check back.
 
 A failure in one request's own path (its grammar, its sampling, its parser) ends that
 request with ``finish_reason="error"``; the batch and the engine go on.
@@ -32,187 +39,38 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from thinkstruct.engine.core.executor import Executor, SampledLogprob, default_runner, spare_core
+from thinkstruct.engine.core.config import (
+    EngineClosed,
+    EngineConfig,
+    EngineOverloaded,
+    EngineStats,
+    check_request,
+    prompt_token_limit,
+)
+from thinkstruct.engine.core.executor import Executor, spare_core
 from thinkstruct.engine.core.handle import RequestHandle
+from thinkstruct.engine.core.matchers import RequestMatchers
 from thinkstruct.engine.core.scheduler import Scheduler
 from thinkstruct.engine.core.sequence import Sequence
-from thinkstruct.engine.core.thinking_budget import thinking_budget_matcher
-from thinkstruct.engine.output.checked_answer import CheckedAnswer, SettledToken, Undo
 from thinkstruct.engine.output.detokenizer import TokenTexts
 from thinkstruct.engine.output.processor import OutputProcessor
-from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest, InvalidSamplingParam
-from thinkstruct.engine.sampling.speculation import DraftRecord, NgramDrafter, SpeculationConfig
-from thinkstruct.grammar.runtime.end_tag import end_tag_matcher
+from thinkstruct.engine.request import Delta, FinishReason, GenerationRequest
+from thinkstruct.engine.runners.decoder_runner import default_runner
+from thinkstruct.engine.sampling.speculation import DraftRecord, NgramDrafter
 
 if TYPE_CHECKING:
     from thinkstruct.engine.core.scheduler import DecodePlan
+    from thinkstruct.engine.core.step import Draw, RowOutput, StepResult
     from thinkstruct.engine.model.loading import LoadedModel
+    from thinkstruct.engine.output.checked_answer import SettledToken, Undo
     from thinkstruct.engine.runners.runner import ModelRunner
-    from thinkstruct.grammar.base import CompiledGrammar, GrammarMatcher
     from thinkstruct.grammar.service.compiler import GrammarCompiler
-    from thinkstruct.tokenizer import Tokenizer
 
 log = logging.getLogger("thinkstruct.engine")
-
-
-__all__ = [
-    "Engine",
-    "EngineClosed",
-    "EngineConfig",
-    "EngineOverloaded",
-    "EngineStats",
-    "check_request",
-    "default_runner",
-    "prompt_token_limit",
-]
-
-
-class EngineOverloaded(RuntimeError):
-    """The queue is full; try again later (HTTP 429)."""
-
-    def __init__(self, queued: int, retry_after_s: float) -> None:
-        super().__init__(f"the engine has {queued} requests waiting; try again in {retry_after_s:.0f} s")
-        self.retry_after_s = retry_after_s
-
-
-class EngineClosed(RuntimeError):
-    """The engine is shutting down or stopped (HTTP 503)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class EngineConfig:
-    """How the engine schedules.
-
-    Attributes:
-        max_batch: most requests decoded together (slots of the KV cache).
-        max_queue: most requests waiting for a slot; more are refused with
-            :class:`EngineOverloaded`.
-        max_prompt_tokens: longest prompt accepted (default: the model's context minus one).
-        prefill_chunk: positions computed per prefill pass while others decode (the
-            tokens fed, or, on a runner without ``packs_tokens``, rows x the longest
-            chunk). A joining prompt's first token waits for its whole pass, and a prompt
-            arriving during a pass for the rest of it: 256 positions are about 0.5 s at
-            int8 on two cores under load (512 gave a plain question's p99 time to first
-            token above 2 s at 64 clients; prefill was a quarter of the engine's time
-            either way).
-        decode_positions: positions a decoding step may compute, at least one per row. A
-            row feeds its sampled token and the tokens its grammar forces; the pass is
-            padded to the longest row (for attention only on a runner that
-            ``packs_tokens``), so forced tokens past ``decode_positions // rows``
-            wait for the next step (that row does not sample then) instead of making
-            every row of a large batch pay for them.
-        idle_poll_s: how long the idle engine thread sleeps between checks.
-        prefix_cache_bytes: most bytes of keys and values of finished requests kept for
-            requests that start the same way (:mod:`~thinkstruct.engine.kv.prefix_cache`: a
-            chat's next turn, a repeated system prompt); 0 keeps none.
-        check_tries_per_value: most times a value that fails a checked keyword (one no
-            grammar enforces: :mod:`~thinkstruct.engine.output.checked_answer`) is generated
-            again at one position before the request ends with an error naming it.
-        check_tries_per_request: most such retries in one request.
-        masks_during_forward: fill grammar masks on a helper thread while the forward pass
-            runs (the libraries release the GIL); ``None``: where a core is left over
-            beside torch's threads (:func:`~thinkstruct.engine.core.executor.spare_core`), else
-            after the pass.
-        speculation: n-gram drafts verified in the decoding pass
-            (:mod:`~thinkstruct.engine.sampling.speculation`), on a batch-invariant runner only
-            (there a seed gives the same tokens with and without); ``None`` turns it off.
-    """
-
-    max_batch: int = 8
-    max_queue: int = 256
-    max_prompt_tokens: int | None = None
-    prefill_chunk: int = 256
-    decode_positions: int = 64
-    idle_poll_s: float = 0.05
-    prefix_cache_bytes: int = 1 << 30
-    check_tries_per_value: int = 8
-    check_tries_per_request: int = 32
-    masks_during_forward: bool | None = None
-    speculation: SpeculationConfig | None = field(default_factory=SpeculationConfig)
-
-    def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.max_queue < 0 or self.prefill_chunk < 1 or self.decode_positions < 1:
-            raise ValueError("max_batch, prefill_chunk and decode_positions must be >= 1 and max_queue >= 0")
-        if self.prefix_cache_bytes < 0:
-            raise ValueError("prefix_cache_bytes must be >= 0")
-        if self.check_tries_per_value < 0 or self.check_tries_per_request < 0:
-            raise ValueError("check_tries_per_value and check_tries_per_request must be >= 0")
-
-
-@dataclass
-class EngineStats:
-    """Counters for monitoring (read from any thread; written by the engine thread)."""
-
-    running: int = 0
-    waiting: int = 0
-    steps: int = 0
-    prefill_tokens: int = 0
-    #: Prompt tokens copied from another slot or the prefix cache instead of computed.
-    prefix_reused_tokens: int = 0
-    #: Of those, from the prefix cache (finished requests' keys and values).
-    prefix_cache_hit_tokens: int = 0
-    #: Bytes and blocks the prefix cache holds, and blocks it evicted to stay within budget.
-    prefix_cache_bytes: int = 0
-    prefix_cache_blocks: int = 0
-    prefix_cache_evicted_blocks: int = 0
-    #: Draft tokens fed for verification, and of those the ones kept (speculation).
-    draft_tokens: int = 0
-    accepted_draft_tokens: int = 0
-    generated_tokens: int = 0
-    jump_forward_tokens: int = 0
-    #: Values generated again after failing a checked keyword, and the tokens taken back.
-    check_rollbacks: int = 0
-    resampled_tokens: int = 0
-    finished: dict[str, int] = field(default_factory=lambda: {r.value: 0 for r in FinishReason})
-    #: Seconds of the last decoding step, and of all of them; of those, in the forward pass
-    #: and waiting for / applying grammar masks after it (the rest: sampling, grammars,
-    #: detokenizing, parsing, streaming).
-    last_step_s: float = 0.0
-    step_seconds: float = 0.0
-    forward_seconds: float = 0.0
-    mask_seconds: float = 0.0
-    last_batch: int = 0
-    #: KV cache slots holding a request (running or prefilling) and the tokens cached in
-    #: them, as the last round of the engine loop left them; a finished or cancelled
-    #: request's slot is free by the end of the round that drops it.
-    slots_used: int = 0
-    kv_tokens: int = 0
-
-
-def prompt_token_limit(configured: int | None, context_length: int) -> int:
-    """The longest prompt an engine takes: ``configured`` (``None``: no own limit), capped so
-    that at least one token can be generated within ``context_length``."""
-    return min(configured or context_length - 1, context_length - 1)
-
-
-def check_request(request: GenerationRequest, *, vocab_size: int, max_prompt_tokens: int) -> None:
-    """What :meth:`Engine.submit` refuses, checked without an engine (a cluster's ingress
-    checks here before sending a request to a replica).
-
-    Raises:
-        ValueError: empty or too long prompt, ids outside the vocabulary, a negative
-            thinking budget; the message names the problem.
-        InvalidSamplingParam: a ``logit_bias`` id outside the vocabulary.
-    """
-    prompt = request.prompt_ids
-    if not prompt:
-        raise ValueError("the prompt is empty")
-    if len(prompt) > max_prompt_tokens:
-        raise ValueError(f"the prompt has {len(prompt)} tokens; this model takes at most {max_prompt_tokens}")
-    if any(not 0 <= t < vocab_size for t in prompt):
-        raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
-    for token, _ in request.sampling.logit_bias:
-        if token >= vocab_size:
-            raise InvalidSamplingParam(
-                f"logit_bias.{token}", f"logit_bias.{token}: token ids must be in [0, {vocab_size})"
-            )
-    if request.max_reasoning_tokens is not None and request.max_reasoning_tokens < 0:
-        raise ValueError("max_reasoning_tokens must be >= 0")
 
 
 class Engine:
@@ -225,7 +83,8 @@ class Engine:
             engine does not compile; :attr:`compiler` is offered to callers). Default: one
             over the model's tokenizer with default settings.
         runner: a custom :class:`~thinkstruct.engine.runners.runner.ModelRunner` (default:
-            :func:`default_runner` over ``model.model``).
+            :func:`~thinkstruct.engine.runners.decoder_runner.default_runner` over
+            ``model.model``).
     """
 
     def __init__(
@@ -249,11 +108,8 @@ class Engine:
         self._drafts = DraftRecord(self.config.speculation) if self.config.speculation is not None else None
         self._texts = TokenTexts(self.tokenizer)
         self._stop_ids = frozenset(self.tokenizer.eos_token_ids)
-        family = model.family
-        self._end_tag = family.think_end
-        self._end_tag_matcher = end_tag_matcher(self.tokenizer, family.think_end)
-        self._banned_while_thinking = tuple(
-            sorted({i for text in family.banned_while_thinking for i in _single_id(self.tokenizer, text)})
+        self._matchers = RequestMatchers(
+            self.tokenizer, model.family, texts=self._texts, stop_ids=self._stop_ids
         )
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -343,10 +199,10 @@ class Engine:
         check_request(request, vocab_size=self.tokenizer.vocab_size, max_prompt_tokens=self.max_prompt_tokens)
         grammar = request.grammar
         if grammar is not None and not isinstance(grammar, concurrent.futures.Future):
-            self._check_grammar(grammar)
+            self._matchers.check_grammar(grammar)
         handle = RequestHandle(request.request_id, loop)
         output = OutputProcessor(
-            request, texts=self._texts, end_tag=self._end_tag_matcher, stop_ids=self._stop_ids
+            request, texts=self._texts, end_tag=self._matchers.end_tag, stop_ids=self._stop_ids
         )
         seq = Sequence(request, handle, output=output, submitted_at=time.monotonic())
         if self.config.speculation is not None:
@@ -361,54 +217,16 @@ class Engine:
             self._wake.notify()
         return handle
 
-    def _check_grammar(self, grammar: CompiledGrammar) -> None:
-        if grammar.tokenizer is not self.tokenizer:
-            raise ValueError("the grammar was compiled for another tokenizer")
-
-    def _matcher(self, request: GenerationRequest) -> GrammarMatcher | None:
-        """The request's token matcher: its grammar's (thought included), the thinking
-        budget's for free text that reasons under a budget, else none; a stop token in
-        the thought ends the thought, not the response. Its grammar must be ready
-        (compiled, not still a future)."""
-        grammar = request.grammar
-        if isinstance(grammar, concurrent.futures.Future):
-            grammar = grammar.result()
-        if grammar is None:
-            if request.reasoning and request.max_reasoning_tokens is not None:
-                return thinking_budget_matcher(
-                    self.tokenizer,
-                    max_reasoning_tokens=request.max_reasoning_tokens,
-                    end_tag=self._end_tag,
-                    banned_ids_while_thinking=self._banned_while_thinking,
-                )
-            return None
-        self._check_grammar(grammar)
-        return grammar.matcher(
-            reasoning=request.reasoning,
-            max_reasoning_tokens=request.max_reasoning_tokens,
-            stops_end_thought=True,
-            banned_ids_while_thinking=self._banned_while_thinking,
-            end_tag=self._end_tag,
-        )
-
-    def _admitted(self, seq: Sequence) -> None:
-        """A request takes a slot: build its matcher (its grammar is ready now)."""
+    def _prepare(self, seq: Sequence) -> None:
+        """A request about to take a slot: build its matcher and checks (its grammar is
+        ready now); a grammar that cannot be used ends it."""
         try:
-            seq.matcher = self._matcher(seq.request)
-            grammar = seq.grammar
+            seq.matcher = self._matchers.matcher(seq.request)
+            seq.checked = self._matchers.checked(seq.request, seq.grammar)
         except Exception as e:  # noqa: BLE001 - a failed compile or a foreign grammar ends this request only
             self._finish(seq, FinishReason.ERROR, f"the grammar is not usable: {e}")
             return
-        if grammar is not None and grammar.checks is not None:
-            calls = seq.request.tool_calls
-            seq.checked = CheckedAnswer(
-                grammar.checks,
-                texts=self._texts,
-                end_tag=self._end_tag_matcher,
-                thinking=seq.request.reasoning,
-                stop_ids=self._stop_ids,
-                names=None if calls is None else calls.names,
-            )
+        if seq.checked is not None:
             seq.drafter = None  # a draft would run past a value before it is checked
 
     def _retry_after_s(self) -> float:
@@ -443,9 +261,6 @@ class Engine:
                 masks_during_forward=spare_core()
                 if self.config.masks_during_forward is None
                 else self.config.masks_during_forward,
-                stats=self.stats,
-                record=self._record,
-                finish=self._finish,
             )
         except BaseException as e:  # noqa: BLE001 - reported to start()
             failure.append(e)
@@ -499,62 +314,106 @@ class Engine:
         """Admit waiting requests into free slots and feed the next prompt chunks; the
         requests whose prompt is complete sample their first token and decode."""
         if not self._closing:
-            scheduler.admit(self._admitted)
-        plan = scheduler.prefill_plan(lambda seq: executor.reuse_prefix(seq, scheduler.held))
+            self._admit(scheduler)
+        plan = scheduler.prefill_plan(executor.cached_prefixes(scheduler.unstarted))
         if plan is None:
             return
-        joining = executor.prefill(plan)
-        if joining:
-            scheduler.started(joining)
+        result = executor.prefill(plan)
+        stats = self.stats
+        stats.prefill_tokens += result.prefill_tokens
+        stats.prefix_reused_tokens += result.reused_tokens
+        stats.prefix_cache_hit_tokens += result.cache_hit_tokens
+        if self._apply(result, scheduler):
             self._layout()
+
+    def _admit(self, scheduler: Scheduler) -> None:
+        """Queued requests whose grammar is ready take the free slots, in order; one whose
+        grammar cannot be used ends and leaves its slot to the next."""
+        while candidates := scheduler.admissions():
+            for seq in candidates:
+                self._prepare(seq)
+            scheduler.admit([s for s in candidates if s.finish_reason is None])
 
     def _decode_step(self, plan: DecodePlan, scheduler: Scheduler, executor: Executor) -> None:
         started = time.perf_counter()
-        forward_s, mask_s = executor.decode(plan)
+        result = executor.decode(plan)
+        self._apply(result, scheduler)
         self._layout()
         elapsed = time.perf_counter() - started
-        self.stats.forward_seconds += forward_s
-        self.stats.mask_seconds += mask_s
-        self.stats.steps += 1
-        self.stats.last_step_s = elapsed
-        self.stats.step_seconds += elapsed
-        self.stats.last_batch = len(plan.rows)
+        stats = self.stats
+        stats.forward_seconds += result.forward_s
+        stats.mask_seconds += result.mask_s
+        stats.draft_tokens += result.draft_tokens
+        stats.accepted_draft_tokens += result.accepted_draft_tokens
+        stats.steps += 1
+        stats.last_step_s = elapsed
+        stats.step_seconds += elapsed
+        stats.last_batch = len(plan.rows)
+
+    def _apply(self, result: StepResult, scheduler: Scheduler) -> bool:
+        """A pass's result: the scheduler takes each row's positions, then each row's draws
+        go to its output side. Whether a prompt completed (its row started decoding)."""
+        started = scheduler.update(result)
+        for row in result.rows:
+            self._settle(row)
+        return bool(started)
 
     def _layout(self) -> None:
         """Finished rows leave (their KV to the prefix cache); the others are laid out."""
         scheduler, executor = self._scheduler, self._executor
         if scheduler is None or executor is None:
             return
-        moves = scheduler.layout(executor.keep_prefix)
-        executor.move(moves, held=len(scheduler.held))
-        self.stats.running = len(scheduler.decoding)
+        executor.apply_layout(scheduler.layout())
+        cache = executor.prefix_cache
+        stats = self.stats
+        stats.running = len(scheduler.decoding)
+        stats.prefix_cache_bytes = cache.bytes
+        stats.prefix_cache_blocks = cache.blocks
+        stats.prefix_cache_evicted_blocks = cache.evicted
 
     # ---- the output side ---------------------------------------------------------------
 
-    def _record(
-        self, seq: Sequence, tokens: list[int], *, forced: int, logprob: SampledLogprob | None, stop: bool
-    ) -> None:
+    def _settle(self, row: RowOutput) -> None:
+        """One row's draws, in order, until the row ends or takes a value back (a draft
+        may have drawn past a stop string: those draws are dropped); then its error."""
+        seq = row.seq
+        try:
+            for draw in row.draws:
+                if not self._record(seq, draw):
+                    break
+        except Exception as e:  # this request's own output path failed
+            log.exception("request %s failed", seq.request.request_id)
+            self._finish(seq, FinishReason.ERROR, f"internal error in this request: {e}")
+        if row.error is not None:
+            self._finish(seq, FinishReason.ERROR, row.error)
+
+    def _record(self, seq: Sequence, draw: Draw) -> bool:
         """Tokens a row settled (sampled, then forced): its output processor turns them
         into a delta (or, while a checked value is open, later: a value that fails is
         taken back and drawn again); the row ends at a stop, a stop string,
-        ``max_tokens`` or the context."""
+        ``max_tokens`` or the context. Whether the row takes more draws."""
+        tokens = draw.tokens
+        start = seq.position
         seq.generated_ids.extend(t for t in tokens if t not in self._stop_ids)
         self.stats.generated_tokens += len(tokens)
-        self.stats.jump_forward_tokens += forced
+        self.stats.jump_forward_tokens += draw.forced
         if seq.checked is None:
-            delta = seq.output.add(tokens, forced=forced, logprob=logprob, allowed=seq.allowed_now)
+            delta = seq.output.add(tokens, forced=draw.forced, logprob=draw.logprob, allowed=draw.allowed)
             if delta is not None:
                 seq.handle.emit(delta)
         else:
-            settled = seq.checked.settle(tokens, forced=forced, logprob=logprob, allowed=seq.allowed_now)
+            settled = seq.checked.settle(
+                tokens, forced=draw.forced, logprob=draw.logprob, allowed=draw.allowed
+            )
             if settled.undo is not None:
                 self._undo(seq, settled.undo)
-                return
+                return False
             self._release(seq, settled.release)
-        if stop or seq.stopped_by_string:
+        if draw.stop or seq.stopped_by_string:
             self._finish(seq, FinishReason.STOP)
-        elif seq.generated >= seq.params.max_tokens or seq.cached + len(tokens) >= self.context_length:
+        elif seq.generated >= seq.params.max_tokens or start + len(tokens) >= self.context_length:
             self._finish(seq, FinishReason.LENGTH)
+        return seq.finish_reason is None
 
     def _release(self, seq: Sequence, settled: list[SettledToken]) -> None:
         """Hand tokens a check no longer holds back to the output processor."""
@@ -645,13 +504,3 @@ class Engine:
         if scheduler is not None:
             scheduler.clear()
         self.stats.running = self.stats.slots_used = self.stats.kv_tokens = 0
-
-
-def _single_id(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
-    """The id of ``text`` if it is one token of the vocabulary, else nothing."""
-    hf = tokenizer.hf
-    token_id = hf.convert_tokens_to_ids(text)
-    unk = getattr(hf, "unk_token_id", None)
-    if isinstance(token_id, int) and token_id != unk and hf.convert_ids_to_tokens(token_id) == text:
-        return (token_id,)
-    return ()

@@ -1,31 +1,41 @@
 """The scheduler: which requests hold a KV slot and what each feeds next (:class:`Scheduler`).
 
-It owns the requests' states (:class:`RequestState`) and their slots, and answers three
-questions each round of the engine loop, without touching the model:
+It owns the requests' states (:class:`~thinkstruct.engine.core.sequence.RequestState`),
+their slots and what each has in its slot, and answers these questions each round of the
+engine loop, without touching the model; what it decides is plain data the executor
+carries out:
 
-1. **admit**: queued requests whose grammar is ready take free slots (a request whose
+1. **admission**: queued requests whose grammar is ready take free slots (a request whose
    grammar is still compiling keeps its place and lets others pass);
 2. **prefill plan**: the next prompt chunks, several prompts in one pass of at most
-   ``prefill_chunk`` positions, shortest first (one passed over too long goes first);
+   ``prefill_chunk`` positions, shortest first (one passed over too long goes first), and
+   the prompt prefixes a starting prompt takes from another slot or the prefix cache
+   instead of computing them (:class:`Reuse`; what the prefix cache holds is asked of the
+   executor before planning);
 3. **decode plan**: every decoding row's feed (its sampled token and the tokens its
    grammar forced, within ``decode_positions`` for the pass);
-
-and after a pass, **layout**: finished rows leave and the decoding row in the highest
-slot moves into each hole, so decoding rows always hold slots ``0..n-1`` and prefilling
-rows the slots above them. It returns the moves; the executor carries them out.
+4. **update**: a pass's :class:`~thinkstruct.engine.core.step.StepResult` applied to each
+   row's positions and pending tokens; a prompt complete starts decoding;
+5. **layout**: finished rows leave (their positions go to the prefix cache) and the
+   decoding row in the highest slot moves into each hole, so decoding rows always hold
+   slots ``0..n-1`` and prefilling rows the slots above them (:class:`Layout`).
 """
 
 from __future__ import annotations
 
 import collections
-import enum
+import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from thinkstruct.engine.core.sequence import RequestState
+
 if TYPE_CHECKING:
     from thinkstruct.engine.core.sequence import Sequence
+    from thinkstruct.engine.core.step import StepResult
 
 
 #: Seconds a prompt may be passed over by shorter ones; after that it goes ahead of every
@@ -38,27 +48,31 @@ if TYPE_CHECKING:
 PREFILL_PATIENCE_S = 5.0
 
 
-class RequestState(enum.Enum):
-    """Where a request is in its life (one value at a time)."""
+#: Shortest prompt prefix worth taking from another slot (a copy of a few positions costs
+#: about what computing them does).
+MIN_REUSED_PREFIX = 4
 
-    WAITING = "waiting"
-    """Queued for a KV slot."""
-    WAITING_FOR_GRAMMAR = "waiting_for_grammar"
-    """Queued; its grammar is still compiling (others may pass it)."""
-    PREFILLING = "prefilling"
-    """Holds a slot; its prompt is being fed."""
-    DECODING = "decoding"
-    """Holds a slot; generating."""
-    FINISHED = "finished"
-    """Ended (its finish reason says why); its slot is free after the next layout."""
+
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """Slot ``slot`` takes the first ``tokens`` positions of its prompt ``prompt`` from slot
+    ``donor``, or from the prefix cache (``donor`` ``None``), instead of computing them."""
+
+    slot: int
+    tokens: int
+    donor: int | None
+    prompt: Seq[int]
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillPlan:
-    """One prefill pass: ``rows`` (in consecutive slots from ``rows[0].slot``) feed ``chunks``."""
+    """One prefill pass: ``rows`` (in consecutive slots from ``rows[0].slot``) feed ``chunks``,
+    after ``reuses`` are carried out in order (a reuse may be for a prompt the pass has no
+    room for: it starts next pass)."""
 
     rows: list[Sequence]
     chunks: list[list[int]]
+    reuses: list[Reuse]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +102,32 @@ class Move:
     length: int
 
 
+@dataclass(frozen=True, slots=True)
+class Leaving:
+    """A finished row's slot ``slot`` holds the keys and values of ``tokens`` (positions
+    ``0..len(tokens)-1``): the prefix cache may keep them before another row moves in."""
+
+    slot: int
+    tokens: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The slots after rows leave: ``leaving`` rows' positions go to the prefix cache
+    first, then ``moves`` are carried out in order; slots ``held...`` then hold nothing."""
+
+    leaving: list[Leaving]
+    moves: list[Move]
+    held: int
+
+
 class Scheduler:
     """Request states, slots and the plan of each pass.
 
     Args:
         max_batch: KV slots (most requests prefilling or decoding at once).
         prefill_chunk: positions a prefill pass computes (see
-            :attr:`~thinkstruct.engine.core.engine.EngineConfig.prefill_chunk`).
+            :attr:`~thinkstruct.engine.core.config.EngineConfig.prefill_chunk`).
         decode_positions: positions a decoding pass may compute, at least one per row.
         packs_tokens: the runner computes only the tokens fed (else rows x the longest).
         clock: seconds, monotonic (injectable for tests).
@@ -137,6 +170,11 @@ class Scheduler:
         """Rows holding a slot (decoding, prefilling, or finished and not yet laid out)."""
         return list(self._held)
 
+    @property
+    def unstarted(self) -> list[Sequence]:
+        """Prefilling rows whose slot holds nothing yet (a prefix may still be reused for them)."""
+        return [s for s in self._held if s.state is RequestState.PREFILLING and s.cached == 0]
+
     def has_work(self) -> bool:
         return bool(self._queue or self._held)
 
@@ -149,56 +187,67 @@ class Scheduler:
 
     # ---- admission -------------------------------------------------------------------
 
-    def admit(self, ready: Callable[[Sequence], None]) -> None:
-        """Give free slots to queued requests in order, passing over those whose grammar
-        is still compiling; ``ready(seq)`` prepares each admitted one (builds its
-        matcher; may finish it)."""
-        if len(self._held) >= self.max_batch or not self._queue:
-            return
+    def admissions(self) -> list[Sequence]:
+        """The queued requests that take a slot now, in queue order: as many as slots are
+        free, passing over those whose grammar is still compiling (and finished ones).
+        The engine prepares them (builds their matchers) and admits those still alive
+        (:meth:`admit`)."""
+        free = self.max_batch - len(self._held)
+        if free <= 0:
+            return []
+        ready = (s for s in self._queue if s.state is not RequestState.FINISHED and s.grammar_ready)
+        return list(itertools.islice(ready, free))
+
+    def admit(self, rows: list[Sequence]) -> None:
+        """``rows`` (from :meth:`admissions`) take the next free slots, in order, and start
+        prefilling; finished requests leave the queue, and the others wait (for a slot, or
+        for their grammar)."""
+        if len(self._held) + len(rows) > self.max_batch:
+            raise RuntimeError(
+                f"{len(rows)} rows admitted with {self.max_batch - len(self._held)} slots free"
+            )
+        admitted = set(map(id, rows))
         kept: collections.deque[Sequence] = collections.deque()
-        while self._queue:
-            seq = self._queue.popleft()
-            if seq.state is RequestState.FINISHED:
+        for seq in self._queue:
+            if id(seq) in admitted or seq.state is RequestState.FINISHED:
                 continue
-            if not seq.grammar_ready:
-                seq.state = RequestState.WAITING_FOR_GRAMMAR
-                kept.append(seq)
-                continue
-            if len(self._held) >= self.max_batch:
-                seq.state = RequestState.WAITING
-                kept.append(seq)
-                continue
-            ready(seq)
-            if seq.finish_reason is not None:  # its grammar could not be used
-                continue
+            seq.state = RequestState.WAITING if seq.grammar_ready else RequestState.WAITING_FOR_GRAMMAR
+            kept.append(seq)
+        self._queue = kept
+        for seq in rows:
             seq.state = RequestState.PREFILLING
             seq.slot = len(self._held)
             seq.cached = 0
             self._held.append(seq)
-        self._queue = kept
 
     # ---- plans -----------------------------------------------------------------------
 
-    def prefill_plan(self, reuse: Callable[[Sequence], None]) -> PrefillPlan | None:
-        """The next prefill pass, or ``None`` when nothing is prefilling. ``reuse(seq)``
-        lets a prompt about to start take a cached prefix (it may advance ``seq.cached``).
+    def prefill_plan(self, cached: Mapping[Sequence, int]) -> PrefillPlan | None:
+        """The next prefill pass, or ``None`` when nothing is prefilling. ``cached``: for
+        :attr:`unstarted` rows, how many of their prompt's first tokens the prefix cache
+        holds (whole blocks, short of the prompt's last token).
 
-        Each prompt is cut at multiples of ``prefill_chunk`` whatever else is prefilling,
-        so a request's own computation never depends on the others (with batch-invariant
-        kernels, a seed then gives the same tokens in any batch); rows join the pass in
-        order while their next chunk fits the pass's token budget."""
+        A prompt about to join a pass takes the longest prefix another slot or the prefix
+        cache holds (:meth:`_reuse`): now, not at admission, as the order below renumbers
+        only prompts holding nothing, and a prompt that reuses a prefix here is in this
+        pass or the next. Each prompt is cut at multiples of ``prefill_chunk`` from where
+        it starts, whatever else is prefilling, so a request's own computation never
+        depends on the others (with batch-invariant kernels, a seed then gives the same
+        tokens in any batch); rows join the pass in order while their next chunk fits the
+        pass's token budget."""
         if not self.prefilling:
             return None
         self._order_prefills()
         size = self.prefill_chunk
         rows: list[Sequence] = []
         chunks: list[list[int]] = []
+        reuses: list[Reuse] = []
         width = fed = 0
         for seq in self.prefilling:
             if seq.cached == 0:
-                # Now, not at admission: the order above renumbers only prompts holding no
-                # KV, and a prompt that reuses a prefix here is in this pass or the next.
-                reuse(seq)
+                reuse = self._reuse(seq, cached.get(seq, 0))
+                if reuse is not None:
+                    reuses.append(reuse)
             chunk = seq.pending[:size]
             # What the pass computes: its tokens, or (a runner that pads) rows x its longest.
             cost = fed + len(chunk) if self.packs_tokens else (len(rows) + 1) * max(width, len(chunk))
@@ -208,7 +257,36 @@ class Scheduler:
             fed += len(chunk)
             rows.append(seq)
             chunks.append(chunk)
-        return PrefillPlan(rows=rows, chunks=chunks)
+        return PrefillPlan(rows=rows, chunks=chunks, reuses=reuses)
+
+    def _reuse(self, seq: Sequence, stored: int) -> Reuse | None:
+        """Give ``seq``'s slot the longest prefix of its prompt that another slot holds (a
+        shared system prompt, chat template, tool list, or the same prompt for ``n`` > 1)
+        or that the prefix cache holds (``stored`` tokens: a finished request's, as a
+        chat's previous turn), where it is at least :data:`MIN_REUSED_PREFIX` tokens; at
+        least the prompt's last token is still computed (its logits give the first token).
+
+        On a batch-invariant runner what is reused is the same bits as computing it; on
+        others, what an earlier pass computed (equal within rounding)."""
+        prompt = seq.request.prompt_ids
+        best: Sequence | None = None
+        length = MIN_REUSED_PREFIX - 1
+        for donor in self._held:
+            if donor is seq or donor.cached <= length:
+                continue
+            limit = min(donor.cached, donor.prompt_tokens, len(prompt) - 1)
+            shared = common_prefix(prompt, donor.request.prompt_ids, limit)
+            if shared > length:
+                best, length = donor, shared
+        if stored > length:
+            reuse = Reuse(slot=seq.slot, tokens=stored, donor=None, prompt=prompt)
+        elif best is not None:
+            reuse = Reuse(slot=seq.slot, tokens=length, donor=best.slot, prompt=prompt)
+        else:
+            return None
+        seq.cached = seq.cached_prompt_tokens = reuse.tokens
+        del seq.pending[: reuse.tokens]
+        return reuse
 
     def decode_plan(self) -> DecodePlan | None:
         rows = self.decoding
@@ -219,15 +297,26 @@ class Scheduler:
         ready = [i for i, s in enumerate(rows) if len(s.pending) <= width]
         return DecodePlan(rows=rows, feeds=feeds, ready=ready, width=width)
 
-    def started(self, rows: list[Sequence]) -> None:
-        """``rows`` fed their whole prompt and sampled their first token: they decode.
-        They are always the lowest prefilling rows (a prompt that is not complete fills
-        its pass alone), so decoding rows stay below every prefilling one."""
-        for seq in rows:
-            if seq.state is RequestState.PREFILLING:
+    # ---- after a pass ----------------------------------------------------------------
+
+    def update(self, result: StepResult) -> list[Sequence]:
+        """Apply a pass's result: each row's slot holds its ``computed`` positions more and
+        it feeds its ``pending`` tokens next. A prefilling row whose whole prompt is in its
+        slot now (it sampled its first token) decodes; those rows are returned. They are
+        always the lowest prefilling rows (a prompt that is not complete fills its pass
+        alone), so decoding rows stay below every prefilling one."""
+        started: list[Sequence] = []
+        for out in result.rows:
+            seq = out.seq
+            seq.cached += out.computed
+            seq.pending = out.pending
+            if seq.state is RequestState.PREFILLING and seq.cached >= seq.prompt_tokens:
                 seq.state = RequestState.DECODING
-        order = {RequestState.DECODING: 0, RequestState.FINISHED: 0, RequestState.PREFILLING: 1}
-        self._held.sort(key=lambda s: (order.get(s.state, 1), s.slot))
+                started.append(seq)
+        if started:
+            order = {RequestState.DECODING: 0, RequestState.FINISHED: 0, RequestState.PREFILLING: 1}
+            self._held.sort(key=lambda s: (order.get(s.state, 1), s.slot))
+        return started
 
     def _order_prefills(self) -> None:
         """Shortest remaining prompt first among the prompts not started, except that a
@@ -255,9 +344,9 @@ class Scheduler:
 
     # ---- layout ----------------------------------------------------------------------
 
-    def layout(self, leaving: Callable[[Sequence], None]) -> list[Move]:
-        """Drop finished rows (``leaving(seq)`` first, while their slot still holds their
-        KV); return the moves that lay the others out as decoding rows in slots
+    def layout(self) -> Layout:
+        """Drop finished rows (their slots' positions listed first, for the prefix cache,
+        while their slot still holds them); lay the others out as decoding rows in slots
         ``0..n-1``, then the prefilling ones (the rows' ``slot`` is already updated).
 
         A decoding row that leaves is replaced by the decoding row in the highest slot
@@ -268,9 +357,11 @@ class Scheduler:
         Raises:
             RuntimeError: the slot order is broken (a prefilling row would move up).
         """
-        for seq in self._held:
-            if seq.state is RequestState.FINISHED:
-                leaving(seq)
+        leaving = [
+            Leaving(s.slot, s.context[: s.cached])
+            for s in self._held
+            if s.state is RequestState.FINISHED and s.slot >= 0 and s.cached > 0
+        ]
         decoding = [s for s in self._held if s.state is RequestState.DECODING]
         prefilling = [s for s in self._held if s.state is RequestState.PREFILLING]
         moves: list[Move] = []
@@ -288,7 +379,7 @@ class Scheduler:
                 moves.append(Move(seq.slot, target, seq.cached))
                 seq.slot = target
         self._held = [*decoding, *prefilling]
-        return moves
+        return Layout(leaving=leaving, moves=moves, held=len(self._held))
 
     def drop_finished_queued(self) -> None:
         self._queue = collections.deque(s for s in self._queue if s.state is not RequestState.FINISHED)
@@ -296,3 +387,13 @@ class Scheduler:
     def clear(self) -> None:
         self._queue.clear()
         self._held = []
+
+
+def common_prefix(a: Seq[int], b: Seq[int], limit: int) -> int:
+    """How many leading tokens ``a`` and ``b`` share, up to ``limit``."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if n >= limit or x != y:
+            break
+        n += 1
+    return n

@@ -1,4 +1,5 @@
-"""One request while the engine runs it: :class:`Sequence`.
+"""One request while the engine runs it: :class:`Sequence`, and where it is in its life
+(:class:`RequestState`).
 
 It holds what the three parts of the engine keep per request: the scheduler's state,
 slot and pending tokens; the executor's grammar matcher, random generator, logit
@@ -9,10 +10,10 @@ deltas (:class:`~thinkstruct.engine.output.processor.OutputProcessor`).
 from __future__ import annotations
 
 import concurrent.futures
+import enum
 import secrets
 from typing import TYPE_CHECKING
 
-from thinkstruct.engine.core.scheduler import RequestState
 from thinkstruct.engine.request import FinishReason, GenerationRequest
 from thinkstruct.engine.sampling.logit_adjustments import LogitAdjustments
 from thinkstruct.engine.sampling.sampler import new_generator
@@ -26,6 +27,21 @@ if TYPE_CHECKING:
     from thinkstruct.engine.sampling.speculation import NgramDrafter
     from thinkstruct.grammar.base import CompiledGrammar, GrammarMatcher
     from thinkstruct.grammar.runtime.value_checks import CheckFailure
+
+
+class RequestState(enum.Enum):
+    """Where a request is in its life (one value at a time)."""
+
+    WAITING = "waiting"
+    """Queued for a KV slot."""
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"
+    """Queued; its grammar is still compiling (others may pass it)."""
+    PREFILLING = "prefilling"
+    """Holds a slot; its prompt is being fed."""
+    DECODING = "decoding"
+    """Holds a slot; generating."""
+    FINISHED = "finished"
+    """Ended (its finish reason says why); its slot is free after the next layout."""
 
 
 class Sequence:
@@ -78,8 +94,6 @@ class Sequence:
         self.resampled_tokens = 0
         #: Proposes speculative drafts from this request's context (set by the engine).
         self.drafter: NgramDrafter | None = None
-        #: How many tokens the mask the next sampled token is drawn under allows.
-        self.allowed_now = 0
         self.submitted_at = submitted_at
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None

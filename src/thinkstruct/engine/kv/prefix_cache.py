@@ -130,6 +130,20 @@ class PrefixCache:
     def match(self, tokens: Sequence[int], *, limit: int) -> PrefixMatch:
         """The longest run of whole blocks at the start of ``tokens`` the tree holds, at
         most ``limit`` tokens, marked as just used."""
+        path = self._path(tokens, limit)
+        if not path:
+            return PrefixMatch(0, None)
+        self._touch(path)
+        held = [n.kv for n in path if n.kv is not None]
+        return PrefixMatch(len(path) * self.block_tokens, type(held[0]).concat(held))
+
+    def peek(self, tokens: Sequence[int], *, limit: int) -> int:
+        """How many tokens :meth:`match` would give now, without marking them used."""
+        return len(self._path(tokens, limit)) * self.block_tokens
+
+    def _path(self, tokens: Sequence[int], limit: int) -> list[_Node]:
+        """The nodes of the longest run of whole blocks at the start of ``tokens`` (at most
+        ``limit`` tokens) the tree holds."""
         node = self._root
         path: list[_Node] = []
         size = self.block_tokens
@@ -139,11 +153,7 @@ class PrefixCache:
                 break
             node = child
             path.append(node)
-        if not path:
-            return PrefixMatch(0, None)
-        self._touch(path)
-        held = [n.kv for n in path if n.kv is not None]
-        return PrefixMatch(len(path) * size, type(held[0]).concat(held))
+        return path
 
     def insert(self, tokens: Sequence[int], read: Callable[[int, int], HeldKv]) -> int:
         """Keep the whole blocks of ``tokens`` (the positions a slot holds, from 0) that the

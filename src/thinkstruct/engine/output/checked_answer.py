@@ -30,7 +30,8 @@ import codecs
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from thinkstruct.engine.output.processor import SampledLogprob, ThoughtTracker
+from thinkstruct.engine.output.processor import ThoughtTracker
+from thinkstruct.engine.sampling.logprobs import SampledLogprob
 from thinkstruct.grammar.runtime.tag_checks import AnswerChecker, answer_checker
 
 if TYPE_CHECKING:

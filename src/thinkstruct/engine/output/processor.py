@@ -20,15 +20,13 @@ from typing import TYPE_CHECKING
 from thinkstruct.engine.output.detokenizer import IncrementalDetokenizer, TokenTexts
 from thinkstruct.engine.output.stop_strings import StopStringMatcher
 from thinkstruct.engine.request import Delta, FinishReason, TokenLogprob, Usage
+from thinkstruct.engine.sampling.logprobs import SampledLogprob
 from thinkstruct.grammar.runtime.end_tag import COMPLETES, RUNS_ON, EndTagMatcher
 from thinkstruct.parsers.tool_calls.parser import ToolCallParser
 
 if TYPE_CHECKING:
     from thinkstruct.engine.request import GenerationRequest
     from thinkstruct.parsers.tool_calls.types import ToolCallDelta, ToolStreamResult
-
-#: A sampled token's log-probability and the most likely alternatives.
-SampledLogprob = tuple[float, tuple[tuple[int, float], ...]]
 
 
 class ThoughtTracker:

@@ -40,12 +40,14 @@ live row and the prefix cache's blocks are shared by reference, never copied; th
 and the torch path read and write through the table. It shares the
 :class:`~thinkstruct.engine.runners.runner.ModelRunner` contract with
 :class:`~thinkstruct.engine.runners.runner.TransformersRunner`, which stays the runner (on slot
-buffers) for every model this one does not recognise (:func:`supports` says which, and why).
+buffers) for every model this one does not recognise (:func:`supports` says which, and why;
+:func:`default_runner` picks between the two).
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -63,9 +65,18 @@ from thinkstruct.engine.kernels.cpu_kernels import (
 from thinkstruct.engine.kv.blocks import HeldBlocks, PagedKvCache
 from thinkstruct.engine.kv.prefix_cache import HeldKv
 from thinkstruct.engine.runners.architectures import Architecture, architecture_of, text_config
-from thinkstruct.engine.runners.runner import CausalLmRunner, PaddedPass, padded_pass, tail_positions
+from thinkstruct.engine.runners.runner import (
+    CausalLmRunner,
+    ModelRunner,
+    PaddedPass,
+    TransformersRunner,
+    padded_pass,
+    tail_positions,
+)
 from thinkstruct.engine.weights.gguf_weights import GGUFLinear
 from thinkstruct.engine.weights.int8_weights import Int8Linear
+
+log = logging.getLogger("thinkstruct.engine")
 
 
 def supports(model: Any, *, context_length: int | None = None) -> str | None:
@@ -549,3 +560,13 @@ def _padded(packed: torch.Tensor, real: torch.Tensor | None, rows: int, width: i
     out = packed.new_zeros((rows * width, packed.shape[-1]))
     out.index_copy_(0, real, packed)
     return out.view(rows, width, packed.shape[-1])
+
+
+def default_runner(model: Any, *, slots: int, context_length: int, vocab_size: int) -> ModelRunner:
+    """:class:`DecoderRunner` for the models its architecture registry computes exactly
+    (fewer operations per step), the transformers runner for any other (logging why)."""
+    reason = supports(model, context_length=context_length)
+    if reason is None:
+        return DecoderRunner(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
+    log.info("transformers runner (not the decoder runner: %s)", reason)
+    return TransformersRunner(model, slots=slots, context_length=context_length, vocab_size=vocab_size)

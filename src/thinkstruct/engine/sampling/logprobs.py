@@ -17,6 +17,9 @@ import torch
 
 from thinkstruct.engine.request import SamplingParams
 
+#: A sampled token's log-probability and its most likely alternatives (token, log-probability).
+SampledLogprob = tuple[float, tuple[tuple[int, float], ...]]
+
 
 class LogprobTable:
     """The log-softmax of the rows of ``logits [rows, vocab]`` whose parameters ask for
@@ -40,7 +43,7 @@ class LogprobTable:
                     (i, v) for i, v in zip(row_ids[:n], row_values[:n], strict=True) if v != -math.inf
                 )
 
-    def entry(self, row: int, token: int) -> tuple[float, tuple[tuple[int, float], ...]] | None:
+    def entry(self, row: int, token: int) -> SampledLogprob | None:
         """``token``'s log-probability in row ``row`` and the row's most likely tokens
         (``None`` for a row that did not ask)."""
         j = self._position.get(row)

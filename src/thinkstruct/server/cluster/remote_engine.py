@@ -27,7 +27,7 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any, cast
 
-from thinkstruct.engine.core.engine import EngineClosed, EngineStats, check_request, prompt_token_limit
+from thinkstruct.engine.core.config import EngineClosed, EngineStats, check_request, prompt_token_limit
 from thinkstruct.engine.output.detokenizer import TokenTexts
 from thinkstruct.engine.request import Completion, Delta, FinishReason, join_deltas
 from thinkstruct.server.cluster.outbox import DeltaOrder
