@@ -777,6 +777,3 @@ def run() -> None:
     sys.stderr.flush()
     os._exit(code)
 
-
-if __name__ == "__main__":
-    run()
