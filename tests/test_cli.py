@@ -127,7 +127,7 @@ def test_models_load_quantized_as_the_model_suits_unless_told_otherwise(
 ) -> None:
     """serve and generate let the loader choose by default (a GGUF's own blocks, or int8
     weights: :func:`default_quantize`); ``--quantize none`` keeps ``--dtype``'s weights."""
-    import thinkstruct.engine
+    from thinkstruct.engine import assembly
 
     seen: dict[str, object] = {}
 
@@ -135,7 +135,7 @@ def test_models_load_quantized_as_the_model_suits_unless_told_otherwise(
         seen.update(kwargs)
         raise ValueError("stop here: the model is not needed")
 
-    monkeypatch.setattr(thinkstruct.engine, "load_model", load_model)
+    monkeypatch.setattr(assembly, "load_model", load_model)
     schema = tmp_path / "schema.json"
     schema.write_text('{"type": "boolean"}')
     with pytest.raises(ValueError, match="stop here"):
