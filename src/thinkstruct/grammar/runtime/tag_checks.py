@@ -281,10 +281,15 @@ def answer_checker(plan: Checks, *, names: Mapping[str, str] | None = None) -> A
     return ValueChecker(plan)
 
 
-def first_failed_tag_check(plan: TagChecks, text: str) -> CheckFailure | None:
-    """The first failure of a whole answer ``text`` held to a structural tag, or ``None``."""
-    checker = TagChecker(plan)
+def first_failed_check(plan: Checks, text: str) -> CheckFailure | None:
+    """The first failure of a whole answer ``text`` under ``plan`` (a schema's: the text
+    is JSON; a structural tag's: each call's JSON is checked), or ``None``.
+
+    Raises:
+        ValueError: ``text`` is not JSON (a schema's plan).
+    """
+    checker = answer_checker(plan)
     return checker.feed(text) or checker.finish()
 
 
-__all__ = ["AnswerChecker", "TagChecker", "answer_checker", "first_failed_tag_check"]
+__all__ = ["AnswerChecker", "TagChecker", "answer_checker", "first_failed_check"]

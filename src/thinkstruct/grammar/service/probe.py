@@ -40,7 +40,7 @@ from thinkstruct.grammar.runtime.matcher import StopTokenMatcher
 from thinkstruct.grammar.schema.instances import integral, witnesses
 
 if TYPE_CHECKING:
-    from thinkstruct.grammar.base import CompiledGrammar
+    from thinkstruct.grammar.compiled import CompiledGrammar
     from thinkstruct.grammar.runtime.matcher import GrammarMatcher
 
 _JSON_KINDS = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
