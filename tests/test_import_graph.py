@@ -10,6 +10,7 @@ it: only a module named in an import statement is an edge.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,7 +79,9 @@ def _imported(name: str, path: Path, modules: dict[str, Path]) -> Iterator[str]:
                     yield found
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
+    """Each module with the package's modules it imports (read-only: shared by the tests)."""
     modules = _modules()
     return {name: set(_imported(name, path, modules)) - {name} for name, path in modules.items()}
 
