@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from thinkstruct.byte_level import char_to_byte
-from thinkstruct.locations import cache_dir as cache_dir  # engine/ reads it here
+from thinkstruct.locations import cache_dir as cache_dir  # exported: engine/ imports it from here
 from thinkstruct.locations import package_dir
 
 if TYPE_CHECKING:  # heavy imports stay lazy: `import thinkstruct` must be cheap
