@@ -10,6 +10,11 @@ fresh ``ValueChecker`` follows the call's JSON until its root value closes, then
 search goes on after it. Every offset is a character offset into the answer text, as
 the engine's; a failure names the call (:attr:`CheckFailure.where`: the tool, when the
 caller says which begin names which tool) and pointers inside that call's JSON.
+
+Above both checkers: :func:`answer_checker`, the one a plan needs (a
+:class:`~thinkstruct.grammar.schema.tag_checks.TagChecks` or a schema's
+:class:`~thinkstruct.grammar.schema.checks.CheckPlan`), and :func:`first_failed_check`,
+a whole answer checked at once.
 """
 
 from __future__ import annotations
