@@ -722,7 +722,7 @@ def _check_auto(constraint: Any, texts: list[tuple[Path, str]], tokenizer: Any, 
     """``auto`` as a strict server compiles: the backend, what is checked, the texts."""
     from thinkstruct.errors import ThinkstructError
     from thinkstruct.grammar.api import default_compiler, first_rejected
-    from thinkstruct.grammar.runtime.value_checks import first_failed_check
+    from thinkstruct.grammar.runtime.tag_checks import first_failed_check
 
     start = time.perf_counter()
     try:
