@@ -1,7 +1,7 @@
 """Request fields -> the one :class:`~thinkstruct.Constraint` a request's answer must match.
 
-A request names at most one constraint: ``response_format`` (``json_object``,
-``json_schema``, ``structural_tag``; ``text`` is none) or one of the extensions
+A request names at most one constraint: ``response_format`` (``json_object``, held to its
+``schema`` when it has one, ``json_schema``, ``structural_tag``; ``text`` is none) or one of the extensions
 ``regex``, ``ebnf``, ``choice``, ``structural_tag``. ``backend`` picks the grammar
 backend (``auto`` by default, the server's ``--backend``); ``json_schema.strict`` turns
 thinkstruct's strict mode on or off for that request (unset: the server's ``--strict``).
@@ -66,7 +66,9 @@ def requested_constraint(request: ConstraintFields) -> RequestedConstraint | Non
     strict: bool | None = None
     try:
         if name == "response_format":
-            if isinstance(fmt, JsonObjectFormat):
+            if isinstance(fmt, JsonObjectFormat) and fmt.schema_ is not None:
+                param, constraint = "response_format.schema", Constraint.json_schema(fmt.schema_)
+            elif isinstance(fmt, JsonObjectFormat):
                 param, constraint = "response_format", Constraint.json_object()
             elif isinstance(fmt, JsonSchemaFormat):
                 param = "response_format.json_schema.schema"
@@ -98,4 +100,6 @@ def _text(value: str | None) -> str:
 def _param_of(name: str, fmt: object) -> str:
     if name == "response_format" and isinstance(fmt, JsonSchemaFormat):
         return "response_format.json_schema.schema"
+    if name == "response_format" and isinstance(fmt, JsonObjectFormat) and fmt.schema_ is not None:
+        return "response_format.schema"
     return name

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from thinkstruct.server.effort import Effort
 from thinkstruct.server.tool_protocol import ToolCallOut, ToolCallPiece
 
 BackendName = Literal["auto", "xgrammar", "llguidance", "outlines"]
@@ -54,7 +55,12 @@ class TextFormat(_Request):
 
 
 class JsonObjectFormat(_Request):
+    """``{"type": "json_object"}``: any JSON object; with ``schema`` (the convention of
+    several hosted APIs, instructor's ``JSON_SCHEMA`` mode) the answer is held to that
+    schema exactly as ``json_schema`` holds it."""
+
     type: Literal["json_object"]
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
 
 
 class JsonSchemaFormat(_Request):
@@ -105,10 +111,6 @@ _NO_OP_FIELDS = {
     "prediction": "is not supported",
     "web_search_options": "is not supported",
     "verbosity": "is not supported",
-    "reasoning_effort": (
-        "is not supported: turn thinking on or off with chat_template_kwargs "
-        '({"enable_thinking": false} or {"thinking": false})'
-    ),
     "best_of": "is not supported (only equal to n)",
 }
 
@@ -280,7 +282,8 @@ class ChatCompletionRequest(SamplingFields):
     web_search_options: Any = None
     modalities: list[Literal["text"]] | None = None
     verbosity: Any = None
-    reasoning_effort: Any = None
+
+    reasoning_effort: Effort | None = None  # thinking off, or its budget: thinkstruct.server.effort
 
     @field_validator("messages", mode="before")
     @classmethod
