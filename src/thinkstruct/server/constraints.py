@@ -10,6 +10,7 @@ thinkstruct's strict mode on or off for that request (unset: the server's ``--st
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.constraint import Constraint
@@ -91,6 +92,22 @@ def requested_constraint(request: ConstraintFields) -> RequestedConstraint | Non
     except InvalidConstraint as e:
         raise constraint_error(e, param=_param_of(name, fmt)) from None
     return RequestedConstraint(constraint=constraint, param=param, backend=request.backend, strict=strict)
+
+
+def schema_constraint(
+    schema: dict[str, Any] | bool | None, *, param: str, backend: str | None, strict: bool | None
+) -> RequestedConstraint:
+    """A JSON answer format of any API (``json_schema``, ``json_object`` with or without a
+    schema): the schema, or any JSON object when it is ``None``.
+
+    Raises:
+        APIError: 400 naming ``param`` (and the JSON pointer) for a schema that is not one.
+    """
+    try:
+        constraint = Constraint.json_object() if schema is None else Constraint.json_schema(schema)
+    except InvalidConstraint as e:
+        raise constraint_error(e, param=param) from None
+    return RequestedConstraint(constraint=constraint, param=param, backend=backend, strict=strict)
 
 
 def _text(value: str | None) -> str:

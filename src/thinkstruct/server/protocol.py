@@ -115,7 +115,7 @@ _NO_OP_FIELDS = {
 }
 
 
-def _is_no_op(value: Any) -> bool:
+def is_no_op(value: Any) -> bool:
     return value is None or value is False or value == 0 or value == [] or value == {}
 
 
@@ -166,9 +166,9 @@ class SamplingFields(ConstraintFields):
     def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (value or {}).items():
             if not (key.isascii() and key.isdigit()):
-                raise _FieldError(f"logit_bias.{key}", f"logit_bias keys are token ids, got {key!r}")
+                raise FieldError(f"logit_bias.{key}", f"logit_bias keys are token ids, got {key!r}")
             if not -100 <= bias <= 100:
-                raise _FieldError(f"logit_bias.{key}", f"logit_bias.{key} must be in [-100, 100], got {bias}")
+                raise FieldError(f"logit_bias.{key}", f"logit_bias.{key} must be in [-100, 100], got {bias}")
         return value
 
     @property
@@ -186,8 +186,8 @@ class SamplingFields(ConstraintFields):
                 value = getattr(self, name)
                 if name == "best_of" and value == self.n:
                     continue
-                if not _is_no_op(value):
-                    raise _FieldError(name, f"{name} {reason}")
+                if not is_no_op(value):
+                    raise FieldError(name, f"{name} {reason}")
         return self
 
     def stop_sequences(self) -> tuple[str, ...]:
@@ -200,7 +200,7 @@ class SamplingFields(ConstraintFields):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-class _FieldError(ValueError):
+class FieldError(ValueError):
     """A model-level check that blames one field (the body reader reports ``param``)."""
 
     def __init__(self, field: str, message: str) -> None:
@@ -299,18 +299,18 @@ class ChatCompletionRequest(SamplingFields):
             and self.max_completion_tokens is not None
             and self.max_tokens != self.max_completion_tokens
         ):
-            raise _FieldError(
+            raise FieldError(
                 "max_completion_tokens", "max_tokens and max_completion_tokens disagree; give one"
             )
         if self.continue_final_message and self.messages[-1].role != "assistant":
-            raise _FieldError(
+            raise FieldError(
                 "continue_final_message",
                 "continue_final_message needs the last message to be the assistant's",
             )
         if self.top_logprobs is not None and not self.logprobs:
-            raise _FieldError("top_logprobs", "top_logprobs needs logprobs: true")
+            raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
         if self.continue_final_message and self.add_generation_prompt:
-            raise _FieldError(
+            raise FieldError(
                 "add_generation_prompt",
                 "add_generation_prompt cannot be combined with continue_final_message",
             )
@@ -349,8 +349,8 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _completion_checks(self) -> CompletionRequest:
-        if not _is_no_op(self.top_logprobs):
-            raise _FieldError("top_logprobs", "top_logprobs is a chat field: give logprobs (0..5) here")
+        if not is_no_op(self.top_logprobs):
+            raise FieldError("top_logprobs", "top_logprobs is a chat field: give logprobs (0..5) here")
         return self
 
     @property

@@ -185,7 +185,7 @@ def tool_plan(tools_value: Any, tool_choice: Any, parallel: Any, family: Reasoni
         allowed=(named,) if named else names,
         parallel=parallel is not False,
         syntax=syntax,
-        strict=_strictness(tools),
+        strict=_strictness(tools_value),
     )
 
 

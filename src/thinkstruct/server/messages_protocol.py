@@ -1,0 +1,132 @@
+"""The wire format of Anthropic's Messages API (``/v1/messages``): request and answer models.
+
+Requests are strict (no coercion; unknown fields a 400 naming them). ``metadata``,
+``service_tier`` and a block's ``cache_control`` / ``citations`` are accepted and have no
+effect. Content blocks are read by :mod:`.messages` (each malformed block a 400 naming
+``messages[i].content[j]...``). Extensions: ``top_k`` (Anthropic's own), ``seed``,
+``backend``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from thinkstruct.server.protocol import BackendName
+
+_SEED_MIN = -(2**63)
+_SEED_MAX = 2**64 - 1
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, populate_by_name=True)
+
+
+class InputMessage(_Request):
+    role: Literal["user", "assistant"]
+    content: str | list[Any]
+
+
+class ThinkingEnabled(_Request):
+    type: Literal["enabled"]
+    budget_tokens: int = Field(ge=1)
+
+
+class ThinkingDisabled(_Request):
+    type: Literal["disabled"]
+
+
+class MessagesRequest(_Request):
+    """``POST /v1/messages``."""
+
+    model: str = Field(min_length=1, max_length=1024)
+    max_tokens: int = Field(ge=1)
+    messages: list[InputMessage]
+    system: str | list[Any] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    thinking: ThinkingEnabled | ThinkingDisabled | None = Field(None, discriminator="type")
+
+    # accepted and ignored: no effect on the answer
+    metadata: Any = None
+    service_tier: Any = None
+
+    # extensions
+    seed: int | None = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
+    backend: BackendName | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, value: list[InputMessage]) -> list[InputMessage]:
+        if not value:
+            raise ValueError("messages must not be empty")
+        return value
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _stops(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(not s for s in value):
+            raise ValueError("stop sequences must not be empty")
+        return value
+
+
+# ---- answers ---------------------------------------------------------------------------
+
+
+class ThinkingBlock(BaseModel):
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str = ""
+
+
+class TextBlock(BaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ToolUseBlock(BaseModel):
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+ContentBlock = ThinkingBlock | TextBlock | ToolUseBlock
+
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+
+
+class MessagesUsage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+
+class MessageObject(BaseModel):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[ContentBlock]
+    stop_reason: StopReason | None
+    stop_sequence: str | None = None
+    usage: MessagesUsage
+
+
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicError(BaseModel):
+    """Anthropic's error body: ``{"type": "error", "error": {"type", "message"}}``."""
+
+    type: Literal["error"] = "error"
+    error: AnthropicErrorDetail
