@@ -5,8 +5,9 @@ message; ``messages`` with ``text``, ``tool_use``, ``tool_result`` and ``thinkin
 blocks the conversation; ``tools`` (``input_schema``) and ``tool_choice`` (``auto``,
 ``any``, ``tool``, ``none``; ``disable_parallel_tool_use``) chat's tools, held to their
 schemas the same way; ``thinking`` (``enabled`` with ``budget_tokens``: thinking on with
-that budget; ``disabled``: off, a 400 for a family that always thinks; absent: the
-family's default); ``stop_sequences`` the stop strings. The answer is ``thinking``,
+that budget; ``adaptive``: on, with ``output_config.effort``'s share; ``disabled``: off,
+a 400 for a family that always thinks; absent: the family's default, or what
+``output_config.effort`` says); ``stop_sequences`` the stop strings. The answer is ``thinking``,
 ``text`` and ``tool_use`` blocks with ``stop_reason`` (``end_turn``, ``max_tokens``,
 ``stop_sequence`` with the sequence met, ``tool_use``). A stream is Anthropic's event
 sequence: ``message_start``, per block ``content_block_start`` / ``_delta`` / ``_stop``,
@@ -30,6 +31,8 @@ from starlette.responses import JSONResponse, Response
 
 from thinkstruct.parsers.tool_calls.types import ToolCallDelta
 from thinkstruct.server.body import read_model
+from thinkstruct.server.constraints import schema_constraint
+from thinkstruct.server.effort import Effort
 from thinkstruct.server.errors import APIError, bad_request
 from thinkstruct.server.generation import Sampling, collect, finish_reason_name, merged
 from thinkstruct.server.intake import GenerationSpec, Started, start_generation
@@ -76,6 +79,8 @@ async def create_message(request: Request, state: ServerState) -> Response:
             f"thinking.budget_tokens ({budget}) must be less than max_tokens ({body.max_tokens})",
             param="thinking.budget_tokens",
         )
+    output = body.output_config
+    schema = output.format.schema_ if output is not None and output.format is not None else None
     spec = GenerationSpec(
         model=body.model,
         source=ChatSource(messages=_system(body.system) + conversation(body)),
@@ -87,14 +92,19 @@ async def create_message(request: Request, state: ServerState) -> Response:
             stop=tuple(body.stop_sequences or ()),
         ),
         max_tokens=body.max_tokens,
+        constraint=None
+        if schema is None
+        else schema_constraint(
+            schema, param="output_config.format.schema", backend=body.backend, strict=None
+        ),
         tools=_tools(body, engine.model.family),
         backend=body.backend,
         max_reasoning_tokens=budget,
-        effort=None if thinking is None else ("none" if thinking.type == "disabled" else "high"),
+        effort=_effort(body),
         names=_NAMES,
     )
     started = await start_generation(state, spec)
-    blocks = BlockBuilder(message_id=item_id("msg"))
+    blocks = BlockBuilder(message_id=item_id("msg"), shown=getattr(thinking, "display", None) != "omitted")
     stops = tuple(body.stop_sequences or ())
     if body.stream:
         return EventStream(_events(started, state, blocks, engine, stops), on_close=started.submitted.cancel)
@@ -119,6 +129,30 @@ async def create_message(request: Request, state: ServerState) -> Response:
         usage=_usage(started, [result.usage]),
     )
     return JSONResponse(answer.model_dump(mode="json"))
+
+
+#: ``output_config.effort`` as an effort level.
+_LEVELS: dict[str, Effort] = {
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "high",
+    "max": "high",
+}
+
+
+def _effort(body: MessagesRequest) -> Effort | None:
+    """``thinking`` and ``output_config.effort`` as an effort level: ``disabled`` is
+    ``none``; ``enabled`` turns thinking on (its ``budget_tokens`` wins over any share);
+    ``adaptive`` takes the effort's share, ``medium`` when none is given."""
+    given = body.output_config.effort if body.output_config is not None else None
+    level = None if given is None else _LEVELS[given]
+    thinking = body.thinking
+    if thinking is None:
+        return level
+    if thinking.type == "disabled":
+        return "none"
+    return level or "medium"
 
 
 # ---- input -----------------------------------------------------------------------------
@@ -288,6 +322,7 @@ class BlockBuilder:
     before closes. Whitespace alone between the thought and a call is not a text block."""
 
     message_id: str
+    shown: bool = True  # the thought's text is shown (``display: "omitted"``: empty blocks)
     blocks: list[_Block] = field(default_factory=list)
     _open: bool = False
     _held: str = ""
@@ -296,7 +331,7 @@ class BlockBuilder:
     def feed(self, *, reasoning: str, content: str, calls: Sequence[ToolCallDelta]) -> list[bytes]:
         out: list[bytes] = []
         if reasoning:
-            out += self._add("thinking", reasoning)
+            out += self._add("thinking", reasoning if self.shown else "")
         if content:
             if self._current("text"):
                 out += self._add("text", content)
@@ -352,6 +387,8 @@ class BlockBuilder:
     def _add(self, kind: Literal["thinking", "text"], text: str) -> list[bytes]:
         out: list[bytes] = [] if self._current(kind) else self._start(_Block(kind))
         self.blocks[-1].text += text
+        if not text:
+            return out
         delta = (
             {"type": "thinking_delta", "thinking": text}
             if kind == "thinking"

@@ -1,10 +1,12 @@
 """The wire format of Anthropic's Messages API (``/v1/messages``): request and answer models.
 
 Requests are strict (no coercion; unknown fields a 400 naming them). ``metadata``,
-``service_tier`` and a block's ``cache_control`` / ``citations`` are accepted and have no
-effect. Content blocks are read by :mod:`.messages` (each malformed block a 400 naming
-``messages[i].content[j]...``). Extensions: ``top_k`` (Anthropic's own), ``seed``,
-``backend``.
+``service_tier``, ``cache_control``, ``container``, ``diagnostics``, ``inference_geo``,
+``speed``, ``user_profile_id``, ``workspace_id`` and a block's ``cache_control`` /
+``citations`` are accepted and have no effect. Content blocks are read by :mod:`.messages`
+(each malformed block a 400 naming ``messages[i].content[j]...``). ``temperature``,
+``top_p`` and ``top_k`` (which the client sends with ``extra_body``), ``seed`` and
+``backend`` are read too.
 """
 
 from __future__ import annotations
@@ -31,10 +33,32 @@ class InputMessage(_Request):
 class ThinkingEnabled(_Request):
     type: Literal["enabled"]
     budget_tokens: int = Field(ge=1)
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class ThinkingAdaptive(_Request):
+    """Thinking on with the budget the effort (or the server's share) gives;
+    ``between_tools`` reads the same here."""
+
+    type: Literal["adaptive", "between_tools"]
+    display: Literal["summarized", "omitted"] | None = None
 
 
 class ThinkingDisabled(_Request):
     type: Literal["disabled"]
+
+
+class JsonOutputFormat(_Request):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Request):
+    """``output_config``: the effort (``xhigh`` and ``max`` read as ``high``) and the
+    answer's JSON schema (Anthropic's structured outputs)."""
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: JsonOutputFormat | None = None
 
 
 class MessagesRequest(_Request):
@@ -51,11 +75,19 @@ class MessagesRequest(_Request):
     stream: bool = False
     tools: list[Any] | None = None
     tool_choice: Any = None
-    thinking: ThinkingEnabled | ThinkingDisabled | None = Field(None, discriminator="type")
+    thinking: ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled | None = Field(None, discriminator="type")
+    output_config: OutputConfig | None = None
 
     # accepted and ignored: no effect on the answer
     metadata: Any = None
     service_tier: Any = None
+    cache_control: Any = None
+    container: Any = None
+    diagnostics: Any = None
+    inference_geo: Any = None
+    speed: Any = None
+    user_profile_id: Any = None
+    workspace_id: Any = None
 
     # extensions
     seed: int | None = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
