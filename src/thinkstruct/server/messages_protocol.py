@@ -13,30 +13,23 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
-from thinkstruct.server.protocol import BackendName
-
-_SEED_MIN = -(2**63)
-_SEED_MAX = 2**64 - 1
+from thinkstruct.server.protocol import SEED_MAX, SEED_MIN, BackendName, StrictRequest
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, populate_by_name=True)
-
-
-class InputMessage(_Request):
+class InputMessage(StrictRequest):
     role: Literal["user", "assistant"]
     content: str | list[Any]
 
 
-class ThinkingEnabled(_Request):
+class ThinkingEnabled(StrictRequest):
     type: Literal["enabled"]
     budget_tokens: int = Field(ge=1)
     display: Literal["summarized", "omitted"] | None = None
 
 
-class ThinkingAdaptive(_Request):
+class ThinkingAdaptive(StrictRequest):
     """Thinking on with the budget the effort (or the server's share) gives;
     ``between_tools`` reads the same here."""
 
@@ -44,16 +37,16 @@ class ThinkingAdaptive(_Request):
     display: Literal["summarized", "omitted"] | None = None
 
 
-class ThinkingDisabled(_Request):
+class ThinkingDisabled(StrictRequest):
     type: Literal["disabled"]
 
 
-class JsonOutputFormat(_Request):
+class JsonOutputFormat(StrictRequest):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class OutputConfig(_Request):
+class OutputConfig(StrictRequest):
     """``output_config``: the effort (``xhigh`` and ``max`` read as ``high``) and the
     answer's JSON schema (Anthropic's structured outputs)."""
 
@@ -61,7 +54,7 @@ class OutputConfig(_Request):
     format: JsonOutputFormat | None = None
 
 
-class MessagesRequest(_Request):
+class MessagesRequest(StrictRequest):
     """``POST /v1/messages``."""
 
     model: str = Field(min_length=1, max_length=1024)
@@ -90,7 +83,7 @@ class MessagesRequest(_Request):
     workspace_id: Any = None
 
     # extensions
-    seed: int | None = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     backend: BackendName | None = None
 
     @field_validator("messages")

@@ -34,14 +34,16 @@ from thinkstruct.server.tool_protocol import ToolCallOut, ToolCallPiece
 BackendName = Literal["auto", "xgrammar", "llguidance", "outlines"]
 
 
-class _Request(BaseModel):
+class StrictRequest(BaseModel):
+    """A request model of any API: no coercion, unknown fields refused, finite numbers."""
+
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, populate_by_name=True)
 
 
 # ---- constraints ---------------------------------------------------------------------
 
 
-class JsonSchemaSpec(_Request):
+class JsonSchemaSpec(StrictRequest):
     """``response_format.json_schema``: OpenAI's structured-output schema."""
 
     name: str | None = Field(None, max_length=256)
@@ -50,11 +52,11 @@ class JsonSchemaSpec(_Request):
     strict: bool | None = None
 
 
-class TextFormat(_Request):
+class TextFormat(StrictRequest):
     type: Literal["text"]
 
 
-class JsonObjectFormat(_Request):
+class JsonObjectFormat(StrictRequest):
     """``{"type": "json_object"}``: any JSON object; with ``schema`` (the convention of
     several hosted APIs, instructor's ``JSON_SCHEMA`` mode) the answer is held to that
     schema exactly as ``json_schema`` holds it."""
@@ -63,7 +65,7 @@ class JsonObjectFormat(_Request):
     schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
 
 
-class JsonSchemaFormat(_Request):
+class JsonSchemaFormat(StrictRequest):
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
 
@@ -82,7 +84,7 @@ class StructuralTagFormat(BaseModel):
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat | StructuralTagFormat
 
 
-class ConstraintFields(_Request):
+class ConstraintFields(StrictRequest):
     """The constraint fields shared by chat and text completions."""
 
     response_format: ResponseFormat | None = Field(None, discriminator="type")
@@ -95,11 +97,11 @@ class ConstraintFields(_Request):
 
 # ---- sampling ------------------------------------------------------------------------
 
-_SEED_MIN = -(2**63)
-_SEED_MAX = 2**64 - 1
+SEED_MIN = -(2**63)
+SEED_MAX = 2**64 - 1
 
 
-class StreamOptions(_Request):
+class StreamOptions(StrictRequest):
     include_usage: bool = False
 
 
@@ -127,7 +129,7 @@ class SamplingFields(ConstraintFields):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
-    seed: int | None = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     n: int = Field(1, ge=1)
     stop: str | list[str] | None = None
     stream: bool = False

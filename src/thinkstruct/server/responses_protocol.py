@@ -15,31 +15,32 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from thinkstruct.server.effort import Effort
-from thinkstruct.server.protocol import BackendName, FieldError, GenerationInfo, is_no_op
+from thinkstruct.server.protocol import (
+    SEED_MAX,
+    SEED_MIN,
+    BackendName,
+    FieldError,
+    GenerationInfo,
+    StrictRequest,
+    is_no_op,
+)
 
-_SEED_MIN = -(2**63)
-_SEED_MAX = 2**64 - 1
 
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, populate_by_name=True)
-
-
-class FormatText(_Request):
+class FormatText(StrictRequest):
     type: Literal["text"]
 
 
-class FormatJsonObject(_Request):
+class FormatJsonObject(StrictRequest):
     """Any JSON object; with ``schema`` (an extension, as on chat) held to that schema."""
 
     type: Literal["json_object"]
     schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
 
 
-class FormatJsonSchema(_Request):
+class FormatJsonSchema(StrictRequest):
     type: Literal["json_schema"]
     name: str | None = Field(None, max_length=256)
     description: str | None = None
@@ -47,12 +48,12 @@ class FormatJsonSchema(_Request):
     strict: bool | None = None
 
 
-class TextConfig(_Request):
+class TextConfig(StrictRequest):
     format: FormatText | FormatJsonObject | FormatJsonSchema | None = Field(None, discriminator="type")
     verbosity: Literal["low", "medium", "high"] | None = None  # accepted, no effect
 
 
-class ReasoningConfig(_Request):
+class ReasoningConfig(StrictRequest):
     effort: Effort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
@@ -61,7 +62,7 @@ class ReasoningConfig(_Request):
 _NO_OPS = ("background", "conversation", "prompt", "max_tool_calls", "top_logprobs")
 
 
-class ResponsesRequest(_Request):
+class ResponsesRequest(StrictRequest):
     """``POST /v1/responses``."""
 
     model: str = Field(min_length=1, max_length=1024)
@@ -98,7 +99,7 @@ class ResponsesRequest(_Request):
     top_logprobs: Any = None
 
     # extensions
-    seed: int | None = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     top_k: int | None = Field(None, ge=-1)
     backend: BackendName | None = None
     max_reasoning_tokens: int | None = Field(None, ge=0)

@@ -300,6 +300,13 @@ def message_calls(calls: Sequence[ToolCall]) -> list[ToolCallOut] | None:
     ]
 
 
+def whole_calls(calls: Sequence[ToolCall]) -> list[ToolCallDelta]:
+    """A whole answer's calls as one piece each (what a stream's pieces join to)."""
+    from thinkstruct.parsers.tool_calls.types import ToolCallDelta
+
+    return [ToolCallDelta(index=i, name=c.name, arguments=c.arguments) for i, c in enumerate(calls)]
+
+
 def call_pieces(deltas: Sequence[ToolCallDelta], ids: dict[int, str]) -> list[ToolCallPiece]:
     """Streamed call pieces as ``delta.tool_calls``: a call's first piece gets its id
     (kept in ``ids`` by index), its name and type; later ones only argument text."""
