@@ -51,7 +51,7 @@ from thinkstruct.server.prompts import ChatSource
 from thinkstruct.server.responses_stream import item_id
 from thinkstruct.server.state import ServerState
 from thinkstruct.server.streaming import EventStream, named_event
-from thinkstruct.server.tools import tool_plan
+from thinkstruct.server.tools import tool_plan, whole_calls
 
 if TYPE_CHECKING:
     from thinkstruct.engine import Engine
@@ -112,9 +112,7 @@ async def create_message(request: Request, state: ServerState) -> Response:
     if results is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     result = results[0]
-    calls = [
-        ToolCallDelta(index=i, name=c.name, arguments=c.arguments) for i, c in enumerate(result.tool_calls)
-    ]
+    calls = whole_calls(result.tool_calls)
     blocks.feed(reasoning=result.reasoning, content=result.content, calls=calls)
     blocks.finish()
     reason, matched = _stop_reason(

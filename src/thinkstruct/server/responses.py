@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from thinkstruct.parsers.tool_calls.types import ToolCallDelta
 from thinkstruct.server.body import read_model
 from thinkstruct.server.constraints import RequestedConstraint, schema_constraint
 from thinkstruct.server.errors import APIError, bad_request
@@ -52,7 +51,7 @@ from thinkstruct.server.responses_protocol import (
 from thinkstruct.server.responses_stream import OutputBuilder, item_id
 from thinkstruct.server.state import ServerState
 from thinkstruct.server.streaming import EventStream
-from thinkstruct.server.tools import tool_plan
+from thinkstruct.server.tools import tool_plan, whole_calls
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -103,9 +102,7 @@ async def create_response(request: Request, state: ServerState) -> Response:
     if results is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     result = results[0]
-    calls = [
-        ToolCallDelta(index=i, name=c.name, arguments=c.arguments) for i, c in enumerate(result.tool_calls)
-    ]
+    calls = whole_calls(result.tool_calls)
     builder.feed(reasoning=result.reasoning, content=result.content, calls=calls)
     cut = finish_reason_name(result.finish_reason) == "length"
     builder.finish(status="incomplete" if cut else "completed")
