@@ -24,6 +24,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -37,6 +38,31 @@ def _system() -> str:
     return f"Session {uuid.uuid4().hex}. You are a careful assistant; answer in full sentences."
 
 
+def _first_token(
+    http: httpx.Client, path: str, body: dict[str, Any], carries_text: Callable[[str], bool]
+) -> float:
+    """Seconds from sending ``body`` to the first SSE line that ``carries_text``; the rest
+    of the stream is read before returning, so the next request starts alone."""
+    started = time.perf_counter()
+    with http.stream("POST", path, json=body) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if carries_text(line):
+                elapsed = time.perf_counter() - started
+                for _ in lines:
+                    pass
+                return elapsed
+    raise RuntimeError(f"the {path} stream ended without text")
+
+
+def _chat_text(line: str) -> bool:
+    if not line.startswith("data: {"):
+        return False
+    chunk: dict[str, Any] = json.loads(line[6:])
+    deltas = [choice.get("delta", {}) for choice in chunk.get("choices", [])]
+    return any(d.get("reasoning_content") or d.get("content") for d in deltas)
+
+
 def chat_first_token(http: httpx.Client, model: str, max_tokens: int) -> float:
     body = {
         "model": model,
@@ -45,21 +71,7 @@ def chat_first_token(http: httpx.Client, model: str, max_tokens: int) -> float:
         "temperature": 0,
         "stream": True,
     }
-    started = time.perf_counter()
-    with http.stream("POST", "/v1/chat/completions", json=body) as response:
-        lines = response.iter_lines()
-        for line in lines:
-            if not line.startswith("data: {"):
-                continue
-            chunk: dict[str, Any] = json.loads(line[6:])
-            for choice in chunk.get("choices", []):
-                delta = choice.get("delta", {})
-                if delta.get("reasoning_content") or delta.get("content"):
-                    elapsed = time.perf_counter() - started
-                    for _ in lines:  # read the rest: the next request starts alone
-                        pass
-                    return elapsed
-    raise RuntimeError("the chat stream ended without text")
+    return _first_token(http, "/v1/chat/completions", body, _chat_text)
 
 
 def responses_first_token(http: httpx.Client, model: str, max_tokens: int) -> float:
@@ -71,16 +83,8 @@ def responses_first_token(http: httpx.Client, model: str, max_tokens: int) -> fl
         "temperature": 0,
         "stream": True,
     }
-    started = time.perf_counter()
-    with http.stream("POST", "/v1/responses", json=body) as response:
-        lines = response.iter_lines()
-        for line in lines:
-            if line in ("event: response.reasoning_text.delta", "event: response.output_text.delta"):
-                elapsed = time.perf_counter() - started
-                for _ in lines:
-                    pass
-                return elapsed
-    raise RuntimeError("the responses stream ended without text")
+    deltas = ("event: response.reasoning_text.delta", "event: response.output_text.delta")
+    return _first_token(http, "/v1/responses", body, lambda line: line in deltas)
 
 
 def main() -> int:
