@@ -16,7 +16,7 @@ from thinkstruct.grammar.backends import BACKEND_NAMES
 from thinkstruct.grammar.base import InvalidGrammar
 from thinkstruct.grammar.constraint import Constraint
 from thinkstruct.grammar.json_format import JsonFormat
-from thinkstruct.grammar.runtime.value_checks import first_failed_check
+from thinkstruct.grammar.runtime.tag_checks import first_failed_check
 from thinkstruct.tokenizer import Tokenizer
 
 

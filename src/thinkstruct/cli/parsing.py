@@ -15,6 +15,7 @@ from thinkstruct.engine.core.thinking_budget import DEFAULT_REASONING_SHARE, che
 from thinkstruct.engine.model.loading import DTYPES
 from thinkstruct.grammar.backends import BACKEND_NAMES
 from thinkstruct.grammar.service.config import CompilerConfig, check_backend_name
+from thinkstruct.server.response_store import StoreLimits
 from thinkstruct.server.settings import ServerSettings
 
 # Every default below is read from the config it sets (one place for each): the engine's,
@@ -159,7 +160,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser(
         "serve",
         help="run the OpenAI-compatible server",
-        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics "
+        description="Serve /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /tokenize, "
+        "/detokenize, /v1/models, /health and /metrics "
         "in the foreground. Ctrl-C or SIGTERM stops it: in-flight requests get --grace seconds, "
         "then the process exits 0.",
     )
@@ -212,6 +214,15 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="F",
         help="share of a request's max_tokens its thought may take (end tag included) when it thinks "
         f"and sets no max_reasoning_tokens; the answer keeps the rest (default {_SERVER.reasoning_share})",
+    )
+    g.add_argument(
+        "--responses-store",
+        type=_store_limits,
+        default=_SERVER.responses_store,
+        metavar="SPEC",
+        help="bounds of the responses kept for previous_response_id: entries=N,mib=M,ttl=SECONDS, any subset "
+        f"(default entries={_SERVER.responses_store.max_entries},mib={_SERVER.responses_store.max_bytes >> 20},"
+        f"ttl={_SERVER.responses_store.ttl_s:g}; entries=0 keeps none)",
     )
     g.add_argument(
         "--grace",
@@ -361,6 +372,13 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
     return value
+
+
+def _store_limits(text: str) -> StoreLimits:
+    try:
+        return StoreLimits.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _non_negative_float(text: str) -> float:

@@ -33,6 +33,7 @@ def serve(args: argparse.Namespace) -> int:
             max_n=args.max_n,
             default_max_tokens=args.default_max_tokens,
             reasoning_share=args.reasoning_share,
+            responses_store=args.responses_store,
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
