@@ -115,7 +115,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--kv-cache-bytes",
-        type=_positive_byte_size,
+        type=_kv_cache_size,
         default=_ENGINE.kv_cache_bytes,
         metavar="BYTES",
         help="most bytes of keys and values the running requests reserve together: each reserves what "
@@ -367,6 +367,16 @@ def _positive_byte_size(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
     return value
+
+
+def _kv_cache_size(text: str) -> int:
+    try:
+        return _positive_byte_size(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(
+            f"{e}: it bounds the running requests' keys and values; the prefix cache's budget is "
+            "--prefix-cache-bytes (0 keeps none)"
+        ) from None
 
 
 def _positive_int(text: str) -> int:
