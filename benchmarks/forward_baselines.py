@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from thinkstruct.engine.models import LoadedModel
+    from thinkstruct.engine.model.loading import LoadedModel
 
 # Eight timing prompts of different lengths (batch 1 uses the first); sixteen for agreement.
 QUESTIONS = [
@@ -206,12 +206,12 @@ def transformers_generate(
 
 
 def runner_loop(loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int) -> ForwardTiming:
-    """The engine's own model runner (:func:`~thinkstruct.engine.engine.default_runner`,
+    """The engine's own model runner (:func:`~thinkstruct.engine.runners.decoder_runner.default_runner`,
     the Llama runner for SmolLM2) in a bare loop: the prompts prefilled in one pass, then
     greedy decoding, argmax only: no scheduler, sampling, grammar or streaming. What the
     engine's forward passes cost; the engine's distance from it is its own overhead.
     (``loaded``'s q/k/v and gate/up weights become views of fused ones: the same values.)"""
-    from thinkstruct.engine.engine import default_runner
+    from thinkstruct.engine.runners.decoder_runner import default_runner
 
     context = max(len(p) for p in prompts) + new_tokens
     runner = default_runner(
@@ -453,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--agreement-tokens", type=int, default=64)
     args = parser.parse_args(argv)
 
-    from thinkstruct.engine.models import load_model
+    from thinkstruct.engine.model.loading import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

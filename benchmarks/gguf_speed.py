@@ -161,7 +161,7 @@ def _step_seconds(models: dict[str, Any], ids: list[int], *, steps: int = 40) ->
     """Each model's decoding step at batch 1 on the engine's runner (the decoder stack and
     the output layer, no sampling or scheduling): the best of ``steps``, sides interleaved
     step by step."""
-    from thinkstruct.engine.decoder_runner import DecoderRunner
+    from thinkstruct.engine.runners.decoder_runner import DecoderRunner
 
     runners = {label: DecoderRunner(m.model, slots=1, context_length=len(ids) + steps + 1) for label, m in models.items()}  # fmt: skip
     best = dict.fromkeys(models, float("inf"))

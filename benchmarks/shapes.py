@@ -120,7 +120,7 @@ def step_bytes(model: Any) -> int:
     """Bytes a decoding step reads of an int8-weight model: its int8 layers' weights, scales
     and biases, and every float parameter but the input embeddings (of which a step reads
     a row per token)."""
-    from thinkstruct.engine.int8_weights import Int8Linear
+    from thinkstruct.engine.weights.int8_weights import Int8Linear
 
     total = 0
     for module in model.modules():
@@ -190,7 +190,7 @@ def build(name: str) -> tuple[Any, Any]:
     """The bf16 model (transformers' side) and its int8-weight float32 copy (the engine's)."""
     from transformers import AutoModelForCausalLM
 
-    from thinkstruct.engine.int8_weights import quantize_int8_weights
+    from thinkstruct.engine.weights.int8_weights import quantize_int8_weights
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -202,9 +202,9 @@ def build(name: str) -> tuple[Any, Any]:
 
 def bench(name: str, args: argparse.Namespace) -> list[tuple[str, str]]:
     from thinkstruct import Constraint
-    from thinkstruct.engine.decoder_runner import supports
-    from thinkstruct.engine.engine import Engine, EngineConfig
-    from thinkstruct.engine.models import LoadedModel
+    from thinkstruct.engine import Engine, EngineConfig
+    from thinkstruct.engine.model.loading import LoadedModel
+    from thinkstruct.engine.runners.decoder_runner import supports
     from thinkstruct.parsers.reasoning_families import get_reasoning_family
     from thinkstruct.tokenizer import Tokenizer
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from thinkstruct import Constraint
 from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
-from thinkstruct.engine.speculation import SpeculationConfig
+from thinkstruct.engine.sampling.speculation import SpeculationConfig
 from thinkstruct.parsers import render_chat
 
 RECORDS = [

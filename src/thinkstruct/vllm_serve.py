@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from thinkstruct.engine.models import model_directory
+from thinkstruct.engine.model.directory import model_directory
 from thinkstruct.parsers import get_reasoning_family
 from thinkstruct.tokenizer import cache_dir
 

@@ -110,13 +110,13 @@ def _one_of(node: dict[str, Any], root: Any) -> bool:
 
 
 def _min_properties(node: dict[str, Any], root: Any) -> bool:
-    return _types(node) == {"object"} and _open_ended(_without(node, "minProperties"), root)
+    return _types(node) == frozenset({"object"}) and _open_ended(_without(node, "minProperties"), root)
 
 
 def _contains(node: dict[str, Any], root: Any) -> bool:
     contains = node.get("contains")
     return (
-        _types(node) == {"array"}
+        _types(node) == frozenset({"array"})
         and "maxItems" not in node
         and "prefixItems" not in node
         and contains is not None
