@@ -40,29 +40,30 @@ def reasoning_of(message: Any) -> str | None:
     return getattr(message, "reasoning_content", None) or getattr(message, "reasoning", None)
 
 
-def test_strict_refusal_names_the_pointer_before_generating(server: VllmServer) -> None:
-    client = server.openai()
-    # uniqueItems over integers: an item "0" cannot be continued, so closing-token
-    # enforcement could leave no token; strict mode refuses it up front.
-    ids = {
+#: Schemas strict mode refuses, with the pointer the refusal names: uniqueItems over
+#: integers (an item "0" cannot be continued, so closing-token enforcement could leave no
+#: token), and a pattern that is no regular expression.
+REFUSED = {
+    "/properties/ids/uniqueItems": {
         "type": "object",
         "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
-    }
+    },
+    "/properties/code/pattern": {
+        "type": "object",
+        "properties": {"code": {"type": "string", "pattern": "([a-z]"}},
+    },
+}
+
+
+@pytest.mark.parametrize("pointer", REFUSED)
+def test_strict_refusal_names_the_pointer_before_generating(server: VllmServer, pointer: str) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(
+        server.openai().chat.completions.create(
             model=server.model,
-            messages=[{"role": "user", "content": "ids"}],
-            response_format=response_format(ids),
+            messages=[{"role": "user", "content": "an answer"}],
+            response_format=response_format(REFUSED[pointer]),
         )
-    assert "/properties/ids/uniqueItems" in refused.value.message
-    bad_pattern = {"type": "object", "properties": {"code": {"type": "string", "pattern": "([a-z]"}}}
-    with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(
-            model=server.model,
-            messages=[{"role": "user", "content": "code"}],
-            response_format=response_format(bad_pattern),
-        )
-    assert "/properties/code/pattern" in refused.value.message
+    assert pointer in refused.value.message
 
 
 def test_a_thought_in_reasoning_content_then_a_valid_answer(server: VllmServer) -> None:

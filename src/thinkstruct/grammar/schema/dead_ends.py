@@ -42,7 +42,7 @@ from typing import Any
 from thinkstruct.grammar.schema.checks import CheckPlan, KeywordEnforcement
 from thinkstruct.grammar.schema.instances import NO_WITNESS, witness
 from thinkstruct.grammar.schema.keywords import _types
-from thinkstruct.grammar.schema.walk import local_ref, resolve
+from thinkstruct.grammar.schema.walk import follow_bare_ref, resolve
 
 #: Keywords that bound a string's continuations.
 _BOUNDED_STRING = frozenset({"maxLength", "pattern", "format", "enum", "const", "contentMediaType"})
@@ -213,17 +213,9 @@ def _takes_more(additional: Any) -> bool:
 
 
 def _resolved(node: Any, root: Any) -> dict[str, Any] | None:
-    """``node`` with a bare local ``$ref`` followed (up to 32 times)."""
-    for _ in range(32):
-        if not isinstance(node, dict):
-            return None
-        if set(node) - {"$ref", "description", "title", "$comment"} or "$ref" not in node:
-            return node
-        found = local_ref(node, root)
-        if found is None:
-            return None
-        node = found[0]
-    return None
+    """``node`` with a bare local ``$ref`` followed (annotations beside it allowed)."""
+    found = follow_bare_ref(node, root, annotations_allowed=True)
+    return found if isinstance(found, dict) else None
 
 
 def _without(node: dict[str, Any], keyword: str) -> dict[str, Any]:
