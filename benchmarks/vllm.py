@@ -1,22 +1,24 @@
 """thinkstruct and vLLM's CPU build, side by side, on the embedded SmolLM2-135M-Instruct.
 
-Two parts, each side a server process of its own started for its turn and stopped after
-it (nothing else of the project alive meanwhile), turns interleaved round by round:
+Three parts; in (a) and (b) each side is a server process of its own, started for its
+turn and stopped after it (nothing else of the project alive meanwhile), turns
+interleaved round by round:
 
 (a) ``serve``: thinkstruct's own server (``thinkstruct serve``) against vLLM with its
     xgrammar backend, thinking off, over HTTP: tokens per second with 1, 8 and 32
     closed-loop users (each sends its next request when one finishes), free text and
     JSON (a schema), counted from the ``usage`` of the requests that finish in the window.
+(b) ``backends``: inside vLLM, the thinkstruct backend (strict) against vLLM's xgrammar
+    and guidance backends (all three writing compact JSON): 8-user JSON tokens per
+    second; time to first token of a schema never seen (a fresh property name each time,
+    so nothing is cached); a JSONSchemaBench sample (``maskbench_sample``), one request
+    per schema (thinking off, greedy): refused (4xx), failed (5xx), finished answers
+    valid or invalid against their schema, answers cut by ``max_tokens``; and the
+    embedded model thinking: requests with thinking on, counted when the reply has a
+    thought and a valid answer.
 (c) ``coverage``: no server: the whole JSONSchemaBench sample through the plugin's compile
     service as vLLM's processes build it (strict ``auto``, SmolLM2's tokenizer): compiled
     exactly, enforced at closing tokens, refused (and by which keyword).
-(b) ``backends``: inside vLLM, the thinkstruct backend (strict) against vLLM's xgrammar
-    and guidance backends (all three writing compact JSON): 8-user JSON tokens per second; time to first token of a
-    schema never seen (a fresh property name each time, so nothing is cached); and a
-    JSONSchemaBench sample (``maskbench_sample``), one request per schema (thinking off,
-    greedy): refused (4xx), failed (5xx), finished answers valid or invalid against
-    their schema, answers cut by ``max_tokens``; and the embedded model thinking: requests
-    with thinking on, counted when the reply has a thought and a valid answer.
 
 Prints each round's figures, then the medians per side and the ratios the targets are
 stated in, and the command that reproduces the run. Never asserts.
