@@ -151,7 +151,7 @@ RULES: dict[str, ClosingCondition] = {
         "the array takes further items (no `maxItems`, no tuple) and a value of the `contains` subschema is easy to build",
         _contains,
     ),
-    "minContains": ClosingCondition("as `contains`", _contains),
+    "minContains": ClosingCondition("`contains` is enforced (its row)", _contains),
 }
 
 
