@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -66,16 +67,22 @@ def vllm_server(
     # settings for thinkstruct's engine stay here.
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMP_")}
     env.update(VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), PYTHONPATH=pythonpath)
-    process = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+    with tempfile.NamedTemporaryFile("w", prefix="vllm-bench-", suffix=".log", delete=False) as log:
+        process = subprocess.Popen(
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, process, timeout_s=900)
+        try:
+            wait_healthy(url, process, timeout_s=900)
+        except RuntimeError as error:
+            tail = Path(log.name).read_text(errors="replace").splitlines()[-40:]
+            raise RuntimeError(f"{error}; the end of {log.name}:\n" + "\n".join(tail)) from None
         model = command[command.index("--served-model-name") + 1]
         yield Server(
             name or f"vLLM {backend}", url, model, {"chat_template_kwargs": {"enable_thinking": False}}
         )
+        Path(log.name).unlink()  # kept where the server failed to start
     finally:
         _stop(process)
 
