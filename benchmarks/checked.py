@@ -23,9 +23,16 @@ in SmolLM2's call syntax, checked (strict) and unchecked (lenient): per side, th
 calls whose arguments validate against their tool's schema, over the answers that
 finished with calls.
 
+With ``--sweep``: requests out of tries (a checked keyword that could not be met) per
+case of ``benchmarks/checked_cases.py`` (the checked-keyword tests' schemas and prompts,
+the schemas above asked through the chat template, the tool-call case), ``--seeds``
+seeds each, for this tree and the tree ``--before`` names, each in its own process
+(``benchmarks/checked_sweep.py``).
+
 Prints a table and asserts nothing.
 
     python benchmarks/checked.py [--seeds 5] [--maskbench 8] [--max-tokens 200] [--tool-seeds 8]
+    python benchmarks/checked.py --sweep --before /work/main/src --seeds 30
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import jsonschema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from checked_cases import PAINT, SCHEMA_CASES, schema_question
 from coverage import load_maskbench
 from forward_baselines import chat_prompt_ids
 from thinkstruct import Constraint
@@ -59,64 +67,9 @@ from thinkstruct.engine import (
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.service.compiler import GrammarCompiler
 
-COLORS = ["red", "green", "blue"]
-KEYWORD_SCHEMAS: dict[str, dict[str, Any]] = {
-    "uniqueItems": {
-        "type": "array",
-        "items": {"enum": COLORS},
-        "minItems": 3,
-        "maxItems": 3,
-        "uniqueItems": True,
-    },
-    "not const": {
-        "type": "object",
-        "properties": {"color": {"type": "string", "not": {"const": "red"}, "maxLength": 10}},
-        "required": ["color"],
-        "additionalProperties": False,
-    },
-    "format email": {
-        "type": "object",
-        "properties": {"email": {"type": "string", "format": "email", "maxLength": 40}},
-        "required": ["email"],
-        "additionalProperties": False,
-    },
-    "format date": {
-        "type": "object",
-        "properties": {"born": {"type": "string", "format": "date", "maxLength": 12}},
-        "required": ["born"],
-        "additionalProperties": False,
-    },
-    "multipleOf 0.25": {
-        "type": "object",
-        "properties": {"price": {"type": "number", "multipleOf": 0.25, "minimum": 0, "maximum": 100}},
-        "required": ["price"],
-        "additionalProperties": False,
-    },
-    "maxContains": {
-        "type": "array",
-        "items": {"enum": COLORS},
-        "minItems": 3,
-        "maxItems": 4,
-        "contains": {"const": "red"},
-        "maxContains": 1,
-    },
-    "if/then": {
-        "type": "object",
-        "properties": {"kind": {"enum": ["cat", "dog"]}, "sound": {"enum": ["meow", "woof"]}},
-        "required": ["kind", "sound"],
-        "additionalProperties": False,
-        "if": {"properties": {"kind": {"const": "cat"}}},
-        "then": {"properties": {"sound": {"const": "meow"}}},
-        "else": {"properties": {"sound": {"const": "woof"}}},
-    },
-    "propertyNames": {
-        "type": "object",
-        "additionalProperties": {"type": "integer"},
-        "propertyNames": {"pattern": "^[a-z]{1,8}$"},
-        "minProperties": 1,
-        "maxProperties": 3,
-    },
-}
+KEYWORD_SCHEMAS = SCHEMA_CASES
+TOOL_SCHEMAS = PAINT.tools
+TOOL_ASK = PAINT.prompt
 
 
 @dataclass
@@ -141,26 +94,6 @@ def valid(schema: Any, text: str) -> bool:
     except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
         return False
     return True
-
-
-TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
-    "paint_flag": {
-        "type": "object",
-        "properties": {"stripes": KEYWORD_SCHEMAS["uniqueItems"]},
-        "required": ["stripes"],
-        "additionalProperties": False,
-    },
-    "paint_wall": {
-        "type": "object",
-        "properties": {
-            "color": {"enum": COLORS},
-            "coats": {"type": "integer", "minimum": 1, "maximum": 3, "not": {"const": 1}},
-        },
-        "required": ["color", "coats"],
-        "additionalProperties": False,
-    },
-}
-TOOL_ASK = "Paint a flag with stripes red, red and red, and paint the wall with one coat."
 
 
 def tool_calls(model: Any, compiler: GrammarCompiler, engine: Engine, *, seeds: int, max_tokens: int) -> None:
@@ -238,7 +171,24 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--tool-seeds", type=int, default=8, help="seeds of the tool-call case (0: skip it)")
     parser.add_argument("--only-tools", action="store_true", help="run the tool-call case only")
+    parser.add_argument(
+        "--sweep", action="store_true", help="requests out of tries per case, this tree against --before"
+    )
+    parser.add_argument("--before", type=Path, default=Path("/work/main/src"), help="the other tree's src")
+    parser.add_argument("--chunk", type=int, default=6, help="cases per worker process (--sweep)")
+    parser.add_argument("--only", help="cases whose name holds this (--sweep)")
     options = parser.parse_args()
+    if options.sweep:
+        from checked_sweep import compare
+
+        compare(
+            options.before,
+            seeds=options.seeds,
+            chunk=options.chunk,
+            only=options.only,
+            maskbench=options.maskbench,
+        )
+        return
     model = load_model(progress=False)
     schemas = dict(KEYWORD_SCHEMAS)
     with (
@@ -271,8 +221,7 @@ def main() -> None:
                 "checked": compiler.compile(Constraint.json_schema(schema), strict=True),
                 "unchecked": compiler.compile(Constraint.json_schema(schema), strict=False),
             }
-            question = "Reply with one JSON value for this JSON Schema:\n" + json.dumps(schema)[:1500]
-            ids = chat_prompt_ids(model, question)
+            ids = chat_prompt_ids(model, schema_question(schema))
             per_schema: dict[str, list[tuple[int, float, int]]] = {"checked": [], "unchecked": []}
             for seed in range(options.seeds):
                 for side_name in ("checked", "unchecked") if seed % 2 == 0 else ("unchecked", "checked"):

@@ -144,5 +144,5 @@ def test_a_failed_string_is_drawn_again_from_its_first_word_not_its_quote(smollm
     assert all(s.undo is None for s in settled[:-1])
     undo = settled[-1].undo
     assert undo is not None and undo.possible
-    assert undo.banned == tokenizer.encode("red")[0]
+    assert undo.banned == {tokenizer.encode("red")[0]}  # not a const: no other token fails the same way
     assert undo.tokens == 2  # 'red' and '"}' go; ' "' stays

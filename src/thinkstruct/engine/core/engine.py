@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from thinkstruct.engine.model.loading import LoadedModel
     from thinkstruct.engine.output.checked_answer import SettledToken, Undo
     from thinkstruct.engine.runners.runner import ModelRunner
+    from thinkstruct.grammar.runtime.value_checks import CheckFailure
     from thinkstruct.grammar.service.compiler import GrammarCompiler
 
 log = logging.getLogger("thinkstruct.engine")
@@ -385,7 +386,7 @@ class Engine:
             log.exception("request %s failed", seq.request.request_id)
             self._finish(seq, FinishReason.ERROR, f"internal error in this request: {e}")
         if row.error is not None:
-            self._finish(seq, FinishReason.ERROR, row.error)
+            self._finish(seq, FinishReason.ERROR, row.error, unmet=row.unmet)
 
     def _record(self, seq: Sequence, draw: Draw) -> bool:
         """Tokens a row settled (sampled, then forced): its output processor turns them
@@ -402,8 +403,13 @@ class Engine:
             if delta is not None:
                 seq.handle.emit(delta)
         else:
+            limit = self.config.check_tries_per_value
             settled = seq.checked.settle(
-                tokens, forced=draw.forced, logprob=draw.logprob, allowed=draw.allowed
+                tokens,
+                forced=draw.forced,
+                logprob=draw.logprob,
+                allowed=draw.allowed,
+                can_retry=lambda back: seq.tries.get(seq.position - back, 0) < limit,
             )
             if settled.undo is not None:
                 self._undo(seq, settled.undo)
@@ -425,21 +431,27 @@ class Engine:
                 seq.handle.emit(delta)
 
     def _undo(self, seq: Sequence, undo: Undo) -> None:
-        """Take back a value that failed its check: the grammar, the generated tokens
-        and the KV return to its first drawn token, which is banned there; the row draws
-        again at the next step. Out of tries (or nothing left to change), the request
-        ends with an error naming the keyword and the JSON pointer."""
+        """Take back a part of the answer that failed its check: the grammar, the
+        generated tokens and the KV return to its first drawn token, which is banned
+        there with every token that would fail the same way; bans further on belong to
+        text taken back, and go. The row draws again at the next step. Out of tries (or
+        nothing left to change), the request ends with an error naming the keyword and
+        the JSON pointer."""
         seq.check_failure = undo.failure
         position = seq.position - undo.tokens
-        tries = len(seq.bans.get(position, ()))
         config = self.config
         if (
             not undo.possible
             or seq.matcher is None
-            or tries >= config.check_tries_per_value
+            or seq.tries.get(position, 0) >= config.check_tries_per_value
             or seq.rollbacks >= config.check_tries_per_request
         ):
-            self._finish(seq, FinishReason.ERROR, f"the answer could not meet {undo.failure.describe()}")
+            self._finish(
+                seq,
+                FinishReason.ERROR,
+                f"the answer could not meet {undo.failure.describe()}",
+                unmet=undo.failure,
+            )
             return
         seq.matcher.rollback(undo.grammar_tokens)
         taken = seq.generated_ids[len(seq.generated_ids) - undo.tokens :]
@@ -449,14 +461,25 @@ class Engine:
         # Feed the last kept token again: its logits are where the next draw comes from.
         seq.cached = position - 1
         seq.pending = [seq.context[position - 1]]
-        seq.bans.setdefault(position, set()).add(undo.banned)
+        for later in [p for p in seq.bans if p > position]:
+            del seq.bans[later]
+            seq.tries.pop(later, None)
+        seq.bans.setdefault(position, set()).update(undo.banned)
+        seq.tries[position] = seq.tries.get(position, 0) + 1
         seq.rollbacks += 1
         seq.resampled_tokens += undo.tokens
         self.stats.check_rollbacks += 1
         self.stats.resampled_tokens += undo.tokens
 
-    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
-        seq.end(reason, error)
+    def _finish(
+        self,
+        seq: Sequence,
+        reason: FinishReason,
+        error: str | None = None,
+        *,
+        unmet: CheckFailure | None = None,
+    ) -> None:
+        seq.end(reason, error, unmet=unmet)
         if not seq.handle.finished:
             self._emit_finish(seq)
 
@@ -476,10 +499,14 @@ class Engine:
                 backend=seq.backend,
                 check_rollbacks=seq.rollbacks,
                 resampled_tokens=seq.resampled_tokens,
+                unmet=seq.unmet,
             )
         except Exception as e:  # noqa: BLE001 - the parser or detokenizer failed at the very end
             delta = Delta(finish_reason=FinishReason.ERROR, error=f"internal error finishing: {e}")
         self.stats.finished[delta.finish_reason.value if delta.finish_reason else "error"] += 1
+        if delta.unmet is not None:
+            unmet = self.stats.checks_unmet
+            unmet[delta.unmet.keyword] = unmet.get(delta.unmet.keyword, 0) + 1
         seq.handle.emit(delta)
 
     def _drop_cancelled(self) -> None:
