@@ -20,11 +20,16 @@ What the engine calls, and when:
    that token's decoded text (``""`` for a token whose bytes end mid-character: one piece
    per token keeps :meth:`~ValueChecker.rollback` in tokens).
 3. On a failure: ``k = checker.pieces_since(failure.start)``; roll the grammar and the KV
-   back ``k`` tokens and call ``checker.rollback(k)``; forbid the first of the ``k`` undone
-   tokens at that position and sample again (bounded tries; an exhausted value ends the
-   choice with ``failure.describe()``, which names the keyword and the JSON pointer). A
-   rollback of the grammar for any other reason (speculation) rolls the checker back by
-   the same number of tokens. The first piece may come from the token that also closed
+   back ``k`` tokens (or fewer, down to a later drawn token of the failed part) and call
+   ``checker.rollback(k)``; forbid the first undone token at that position and sample
+   again (:mod:`thinkstruct.engine.output.checked_answer`; bounded tries; an exhausted
+   part ends the choice with ``failure.describe()``, which names the keyword and the JSON
+   pointer). A failure starts at the least that can mend it: the value, the member of it
+   the error is about (:mod:`.failed_part`), an item, key or separator a container's
+   prefix already breaks (:mod:`thinkstruct.grammar.schema.prefix_checks`), or the
+   closing bracket of a container that wants more items or members. A rollback of the
+   grammar for any other reason (speculation) rolls the checker back by the same number
+   of tokens. The first piece may come from the token that also closed
    the thought (a text end tag such as SmolLM2's ``>`` with answer text after it): undoing
    it would reopen the thought, so the engine must not roll back past it (treat a failure
    whose ``k`` reaches it as exhausted, or re-feed that piece).
@@ -49,8 +54,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from thinkstruct.grammar.constraint import escape_pointer
+from thinkstruct.grammar.runtime.failed_part import failed_part
 from thinkstruct.grammar.schema.checks import CheckPlan, Wildcard
-from thinkstruct.grammar.schema.prefix_checks import PrefixRules, finite_values, prefix_rules
+from thinkstruct.grammar.schema.prefix_checks import PrefixRules, prefix_rules
 
 # Where the scanner is.
 _OBJECT_FIRST = 0  # after "{": a key or "}"
@@ -69,14 +75,6 @@ _WHITESPACE = frozenset(" \t\n\r")
 _STRING_STOP = re.compile(r'["\\]')
 _NUMBER_CHARS = re.compile(r"[0-9eE+\-.]*")
 _LITERALS = {"t": "true", "f": "false", "n": "null"}
-#: Errors about a container itself that more items or members can mend: a failure of one
-#: starts at the closing bracket, so only the closing is drawn again.
-_WANTS_MORE = frozenset(
-    {"contains", "minContains", "required", "dependentRequired", "minProperties", "minItems"}
-)
-#: Schema keywords under which a ``const``/``enum`` error is one alternative among others
-#: (or about keys): it does not say what the value must be.
-_ALTERNATIVES = frozenset({"anyOf", "oneOf", "not", "propertyNames", "contains"})
 
 
 @functools.cache
@@ -633,9 +631,7 @@ class ValueChecker:
             error = self._plan.first_error(index, value)
             if error is not None:
                 value_pointer = _pointer(parent)
-                offset, found = _culprit_offset(text, error)
-                if closing and not error.absolute_path and error.validator in _WANTS_MORE:
-                    offset = len(text) - 1  # the closing bracket: another item or member mends it
+                offset, expected = failed_part(text, error, closing=closing)
                 return CheckFailure(
                     start=start + offset,
                     end=end,
@@ -646,7 +642,7 @@ class ValueChecker:
                     schema_pointer=self._plan.checks[index].schema_pointer
                     + "".join(f"/{escape_pointer(str(p))}" for p in error.absolute_schema_path),
                     message=error.message,
-                    expected=_expected(error) if found else None,
+                    expected=expected,
                 )
         return None
 
@@ -654,66 +650,6 @@ class ValueChecker:
         return ValueError(
             f"the answer is not JSON at character {offset}: {self._text[offset : offset + 20]!r}"
         )
-
-
-def _culprit_offset(text: str, error: Any) -> tuple[int, bool]:
-    """Where in a failed value's ``text`` the part its error is about starts (``then``
-    failing on a sibling's ``legs``: that member's value), so that only it is drawn
-    again, and whether that is the part the error names: 0 (the whole value) where the
-    error is about the value itself, about property names (the part is a key, not the
-    value under it), or where the part is not found."""
-    path = list(error.absolute_path)
-    if not path:
-        return 0, True
-    if "propertyNames" in error.absolute_schema_path:
-        return 0, False
-    offset = _value_offset(text, path)
-    return (0, False) if offset is None else (offset, True)
-
-
-def _expected(error: Any) -> tuple[Any, ...] | None:
-    """The scalars a value must be one of, where ``error`` (a ``const`` or ``enum``
-    not under an alternative) says so."""
-    if error.validator not in ("const", "enum"):
-        return None
-    if _ALTERNATIVES.intersection(str(step) for step in error.absolute_schema_path):
-        return None
-    return finite_values({str(error.validator): error.validator_value})
-
-
-def _value_offset(text: str, path: list[Any]) -> int | None:
-    """The offset in ``text`` (one JSON value) of the value at ``path``, or ``None``."""
-    decoder = json.JSONDecoder()
-    pos = _skip_space(text, 0)
-    for step in path:
-        opening = text[pos : pos + 1]
-        if opening not in ("{", "[") or isinstance(step, int) != (opening == "["):
-            return None
-        pos = _skip_space(text, pos + 1)
-        index = 0
-        while text[pos : pos + 1] not in ("}", "]", ""):
-            if opening == "{":
-                key, pos = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]
-                pos = _skip_space(text, _skip_space(text, pos) + 1)  # past the colon
-                found = key == step
-            else:
-                found = index == step
-            if found:
-                break
-            _, pos = decoder.raw_decode(text, pos)
-            pos = _skip_space(text, pos)
-            if text[pos : pos + 1] == ",":
-                pos = _skip_space(text, pos + 1)
-            index += 1
-        else:
-            return None
-    return pos
-
-
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in " \t\n\r":
-        pos += 1
-    return pos
 
 
 def _pointer(frame: _Frame | None) -> str:
