@@ -432,6 +432,7 @@ class Engine:
         """One row's draws, in order, until the row ends or takes a value back (a draft
         may have drawn past a stop string: those draws are dropped); then its error."""
         seq = row.seq
+        rollbacks = seq.rollbacks
         try:
             for draw in row.draws:
                 if not self._record(seq, draw):
@@ -439,8 +440,15 @@ class Engine:
         except Exception as e:  # this request's own output path failed
             log.exception("request %s failed", seq.request.request_id)
             self._finish(seq, FinishReason.ERROR, f"internal error in this request: {e}")
-        if row.error is not None:
-            self._finish(seq, FinishReason.ERROR, row.error, unmet=row.unmet)
+        if row.error is None:
+            return
+        if row.unmet is not None and seq.checked is not None and seq.finish_reason is None:
+            # Every token allowed where a failed part was taken back to was tried: back
+            # off further (unless a draw of this pass took that place back already).
+            if seq.rollbacks == rollbacks:
+                self._undo(seq, seq.checked.back_off(row.unmet, tries=self._tries(seq)))
+            return
+        self._finish(seq, FinishReason.ERROR, row.error, unmet=row.unmet)
 
     def _record(self, seq: Sequence, draw: Draw) -> bool:
         """Tokens a row settled (sampled, then forced): its output processor turns them
@@ -457,13 +465,12 @@ class Engine:
             if delta is not None:
                 seq.handle.emit(delta)
         else:
-            limit = self.config.check_tries_per_value
             settled = seq.checked.settle(
                 tokens,
                 forced=draw.forced,
                 logprob=draw.logprob,
                 allowed=draw.allowed,
-                can_retry=lambda back: seq.tries.get(seq.position - back, 0) < limit,
+                tries=self._tries(seq),
             )
             if settled.undo is not None:
                 self._undo(seq, settled.undo)
@@ -483,6 +490,12 @@ class Engine:
             )
             if delta is not None:
                 seq.handle.emit(delta)
+
+    @staticmethod
+    def _tries(seq: Sequence) -> Callable[[int], int]:
+        """How many times the position ``back`` generated tokens before ``seq``'s end was
+        drawn again."""
+        return lambda back: seq.tries.get(seq.position - back, 0)
 
     def _undo(self, seq: Sequence, undo: Undo) -> None:
         """Take back a part of the answer that failed its check: the grammar, the

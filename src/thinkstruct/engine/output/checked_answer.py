@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from thinkstruct.engine.output.processor import ThoughtTracker
-from thinkstruct.engine.output.token_bans import STRUCTURAL, TokenBans
+from thinkstruct.engine.output.token_bans import STRUCTURAL, Targets, TokenBans
 from thinkstruct.engine.sampling.logprobs import SampledLogprob
 from thinkstruct.grammar.runtime.tag_checks import AnswerChecker, answer_checker
 
@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 #: Characters that only open a value: a token's text made of them alone says nothing yet.
 _OPENING = ' \t\n\r"[{'
 _WHITESPACE = " \t\n\r"
+#: Tries at a failed part's later drawn token before an earlier one is drawn again (the
+#: part's first drawn token has the engine's ``check_tries_per_value``).
+LATER_TRIES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,12 +150,12 @@ class CheckedAnswer:
         forced: int,
         logprob: SampledLogprob | None,
         allowed: int,
-        can_retry: Callable[[int], bool] = lambda tokens: True,
+        tries: Callable[[int], int] = lambda back: 0,
     ) -> Settled:
         """Take a group of settled tokens (the first sampled unless all were forced, the
-        last ``forced`` forced; a stop token only last). ``can_retry(n)``: whether the
-        position ``n`` generated tokens back (counted from the last of ``tokens``) may
-        be drawn again (it has tries left)."""
+        last ``forced`` forced; a stop token only last). ``tries(n)``: how many times the
+        position ``n`` generated tokens back (counted from the last of ``tokens``) was
+        drawn again already."""
         release: list[SettledToken] = []
         for k, token in enumerate(tokens):
             sampled = k < len(tokens) - forced
@@ -160,7 +163,7 @@ class CheckedAnswer:
             if token in self._stop_ids:
                 failure = self._checker.finish() if self._checker is not None else None
                 if failure is not None:
-                    return self._undo(failure, after=tokens[k:], can_retry=can_retry)
+                    return Settled(release=[], undo=self._undo(failure, after=tokens[k:], tries=tries))
                 release.extend(self._held)
                 self._held.clear()
                 continue
@@ -169,9 +172,16 @@ class CheckedAnswer:
                 continue
             failure = self._feed(settled)
             if failure is not None:
-                return self._undo(failure, after=tokens[k + 1 :], can_retry=can_retry)
+                return Settled(release=[], undo=self._undo(failure, after=tokens[k + 1 :], tries=tries))
         release.extend(self._release())
         return Settled(release=release, undo=None)
+
+    def back_off(self, failure: CheckFailure, *, tries: Callable[[int], int]) -> Undo:
+        """Where the part of ``failure`` was taken back to, every token the grammar allows
+        was tried (a dead end: ``2024-02-3`` with ``0`` and ``1`` banned): undo further, to
+        the part's last drawn token still kept, or the last drawn before it
+        (``tries`` as in :meth:`settle`)."""
+        return self._undo(failure, after=[], tries=tries)
 
     def release_all(self) -> list[SettledToken]:
         """Everything still held (the answer ends: cut short, or failed for good)."""
@@ -202,22 +212,23 @@ class CheckedAnswer:
         out, self._held = self._held[:cut], self._held[cut:]
         return out
 
-    def _undo(self, failure: CheckFailure, *, after: list[int], can_retry: Callable[[int], bool]) -> Settled:
+    def _undo(self, failure: CheckFailure, *, after: list[int], tries: Callable[[int], int]) -> Undo:
         """Undo back to a drawn token of the failed part (:meth:`_points`: the first
-        whose position has tries left); ``after``: the group's tokens the grammar
+        tried fewer than :data:`LATER_TRIES` times, else the part's first, whose tries
+        the engine bounds); ``after``: the group's tokens the grammar
         accepted after the last one fed (the stop token that closed the answer, or forced
         tokens)."""
         checker = self._checker
         if checker is None:
             raise RuntimeError("a value failed before the answer started")
         visible = sum(1 for t in after if t not in self._stop_ids)
-        points = self._points(failure, checker.pieces_since(failure.start))
-        if not points or points[0] > len(self._held):
+        points = [
+            p for p in self._points(failure, checker.pieces_since(failure.start)) if p <= len(self._held)
+        ]
+        if not points:
             # Part of it already reached the caller (or nothing was drawn): no new try.
-            return Settled(
-                release=[], undo=Undo(tokens=0, grammar_tokens=0, banned=frozenset(), failure=failure)
-            )
-        pieces = next((p for p in points if p <= len(self._held) and can_retry(p + visible)), points[0])
+            return Undo(tokens=0, grammar_tokens=0, banned=frozenset(), failure=failure)
+        pieces = next((p for p in points[:-1] if tries(p + visible) < LATER_TRIES), points[-1])
         banned = {self._fed[-pieces].token} | self._same_failures(failure, pieces)
         checker.rollback(pieces)
         del self._fed[-pieces:]
@@ -225,13 +236,12 @@ class CheckedAnswer:
         del self._held[-pieces:]
         self._decoder.setstate(self._decoders[-pieces])
         del self._decoders[-pieces:]
-        undo = Undo(
+        return Undo(
             tokens=pieces + visible,
             grammar_tokens=pieces + len(after),
             banned=frozenset(banned),
             failure=failure,
         )
-        return Settled(release=[], undo=undo)
 
     def _points(self, failure: CheckFailure, span: int) -> list[int]:
         """Where the failed part may be drawn again from, best first, each as the number
@@ -255,7 +265,9 @@ class CheckedAnswer:
             last = next((i for i in range(len(before) - 1, -1, -1) if before[i].sampled), None)
             return [] if last is None else [len(self._fed) - last]
         first = sayers[0]
-        if failure.expected is not None or part(first).lstrip(_WHITESPACE)[:1] in STRUCTURAL:
+        if failure.expected is not None:
+            return [span - _diverging(failure.start, Targets(failure.expected), fed, texts, first)]
+        if part(first).lstrip(_WHITESPACE)[:1] in STRUCTURAL:
             return [span - first]
         return [span - i for i in reversed(sayers)]
 
@@ -263,9 +275,11 @@ class CheckedAnswer:
         """The tokens that would fail as the last ``pieces`` fed tokens' first did, at its
         position (see :mod:`~thinkstruct.engine.output.token_bans`)."""
         start, text = self._texts_fed[-pieces]
+        if start + len(text) <= failure.start:
+            return frozenset()  # a token before the part: only it is banned
         cut = max(0, failure.start - start)
         head, tail = text[:cut], text[cut:].lstrip(_WHITESPACE)
-        if tail[:1] in STRUCTURAL:
+        if tail[:1] in STRUCTURAL and failure.expected is None:
             return self._bans.structural(head, tail[0])
         if failure.expected is not None:
             kept = [
@@ -277,3 +291,21 @@ class CheckedAnswer:
                 written = written[max(0, failure.start - self._texts_fed[first][0]) :]
             return self._bans.beginning_none_of(written, failure.expected)
         return frozenset()
+
+
+def _diverging(
+    start: int, targets: Targets, fed: list[SettledToken], texts: list[tuple[int, str]], first: int
+) -> int:
+    """The drawn token (an index into ``fed``, whose ``texts`` hold each token's offset and
+    text) from which the failed part's text, from offset ``start``, can no longer become
+    one of ``targets`` (``1.1`` of ``1.19`` for a multiple of 0.25: ``1.`` may still
+    become ``1.25``); ``first`` (the part's first drawn token) where none is found."""
+    written = ""
+    drawn = first
+    for i, (offset, text) in enumerate(texts):
+        written += text[max(0, start - offset) :]
+        if i >= first and fed[i].sampled:
+            drawn = i
+        if written and not targets.toward(written):
+            return drawn
+    return first

@@ -19,6 +19,7 @@ character split across tokens: such a token is never banned for its text).
 
 from __future__ import annotations
 
+import bisect
 import json
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -63,13 +64,13 @@ class TokenBans:
     def beginning_none_of(self, written: str, expected: tuple[Any, ...]) -> frozenset[int]:
         """Tokens that, after ``written`` (the part's text so far; ``""``: the part starts
         in the token), cannot continue toward the JSON text of any of ``expected``."""
-        texts = tuple(json.dumps(v, ensure_ascii=False, separators=(",", ":")) for v in expected)
+        targets = Targets(expected)
 
         def banned(s: str) -> bool:
             value = written + s if written else s.lstrip(_BEFORE_VALUE)
-            return bool(value) and not any(_toward(value, t) for t in texts)
+            return bool(value) and not targets.toward(value)
 
-        return self._cached(("values", written, texts), banned)
+        return self._cached(("values", written, targets.texts), banned)
 
     def _cached(self, key: tuple[Any, ...], banned: Any) -> frozenset[int]:
         found = self._cache.get(key)
@@ -95,11 +96,23 @@ def _squeeze(text: str) -> str:
     return "".join(c for c in text if c not in _WHITESPACE)
 
 
-def _toward(value: str, target: str) -> bool:
-    """Whether text ``value`` begins ``target``, or is ``target`` then what ends it."""
-    if target.startswith(value):
-        return True
-    return value.startswith(target) and value[len(target)] in _AFTER_SCALAR
+class Targets:
+    """The JSON texts of some scalars (``expected``), sorted, to ask of a text whether it
+    can still become one of them."""
+
+    def __init__(self, expected: tuple[Any, ...]) -> None:
+        self.texts = tuple(
+            sorted({json.dumps(v, ensure_ascii=False, separators=(",", ":")) for v in expected})
+        )
+        self._set = frozenset(self.texts)
+
+    def toward(self, value: str) -> bool:
+        """Whether text ``value`` begins one of the texts, or is one of them followed by
+        what ends a scalar."""
+        at = bisect.bisect_left(self.texts, value)
+        if at < len(self.texts) and self.texts[at].startswith(value):
+            return True
+        return any(value[j] in _AFTER_SCALAR and value[:j] in self._set for j in range(1, len(value)))
 
 
-__all__ = ["STRUCTURAL", "TokenBans"]
+__all__ = ["STRUCTURAL", "Targets", "TokenBans"]

@@ -6,15 +6,17 @@ closes; the error ``jsonschema`` reports may be about a member of it (``then`` f
 a sibling's ``legs``), or about the value wanting more (``minContains``, ``required``),
 which another item or member mends. The engine draws again from the part the error is
 about (:mod:`thinkstruct.engine.output.checked_answer`), so the failure starts there;
-where the error says what the part must be (a ``const`` or ``enum``), the failure says
-so too, and the engine bans at once every token that cannot begin one of those values.
+where the error says what the part must be (a ``const`` or ``enum``, a ``multipleOf``
+between bounds), the failure says so too, and the engine bans at once every token that cannot begin one of those values.
 
 Units: character offsets into the value's text.
 """
 
 from __future__ import annotations
 
+import decimal
 import json
+import math
 from typing import Any
 
 from thinkstruct.grammar.schema.prefix_checks import finite_values
@@ -27,6 +29,11 @@ _WANTS_MORE = frozenset(
 #: Schema keywords under which a ``const``/``enum`` error is one alternative among others
 #: (or about keys): it does not say what the value must be.
 _ALTERNATIVES = frozenset({"anyOf", "oneOf", "not", "propertyNames", "contains"})
+
+
+#: The most multiples of a bounded ``multipleOf`` spelled out as the values a failed
+#: number must be one of (more: any other number may do).
+_MOST_MULTIPLES = 1000
 
 
 def failed_part(text: str, error: Any, *, closing: bool) -> tuple[int, tuple[Any, ...] | None]:
@@ -56,13 +63,54 @@ def _culprit_offset(text: str, error: Any) -> tuple[int, bool]:
 
 
 def _expected(error: Any) -> tuple[Any, ...] | None:
-    """The scalars a value must be one of, where ``error`` (a ``const`` or ``enum``
-    not under an alternative) says so."""
-    if error.validator not in ("const", "enum"):
-        return None
+    """The scalars a value must be one of, where ``error`` (not under an alternative)
+    says so: a ``const`` or ``enum``, or a ``multipleOf`` between bounds that allow at
+    most :data:`_MOST_MULTIPLES` of them."""
     if _ALTERNATIVES.intersection(str(step) for step in error.absolute_schema_path):
         return None
-    return finite_values({str(error.validator): error.validator_value})
+    if error.validator in ("const", "enum"):
+        return finite_values({str(error.validator): error.validator_value})
+    if error.validator == "multipleOf" and isinstance(error.schema, dict):
+        return _multiples(error.schema)
+    return None
+
+
+def _multiples(schema: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The multiples of ``schema``'s ``multipleOf`` within its bounds (each whole one as
+    an integer and, for a ``number``, also as a float: ``1`` and ``1.0``), or ``None``
+    where a bound is missing or there are too many."""
+    step, low, high = (_decimal(schema.get(k)) for k in ("multipleOf", "minimum", "maximum"))
+    above, below = _decimal(schema.get("exclusiveMinimum")), _decimal(schema.get("exclusiveMaximum"))
+    if step is None or step <= 0:
+        return None
+    starts = [math.ceil(low / step)] if low is not None else []
+    if above is not None:
+        starts.append(math.floor(above / step) + 1)
+    ends = [math.floor(high / step)] if high is not None else []
+    if below is not None:
+        ends.append(math.ceil(below / step) - 1)
+    if not starts or not ends:
+        return None
+    first, last = max(starts), min(ends)
+    if not 0 < last - first + 1 <= _MOST_MULTIPLES:
+        return None
+    whole_only = schema.get("type") == "integer"
+    values: list[Any] = []
+    for k in range(first, last + 1):
+        value = step * k
+        if value == value.to_integral_value():
+            values.append(int(value))
+            if not whole_only:
+                values.append(float(value))
+        elif not whole_only:
+            values.append(float(value))
+    return tuple(values) or None
+
+
+def _decimal(value: Any) -> decimal.Decimal | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return decimal.Decimal(str(value))
 
 
 def _value_offset(text: str, path: list[Any]) -> int | None:
