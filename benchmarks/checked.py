@@ -175,6 +175,9 @@ def main() -> None:
         "--sweep", action="store_true", help="requests out of tries per case, this tree against --before"
     )
     parser.add_argument("--before", type=Path, default=Path("/work/main/src"), help="the other tree's src")
+    parser.add_argument(
+        "--after", type=Path, default=Path(__file__).resolve().parent.parent / "src", help="this tree's src"
+    )
     parser.add_argument("--chunk", type=int, default=6, help="cases per worker process (--sweep)")
     parser.add_argument("--only", help="cases whose name holds this (--sweep)")
     options = parser.parse_args()
@@ -183,6 +186,7 @@ def main() -> None:
 
         compare(
             options.before,
+            after=options.after,
             seeds=options.seeds,
             chunk=options.chunk,
             only=options.only,

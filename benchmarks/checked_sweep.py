@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-AFTER = HERE.parent / "src"
+#: This tree's source, the default "after" side.
+THIS_TREE = HERE.parent / "src"
 
 #: What an answer out of tries says (the engine's error text).
 OUT_OF_TRIES = ("could not meet", "no answer meets")
@@ -210,21 +211,23 @@ def _side(src: Path, indexes: list[int], seeds: int, maskbench: list[str]) -> di
     return {row.pop("index"): row for row in rows}
 
 
-def compare(before: Path, *, seeds: int, chunk: int, only: str | None, maskbench: int) -> None:
+def compare(
+    before: Path, *, after: Path = THIS_TREE, seeds: int, chunk: int, only: str | None, maskbench: int
+) -> None:
     """Both trees over every case (see the module doc) and ``maskbench`` MaskBench
     schemas compiled with checks; prints a table."""
     names = pick_maskbench(maskbench)
     cases = all_cases(names)
     chosen = [i for i, c in enumerate(cases) if only is None or only in c.name]
     results: dict[str, dict[int, dict[str, int]]] = {"before": {}, "after": {}}
-    sides = {"before": before, "after": AFTER}
+    sides = {"before": before, "after": after}
     started = time.perf_counter()
     for n, at in enumerate(range(0, len(chosen), chunk)):
         part = chosen[at : at + chunk]
         for name in ("before", "after") if n % 2 == 0 else ("after", "before"):
             results[name].update(_side(sides[name], part, seeds, names))
         print(f"  cases {part[0]}-{part[-1]} done ({time.perf_counter() - started:.0f} s)", flush=True)
-    print(f"\n{seeds} seeds per case, temperature 1, thinking off; before: {before}, after: {AFTER}")
+    print(f"\n{seeds} seeds per case, temperature 1, thinking off; before: {before}, after: {after}")
     print(f"{'case':34s} | {'side':6s} | " + " | ".join(f"{c:>12s}" for c in COLUMNS))
     totals = {name: dict.fromkeys(COLUMNS, 0) for name in sides}
     for index in chosen:
@@ -238,7 +241,7 @@ def compare(before: Path, *, seeds: int, chunk: int, only: str | None, maskbench
         print(f"{'all cases':34s} | {name:6s} | " + " | ".join(f"{row[c]:12d}" for c in COLUMNS))
     print(
         "\nreproduce: python benchmarks/checked.py --sweep "
-        f"--before {before} --seeds {seeds} --chunk {chunk} --maskbench {maskbench}"
+        f"--before {before} --after {after} --seeds {seeds} --chunk {chunk} --maskbench {maskbench}"
         + (f" --only {only!r}" if only else "")
     )
 
