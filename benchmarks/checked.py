@@ -38,7 +38,6 @@ Prints a table and asserts nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -48,11 +47,10 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import jsonschema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from checked_cases import PAINT, SCHEMA_CASES, schema_question
+from checked_cases import PAINT, SCHEMA_CASES, schema_question, valid
 from coverage import load_maskbench
 from forward_baselines import chat_prompt_ids
 from thinkstruct import Constraint
@@ -86,14 +84,6 @@ class Side:
     clean_tokens: int = 0
     clean_seconds: float = 0.0
     invalid: list[str] = field(default_factory=list)
-
-
-def valid(schema: Any, text: str) -> bool:
-    try:
-        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
-    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
-        return False
-    return True
 
 
 def tool_calls(model: Any, compiler: GrammarCompiler, engine: Engine, *, seeds: int, max_tokens: int) -> None:

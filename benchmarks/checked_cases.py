@@ -232,6 +232,17 @@ SCHEMA_CASES: dict[str, dict[str, Any]] = {
 }
 
 
+def valid(schema: Any, text: str) -> bool:
+    """Whether ``text`` is JSON that ``schema`` accepts (formats asserted)."""
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
+    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
+        return False
+    return True
+
+
 def schema_question(schema: dict[str, Any]) -> str:
     """The user's turn asking for one value of ``schema``."""
     return "Reply with one JSON value for this JSON Schema:\n" + json.dumps(schema)[:1500]
@@ -259,4 +270,5 @@ __all__ = [
     "CheckedCase",
     "schema_question",
     "sweep_cases",
+    "valid",
 ]

@@ -36,18 +36,9 @@ OUT_OF_TRIES = ("could not meet", "no answer meets")
 COLUMNS = ("finished", "valid", "out_of_tries", "errors", "length", "rollbacks")
 
 
-def _valid(schema: Any, text: str) -> bool:
-    import jsonschema
-
-    try:
-        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
-    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
-        return False
-    return True
-
-
 def run_case(case: Any, model: Any, compiler: Any, engine: Any, *, seeds: int) -> dict[str, int]:
     """The counts of one case over ``seeds`` seeds (see the module doc)."""
+    from checked_cases import valid
     from thinkstruct import Constraint
     from thinkstruct.engine import FinishReason, GenerationRequest, SamplingParams
     from thinkstruct.parsers import render_chat
@@ -93,10 +84,10 @@ def run_case(case: Any, model: Any, compiler: Any, engine: Any, *, seeds: int) -
             counts["finished"] += 1
             if case.tools:
                 ok = bool(out.tool_calls) and all(
-                    _valid(case.tools.get(c.name, {"not": {}}), c.arguments) for c in out.tool_calls
+                    valid(case.tools.get(c.name, {"not": {}}), c.arguments) for c in out.tool_calls
                 )
             else:
-                ok = _valid(case.schema, out.content)
+                ok = valid(case.schema, out.content)
             counts["valid"] += ok
         elif out.finish_reason is FinishReason.ERROR:
             error = out.error or ""

@@ -4,11 +4,9 @@ error naming the keyword and the JSON pointer."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from thinkstruct import Constraint
@@ -18,7 +16,7 @@ from thinkstruct.grammar.service.compiler import GrammarCompiler
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from checked_cases import UNIQUE as UNIQUE_CASE  # the benchmark's cases
-from checked_cases import UNMEETABLE
+from checked_cases import UNMEETABLE, valid
 
 UNIQUE = UNIQUE_CASE.schema
 
@@ -27,14 +25,6 @@ UNIQUE = UNIQUE_CASE.schema
 def compiler(smollm2):
     with GrammarCompiler(smollm2.tokenizer) as c:
         yield c
-
-
-def _valid(schema: dict, text: str) -> bool:
-    try:
-        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
-    except (ValueError, jsonschema.ValidationError):
-        return False
-    return True
 
 
 def _run_seeds(
@@ -67,7 +57,7 @@ def test_unique_items_over_a_small_enum_only_valid_answers_come_back(smollm2, co
         assert out.usage is not None
         rollbacks += out.usage.check_rollbacks
         assert out.finish_reason is FinishReason.STOP, out.error  # never out of tries
-        assert _valid(UNIQUE, out.content), out.content  # streamed text is the final text
+        assert valid(UNIQUE, out.content), out.content  # streamed text is the final text
     assert rollbacks > 0
 
 
@@ -121,7 +111,7 @@ def test_the_thought_is_never_checked_nor_taken_back(smollm2, compiler) -> None:
         assert out.usage is not None and out.reasoning
         assert out.usage.reasoning_tokens >= 10  # the budget, then the end tag: all thought
         if out.finish_reason is FinishReason.STOP:
-            assert _valid(UNIQUE, out.content), out.content
+            assert valid(UNIQUE, out.content), out.content
 
 
 def test_a_failed_string_is_drawn_again_from_its_first_word_not_its_quote(smollm2, compiler) -> None:

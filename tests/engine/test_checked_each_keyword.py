@@ -8,11 +8,9 @@ asked for by name) is the one under test."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from thinkstruct import Constraint
@@ -21,7 +19,7 @@ from thinkstruct.grammar.service.compiler import GrammarCompiler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from checked_cases import KEYWORD_CASES, SEVENS, schema_question  # the benchmark's cases
+from checked_cases import KEYWORD_CASES, SEVENS, schema_question, valid  # the benchmark's cases
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +48,6 @@ def _outs(engine, grammar, ids: list[int], seeds: range, *, max_tokens: int) -> 
     return [h.wait() for h in handles]
 
 
-def _valid(schema: dict, text: str) -> bool:
-    try:
-        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
-    except (ValueError, jsonschema.ValidationError):
-        return False
-    return True
-
-
 @pytest.mark.parametrize("keyword", list(KEYWORD_CASES))
 def test_only_valid_answers_and_values_were_taken_back(keyword: str, smollm2, compiler, engine) -> None:
     case = KEYWORD_CASES[keyword]
@@ -67,7 +57,7 @@ def test_only_valid_answers_and_values_were_taken_back(keyword: str, smollm2, co
     for out in outs:
         assert out.finish_reason is not FinishReason.ERROR, out.error  # never out of tries
         if out.finish_reason is FinishReason.STOP:
-            assert _valid(case.schema, out.content), out.content
+            assert valid(case.schema, out.content), out.content
     assert sum(o.usage.check_rollbacks for o in outs if o.usage is not None) > 0
     assert any(o.finish_reason is FinishReason.STOP for o in outs)
 
@@ -89,5 +79,5 @@ def test_at_least_two_sevens_asked_through_the_chat_template(smollm2, compiler, 
     ids = smollm2.tokenizer.hf.encode(prompt.text, add_special_tokens=False)
     outs = _outs(engine, grammar, ids, range(4), max_tokens=200)
     assert [o.finish_reason for o in outs] == [FinishReason.STOP] * 4
-    assert all(_valid(SEVENS, o.content) for o in outs), [o.content for o in outs]
+    assert all(valid(SEVENS, o.content) for o in outs), [o.content for o in outs]
     assert sum(o.usage.check_rollbacks for o in outs if o.usage is not None) > 0
