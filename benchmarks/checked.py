@@ -51,7 +51,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from checked_cases import PAINT, SCHEMA_CASES, schema_question, valid
-from coverage import load_maskbench
+from checked_sweep import checked_maskbench
 from forward_baselines import chat_prompt_ids
 from thinkstruct import Constraint
 from thinkstruct.engine import (
@@ -62,7 +62,6 @@ from thinkstruct.engine import (
     SamplingParams,
     load_model,
 )
-from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.service.compiler import GrammarCompiler
 
 KEYWORD_SCHEMAS = SCHEMA_CASES
@@ -195,17 +194,8 @@ def main() -> None:
             )
         if options.only_tools:
             return
-        taken = 0
-        for case in load_maskbench():
-            if taken >= options.maskbench:
-                break
-            try:
-                grammar = compiler.compile(Constraint.json_schema(case.schema), strict=True)
-            except InvalidConstraint:
-                continue
-            if grammar.checks is not None:
-                schemas[f"maskbench {case.name}"[:40]] = case.schema
-                taken += 1
+        for case in checked_maskbench(compiler, options.maskbench):
+            schemas[f"maskbench {case.name}"[:40]] = case.schema
         sides = {"checked": Side(), "unchecked": Side()}
         print(
             f"{len(schemas)} schemas x {options.seeds} seeds, temperature 1, max_tokens {options.max_tokens}"

@@ -144,25 +144,32 @@ def all_cases(maskbench: list[str]) -> list[Any]:
 def pick_maskbench(count: int) -> list[str]:
     """The first ``count`` MaskBench schemas that strict ``auto`` compiles with checks
     (on this tree)."""
-    from coverage import load_maskbench
-    from thinkstruct import Constraint
     from thinkstruct.engine import load_model
-    from thinkstruct.errors import InvalidConstraint
     from thinkstruct.grammar.service.compiler import GrammarCompiler
 
     if count == 0:
         return []
-    picked: list[str] = []
     with GrammarCompiler(load_model(progress=False).tokenizer) as compiler:
-        for case in load_maskbench():
-            if len(picked) >= count:
-                break
-            try:
-                grammar = compiler.compile(Constraint.json_schema(case.schema), strict=True)
-            except InvalidConstraint:
-                continue
-            if grammar.checks is not None:
-                picked.append(case.name)
+        return [case.name for case in checked_maskbench(compiler, count)]
+
+
+def checked_maskbench(compiler: Any, count: int) -> list[Any]:
+    """The first ``count`` MaskBench cases that strict ``auto`` compiles with checks on
+    ``compiler``."""
+    from coverage import load_maskbench
+    from thinkstruct import Constraint
+    from thinkstruct.errors import InvalidConstraint
+
+    picked: list[Any] = []
+    for case in load_maskbench():
+        if len(picked) >= count:
+            break
+        try:
+            grammar = compiler.compile(Constraint.json_schema(case.schema), strict=True)
+        except InvalidConstraint:
+            continue
+        if grammar.checks is not None:
+            picked.append(case)
     return picked
 
 
