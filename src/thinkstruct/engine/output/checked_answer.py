@@ -12,13 +12,21 @@ this keeps back the tokens of an open value that holds checked keywords, so the 
 never sees text that is later undone, and says what to undo when a value fails:
 
 - the thought is never checked nor held (the checker starts with the answer);
-- when a value fails, the tokens from the first sampled token of the failed part that
-  *says something* to the end are undone (the failed part: the value, or the member its
-  error is about, as ``legs`` when ``then`` fails on it), and that token is banned at
-  its position, so the next draw there differs. A token that only opens the value (whitespace, ``"``,
-  ``[``, ``{``, as ``' "'`` before ``red``) is kept: every other value would open the
-  same way, and banning it would leave little but whitespace to draw there. Tokens the
-  grammar forced are never the banned one (they would come again);
+- when a value fails, the tokens from a sampled token of the failed part that *says
+  something* to the end are undone, and that token is banned at its position with
+  every token that would fail the same way (:mod:`.token_bans`), so the next draw
+  there differs. The failed part is the least that can mend the failure (the value, the
+  member its error is about, an item or key a container's prefix breaks, the closing
+  bracket of a container that wants more; see
+  :mod:`~thinkstruct.grammar.runtime.value_checks`). A part that must be one of some
+  values is drawn again from the token where its text stops leading to one of them;
+  a closing bracket or separator from itself; any other part from its last drawn token,
+  then earlier ones (:data:`LATER_TRIES` each), then its first. A token that only opens
+  the value (whitespace, ``"``, ``[``, ``{``, as ``' "'`` before ``red``) is kept: every
+  other value would open the same way, and banning it would leave little but
+  whitespace to draw there. Tokens the grammar forced are never the banned one (they
+  would come again). Where every token the grammar allows at the position returned to
+  was tried, :meth:`CheckedAnswer.back_off` undoes further;
 - at the end of the answer (a stop token) a number at the root closes and is checked.
 
 Units: token counts; the checker's offsets are characters of the answer text.
