@@ -499,9 +499,9 @@ class Engine:
 
     def _undo(self, seq: Sequence, undo: Undo) -> None:
         """Take back a part of the answer that failed its check: the grammar, the
-        generated tokens and the KV return to its first drawn token, which is banned
-        there with every token that would fail the same way; bans further on belong to
-        text taken back, and go. The row draws again at the next step. Out of tries (or
+        generated tokens and the KV return to the drawn token ``undo`` names, which is
+        banned there with every token that would fail the same way; bans further on
+        belong to text taken back, and go. The row draws again at the next step. Out of tries (or
         nothing left to change), the request ends with an error naming the keyword and
         the JSON pointer."""
         seq.check_failure = undo.failure
