@@ -87,3 +87,27 @@ def test_a_streamed_unmet_keyword_ends_the_choice_with_the_same_error(
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert '"x", "x"' not in text and '"x","x"' not in text
     assert _unmet_count(tiny_server) == before + 1
+
+
+def test_a_streamed_response_fails_with_constraint_unmet(tiny_server: RunningServer, model: str) -> None:
+    body = {
+        "model": model,
+        "input": "Give JSON.",
+        "max_output_tokens": BODY["max_tokens"],
+        "temperature": 1.0,
+        "seed": BODY["seed"],
+        "stream": True,
+        "text": {"format": {"type": "json_schema", "name": "tags", "schema": SCHEMA, "strict": True}},
+    }
+    with tiny_server.http() as http:
+        with http.stream("POST", "/v1/responses", json=body) as response:
+            assert response.status_code == 200
+            events = [
+                json.loads(line[len("data: ") :])
+                for line in response.iter_lines()
+                if line.startswith("data: {")
+            ]
+    last = events[-1]
+    assert last["type"] == "response.failed"
+    error = last["response"]["error"]
+    assert error["code"] == "constraint_unmet" and "uniqueItems at /tags" in error["message"]
