@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thinkstruct.engine.output.detokenizer import TokenTexts
-from thinkstruct.engine.output.token_bans import TokenBans
+from thinkstruct.engine.output.token_bans import Targets, TokenBans
 
 VALUES = st.integers(-20, 120) | st.sampled_from(["red", "green", "x", "meow", "2024-02-29", True, None])
 
@@ -56,3 +56,17 @@ def test_a_closing_bracket_is_banned_whatever_whitespace_it_carries(tokenizer: A
     assert tokenizer.encode(",")[0] not in banned and tokenizer.encode(", ")[0] not in banned
     # After the last item's text in the same token ('7]'): only tokens holding that text first.
     assert bans.structural("7", "]") <= {i for i in range(len(texts)) if texts[i].lstrip().startswith(b"7")}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    expected=st.lists(VALUES, min_size=1, max_size=5),
+    text=st.text(alphabet='0123456789.-"redgnx ,]}', max_size=8),
+)
+def test_a_text_leads_to_an_expected_value_when_it_begins_one_or_is_one_then_its_end(
+    expected: list[Any], text: str
+) -> None:
+    texts = {json.dumps(v, separators=(",", ":")) for v in expected}
+    begins = any(t.startswith(text) for t in texts)
+    ended = any(text.startswith(t) and len(text) > len(t) and text[len(t)] in " ,]}" for t in texts)
+    assert Targets(tuple(expected)).toward(text) == (begins or ended)
