@@ -501,16 +501,18 @@ class Engine:
         """Take back a part of the answer that failed its check: the grammar, the
         generated tokens and the KV return to the drawn token ``undo`` names, which is
         banned there with every token that would fail the same way; bans further on
-        belong to text taken back, and go. The row draws again at the next step. Out of tries (or
-        nothing left to change), the request ends with an error naming the keyword and
-        the JSON pointer."""
+        belong to text taken back, and go. The row draws again at the next step. A
+        position out of tries (``check_tries_per_value``) backs off to an earlier drawn
+        token; out of tries in all (``check_tries_per_request``, or nothing left to
+        change), the request ends with an error naming the keyword and the JSON pointer."""
         seq.check_failure = undo.failure
         position = seq.position - undo.tokens
         config = self.config
+        checked, matcher = seq.checked, seq.matcher
         if (
             not undo.possible
-            or seq.matcher is None
-            or seq.tries.get(position, 0) >= config.check_tries_per_value
+            or matcher is None
+            or checked is None
             or seq.rollbacks >= config.check_tries_per_request
         ):
             self._finish(
@@ -520,23 +522,32 @@ class Engine:
                 unmet=undo.failure,
             )
             return
-        seq.matcher.rollback(undo.grammar_tokens)
-        taken = seq.generated_ids[len(seq.generated_ids) - undo.tokens :]
-        del seq.generated_ids[len(seq.generated_ids) - undo.tokens :]
+        matcher.rollback(undo.grammar_tokens)
+        self._take_back(seq, undo.tokens)
+        if seq.tries.get(position, 0) >= config.check_tries_per_value:
+            self._undo(seq, checked.back_off(undo.failure, tries=self._tries(seq)))
+            return
+        seq.bans.setdefault(position, set()).update(undo.banned)
+        seq.tries[position] = seq.tries.get(position, 0) + 1
+        seq.rollbacks += 1
+        self.stats.check_rollbacks += 1
+
+    def _take_back(self, seq: Sequence, tokens: int) -> None:
+        """The last ``tokens`` generated tokens go, with the KV after them and the bans at
+        later positions (the grammar is rolled back by the caller)."""
+        seq.resampled_tokens += tokens
+        self.stats.resampled_tokens += tokens
+        taken = seq.generated_ids[len(seq.generated_ids) - tokens :]
+        del seq.generated_ids[len(seq.generated_ids) - tokens :]
         if seq.adjustments is not None:
             seq.adjustments.remove(taken)
+        position = seq.position
         # Feed the last kept token again: its logits are where the next draw comes from.
         seq.cached = position - 1
         seq.pending = [seq.context[position - 1]]
         for later in [p for p in seq.bans if p > position]:
             del seq.bans[later]
             seq.tries.pop(later, None)
-        seq.bans.setdefault(position, set()).update(undo.banned)
-        seq.tries[position] = seq.tries.get(position, 0) + 1
-        seq.rollbacks += 1
-        seq.resampled_tokens += undo.tokens
-        self.stats.check_rollbacks += 1
-        self.stats.resampled_tokens += undo.tokens
 
     def _finish(
         self,

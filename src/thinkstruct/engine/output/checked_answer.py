@@ -20,7 +20,7 @@ never sees text that is later undone, and says what to undo when a value fails:
   bracket of a container that wants more; see
   :mod:`~thinkstruct.grammar.runtime.value_checks`). A part that must be one of some
   values is drawn again from the token where its text stops leading to one of them;
-  a closing bracket or separator from itself; any other part from its last drawn token,
+  a key, a closing bracket or a separator from its first drawn token; any other part from its last drawn token,
   then earlier ones (:data:`LATER_TRIES` each), then its first. A token that only opens
   the value (whitespace, ``"``, ``[``, ``{``, as ``' "'`` before ``red``) is kept: every
   other value would open the same way, and banning it would leave little but
@@ -275,8 +275,8 @@ class CheckedAnswer:
         first = sayers[0]
         if failure.expected is not None:
             return [span - _diverging(failure.start, Targets(failure.expected), fed, texts, first)]
-        if part(first).lstrip(_WHITESPACE)[:1] in STRUCTURAL:
-            return [span - first]
+        if failure.keyword == "propertyNames" or part(first).lstrip(_WHITESPACE)[:1] in STRUCTURAL:
+            return [span - first]  # a key, a bracket or a separator: drawn again whole
         return [span - i for i in reversed(sayers)]
 
     def _same_failures(self, failure: CheckFailure, pieces: int) -> frozenset[int]:
