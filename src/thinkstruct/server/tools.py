@@ -141,7 +141,9 @@ class ToolPlan:
         )
         strict = self.strict
         if requested is not None:
-            answer = {"type": "json_schema", "json_schema": requested.constraint.document}
+            answer: dict[str, Any] = {"type": "json_schema", "json_schema": requested.constraint.document}
+            if max_whitespace is not None:
+                answer["max_whitespace_cnt"] = max_whitespace
             tag = {"type": "structural_tag", "format": {"type": "or", "elements": [tag["format"], answer]}}
             strict = requested.strict if strict is None else strict
         return RequestedConstraint(
