@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -238,6 +239,63 @@ def test_an_agents_sdk_agent_with_a_tool_and_an_output_type_runs(
     result = asyncio.run(Runner.run(agent, "What is the temperature in Paris?", max_turns=6))
     assert isinstance(result.final_output, Weather)
     # Every call the model made ran the tool, whose arguments the grammar held.
+    assert all(isinstance(city, str) for city in asked)
+
+
+#: Seeds of the agent at default settings, and the final output (city, temperature) each
+#: one ends with on the test engine (the embedded model, int8 weights).
+AGENT_SEEDS: dict[int, tuple[str, int]] = {
+    0: ("city", 14416),
+    3: ("Paris", 15),
+    6: ("paris", 396),
+    7: ("Paris", 213),
+    9: ("Paris", 30),
+}
+
+
+@pytest.fixture(scope="module")
+def default_server(smol_engine: Any) -> Iterator[RunningServer]:
+    """The embedded model behind the server's default settings (``default_max_tokens``
+    512, temperature 1, the default thinking share), as ``thinkstruct serve`` runs it."""
+    with serving(smol_engine, ServerSettings()) as server:
+        yield server
+
+
+@pytest.mark.slow
+def test_an_agents_sdk_agent_at_default_settings_finishes(default_server: RunningServer) -> None:
+    """No temperature, no max_tokens, a plain instruction: the model chooses between a call
+    and the JSON answer by its own odds, and every seeded run ends with a valid output; a
+    seed run twice ends the same."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    asked: list[str] = []
+
+    @function_tool
+    def get_temperature(city: str) -> int:
+        """The temperature in a city, in degrees Celsius."""
+        asked.append(city)
+        return 18
+
+    def run(seed: int) -> Weather:
+        agent = Agent(
+            name="weather",
+            instructions="You answer questions about the weather.",
+            tools=[get_temperature],
+            output_type=Weather,
+            model=OpenAIResponsesModel(
+                model=str(default_server.state.model_name), openai_client=default_server.async_openai()
+            ),
+            model_settings=ModelSettings(extra_body={"seed": seed}),
+        )
+        result = asyncio.run(Runner.run(agent, "What is the temperature in Paris?"))
+        assert isinstance(result.final_output, Weather)
+        return result.final_output
+
+    outcomes = {seed: run(seed) for seed in AGENT_SEEDS}
+    assert {seed: (w.city, w.temperature) for seed, w in outcomes.items()} == AGENT_SEEDS
+    first = min(AGENT_SEEDS)
+    assert run(first) == outcomes[first]
     assert all(isinstance(city, str) for city in asked)
 
 

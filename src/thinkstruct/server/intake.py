@@ -232,7 +232,7 @@ async def _start(state: ServerState, spec: GenerationSpec) -> Started:
                 if chat_prompt_ is not None and spec.separate_reasoning
                 else None,
                 max_reasoning_tokens=budget,
-                tool_calls=spec.tools.reading(),
+                tool_calls=spec.tools.reading(spec.constraint),
                 count_allowed_tokens=spec.count_allowed_tokens,
             )
         ]
