@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from thinkstruct.engine.request import SamplingParams
 from thinkstruct.engine.sampling.call_choice import draws_call, restrict_row
+from thinkstruct.engine.sampling.logit_adjustments import LogitAdjustments
 from thinkstruct.engine.sampling.sampler import new_generator
 from thinkstruct.grammar.runtime.bitmask import allocate_bitmask, allow_only, allowed_token_ids
 from thinkstruct.grammar.runtime.opening_tokens import OpeningTokens, opening_tokens
@@ -109,6 +110,40 @@ def test_a_greedy_row_calls_when_its_likeliest_token_opens_a_call(
         logits, _opening(ids), params=SamplingParams(temperature=0.0), generator=new_generator(0)
     )
     assert called == (int(logits.argmax()) in ids)
+
+
+@settings(max_examples=100, deadline=None)
+@given(logits=logit_rows, ids=openings, seed=st.integers(0, 2**32), greedy=st.booleans())
+def test_the_request_bias_shapes_the_odds(
+    logits: torch.Tensor, ids: list[int], seed: int, greedy: bool
+) -> None:
+    """A bias the request puts on the opening tokens counts as the model's own odds: -100
+    on each of them and no call is drawn where a call was certain, +100 and one always is
+    where none could be; the logits are left as they were."""
+    opening = _opening(ids)
+    temperature = 0.0 if greedy else 1.0
+    against = SamplingParams(temperature=temperature, logit_bias=tuple((i, -100.0) for i in ids))
+    towards = SamplingParams(temperature=temperature, logit_bias=tuple((i, 100.0) for i in ids))
+    likely = torch.full_like(logits, -20.0)
+    likely[opening.ids] = 20.0
+    unlikely = torch.full_like(logits, 20.0)
+    unlikely[opening.ids] = -20.0
+    before = likely.clone()
+    assert not draws_call(
+        likely,
+        opening,
+        params=against,
+        generator=new_generator(seed),
+        adjustments=LogitAdjustments(against, []),
+    )
+    assert torch.equal(likely, before)
+    assert draws_call(
+        unlikely,
+        opening,
+        params=towards,
+        generator=new_generator(seed),
+        adjustments=LogitAdjustments(towards, []),
+    )
 
 
 def test_the_share_of_calls_follows_the_model_odds() -> None:

@@ -388,7 +388,9 @@ class Executor:
             opening = seq.call_opening
             if opening is None or seq.matcher is None or not seq.matcher.at_answer_start():
                 continue
-            call = draws_call(logits[k], opening, params=seq.params, generator=seq.generator)
+            call = draws_call(
+                logits[k], opening, params=seq.params, generator=seq.generator, adjustments=seq.adjustments
+            )
             restrict_row(masks, k, opening, call=call)
             if seq.counts_allowed:
                 row.allowed = allowed_count(masks[k], self.vocab_size)

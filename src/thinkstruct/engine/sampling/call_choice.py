@@ -6,7 +6,7 @@ masked draw at the answer's first token would weigh only the tokens that open on
 other (``<`` against ``{``), so a model that would rather answer in words, and never
 thought of a ``{``, calls a tool: the grammar's spelling of the answer, not the model,
 would decide. Here the model's own probability of opening a call, over its whole
-vocabulary before the mask, decides: the call with that probability, else the answer
+vocabulary before the mask (after the request's bias and penalties), decides: the call with that probability, else the answer
 (whatever else the model would have written, a stop among it, counts for the answer, as
 it does in free text). The row's mask then keeps only the call's opening tokens, or
 drops them, and the token is drawn from the row as usual.
@@ -18,25 +18,39 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from thinkstruct.engine.sampling.logit_adjustments import adjust_logits
+
 if TYPE_CHECKING:
     from thinkstruct.engine.request import SamplingParams
+    from thinkstruct.engine.sampling.logit_adjustments import LogitAdjustments
     from thinkstruct.grammar.runtime.opening_tokens import OpeningTokens
 
 
 def draws_call(
-    logits: torch.Tensor, opening: OpeningTokens, *, params: SamplingParams, generator: torch.Generator
+    logits: torch.Tensor,
+    opening: OpeningTokens,
+    *,
+    params: SamplingParams,
+    generator: torch.Generator,
+    adjustments: LogitAdjustments | None = None,
 ) -> bool:
     """Whether a row opens a call: for a greedy row, whether its most likely token is an
     opening token; otherwise with the probability the model gives the opening tokens at
-    the row's temperature (over the whole vocabulary: before the grammar's mask, logit
-    adjustments, top-k and top-p), one uniform draw of the row's generator.
+    the row's temperature (over the whole vocabulary: before the grammar's mask, top-k
+    and top-p; after the row's bias and penalties), one uniform draw of the row's
+    generator.
 
     Args:
-        logits: the row's logits (``[vocab]``, any float dtype).
+        logits: the row's logits (``[vocab]``, any float dtype), left unchanged.
         opening: the tokens that open a call.
         params: the row's sampling parameters.
         generator: the row's random generator.
+        adjustments: the row's bias and penalty state, where ``params`` adjust logits.
     """
+    if params.adjusts_logits:
+        shaped = logits.float()[None].clone()
+        adjust_logits(shaped, [params], [adjustments])
+        logits = shaped[0]
     if params.greedy:
         return bool(torch.isin(logits.argmax(), opening.ids))
     probs = torch.softmax(logits.float() / params.temperature, dim=-1)
