@@ -23,7 +23,6 @@ nothing.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import statistics
 import sys
@@ -130,9 +129,8 @@ def main() -> None:
                 for label, clients, json_mode in WORKLOADS:
                     rate = run(server.url, clients, json_mode, options.requests, options.max_tokens)
                     cells.setdefault((label, name), []).append(rate)
-            assert server.record is not None
             runs.append(server.record)
-        print(f"  round {r + 1} done (load average {os.getloadavg()[0]:.1f})", flush=True)
+        print(alone.round_report(r + 1, runs[-len(sides) :]), flush=True)
     print(f"this tree {this_args or '(defaults)'} vs {options.baseline_src} {baseline_args or '(defaults)'}")
     for label, _, _ in WORKLOADS:
         this = statistics.median(cells[(label, "this")])

@@ -246,6 +246,10 @@ class Run:
     others_cores: float = 0.0
     ended: int = 0
 
+    def __str__(self) -> str:
+        busy = "" if self.quiet.met else " on a busy machine"
+        return f"{self.side}: {self.wall_s:.0f} s{busy}, others {self.others_cores:.2f} cores"
+
 
 def _own_cpu_s() -> float:
     """CPU seconds of this process and of its reaped children."""
@@ -263,10 +267,17 @@ class _Process:
         self.argv = list(argv)
         self.rule = rule
         self.env = dict(env or {})
-        self.record: Run | None = None
+        self._record: Run | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self._mark = uuid.uuid4().hex
         self._start = (0.0, 0.0, 0.0)
+
+    @property
+    def record(self) -> Run:
+        """The side's :class:`Run` (from its start; complete once it has ended)."""
+        if self._record is None:
+            raise RuntimeError(f"{self.name} has not run")
+        return self._record
 
     def _popen(self, **kwargs: Any) -> subprocess.Popen[bytes]:
         quiet = wait_quiet(self.rule)
@@ -276,14 +287,13 @@ class _Process:
                 f"({quiet.busy_cores:.2f} cores busy); starting anyway",
                 flush=True,
             )
-        self.record = Run(self.name, quiet)
+        self._record = Run(self.name, quiet)
         env = {**os.environ, **self.env, MARK: self._mark}
         self._start = (time.monotonic(), cpu_seconds()[0], _own_cpu_s())
         self.proc = subprocess.Popen(list(self.argv), env=env, start_new_session=True, **kwargs)
         return self.proc
 
     def _finish(self) -> Run:
-        assert self.record is not None
         self.record.ended = end_marked(self._mark)
         wall = time.monotonic() - self._start[0]
         machine = cpu_seconds()[0] - self._start[1]
@@ -386,7 +396,8 @@ class Server(_Process):
 
     def stop(self) -> Run:
         """SIGTERM (the server finishes in-flight requests), then end whatever is left."""
-        assert self.proc is not None
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} was never started")
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -412,6 +423,11 @@ def rotation(sides: Sequence[T], round_: int) -> list[T]:
     goes first, second, ... equally often over ``len(sides)`` rounds."""
     shift = round_ % len(sides) if sides else 0
     return [*sides[shift:], *sides[:shift]]
+
+
+def round_report(number: int, runs: Sequence[Run]) -> str:
+    """One line on a round's runs (``number`` counts from 1) and the load average after it."""
+    return f"  round {number}: {'; '.join(map(str, runs))} (load average {os.getloadavg()[0]:.2f})"
 
 
 def summary(runs: Sequence[Run]) -> str:

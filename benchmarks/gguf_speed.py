@@ -229,7 +229,7 @@ def main() -> None:
             for side in sides
             for name, w in results[side][-1]["workloads"].items()
         )
-        print(f"  round {r + 1} tok/s: {rates} (load average {os.getloadavg()[0]:.2f})", flush=True)
+        print(f"  round {r + 1} tok/s: {rates}\n{alone.round_report(r + 1, runs[-len(sides) :])}", flush=True)
     thinkstruct = results["gguf"] + results["int8"]
     bandwidth = max(res["bandwidth"] for res in thinkstruct)
     ceiling = bandwidth / results["gguf"][0]["step_bytes"]

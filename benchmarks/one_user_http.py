@@ -102,7 +102,6 @@ def _side(
                 tokens += n
                 seconds += s
             out[name] = (tokens, seconds)
-    assert server.record is not None
     runs.append(server.record)
     return out
 
@@ -128,7 +127,7 @@ def main() -> None:
         cells = "  ".join(
             f"{side} {name} {t / s:.1f}" for side in sides for name, (t, s) in results[side][-1].items()
         )
-        print(f"  round {r + 1} tok/s: {cells} (load average {os.getloadavg()[0]:.2f})", flush=True)
+        print(f"  round {r + 1} tok/s: {cells}\n{alone.round_report(r + 1, runs[-len(sides) :])}", flush=True)
 
     def rate(side: str, name: str, rounds: list[dict[str, tuple[int, float]]] | None = None) -> float:
         chosen = results[side] if rounds is None else rounds
