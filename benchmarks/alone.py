@@ -6,7 +6,7 @@ server on a loopback port, healthy when ``GET /health`` answers 200, stopped wit
 SIGTERM). Before a side starts, the machine must be quiet: the busy cores, sampled from
 ``/proc/stat`` every second, below ``--quiet-below`` for ``--quiet-settle`` seconds in a
 row (at most ``--quiet-timeout`` seconds of waiting; a side that starts on a busy machine
-says so), and no process left of an earlier side. Every process a side starts carries a
+says so), and no process left of another side. Every process a side starts carries a
 mark in its environment (``THINKSTRUCT_BENCH_SIDE``), so whatever it leaves behind (compile
 workers, a Ray instance) is found by its mark, waited for and then ended by its id before
 the next side starts.
@@ -48,6 +48,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -251,6 +252,20 @@ class Run:
         return f"{self.side}: {self.wall_s:.0f} s{busy}, others {self.others_cores:.2f} cores"
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM raises ``SystemExit`` in this process (where nothing else handles it), so a
+    benchmark told to stop still stops its sides on the way out."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    if (
+        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        and threading.current_thread() is threading.main_thread()
+    ):
+        signal.signal(signal.SIGTERM, stop)
+
+
 def _own_cpu_s() -> float:
     """CPU seconds of this process and of its reaped children."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -280,6 +295,7 @@ class _Process:
         return self._record
 
     def _popen(self, **kwargs: Any) -> subprocess.Popen[bytes]:
+        _exit_on_sigterm()
         quiet = wait_quiet(self.rule)
         if not quiet.met:
             print(
@@ -293,8 +309,8 @@ class _Process:
         self.proc = subprocess.Popen(list(self.argv), env=env, start_new_session=True, **kwargs)
         return self.proc
 
-    def _finish(self) -> Run:
-        self.record.ended = end_marked(self._mark)
+    def _finish(self, *, grace_s: float = 30.0) -> Run:
+        self.record.ended = end_marked(self._mark, grace_s=grace_s)
         wall = time.monotonic() - self._start[0]
         machine = cpu_seconds()[0] - self._start[1]
         own = _own_cpu_s() - self._start[2]
@@ -321,10 +337,10 @@ class Worker(_Process):
             proc = self._popen(stdin=job_file, stdout=out_file)
             try:
                 proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
+            except BaseException:  # a timeout, or this process told to stop: the side goes too
                 proc.kill()
                 proc.wait()
-                self._finish()
+                self._finish(grace_s=0.0)
                 raise
             run = self._finish()
             out_file.seek(0)
