@@ -104,15 +104,21 @@ def marked(mark: str) -> list[int]:
     return found
 
 
-def cpu_flags() -> str:
-    """The vector extensions this machine's CPU reports (``/proc/cpuinfo``)."""
+def cpu_name() -> str:
+    """The CPU's model name and the vector extensions it reports (``/proc/cpuinfo``)."""
+    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            for line in f:
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
     except OSError:
-        return "unknown"
+        return "unknown CPU"
+    flags = info.get("flags", "").split()
     wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
-    return " ".join(w for w in wanted if w in flags) or "no AVX2"
+    return (
+        f"{info.get('model name', 'unknown CPU')}; {' '.join(w for w in wanted if w in flags) or 'no AVX2'}"
+    )
 
 
 def reproduce_command() -> str:
@@ -129,7 +135,7 @@ def header() -> str:
     """Lines that open a benchmark's output: the machine and the command that reproduces it."""
     load = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     return (
-        f"# {os.cpu_count()} CPUs ({cpu_flags()}), load average {load}, {time.strftime('%Y-%m-%d %H:%M %Z')}\n"
+        f"# {os.cpu_count()} CPUs ({cpu_name()}), load average {load}, {time.strftime('%Y-%m-%d %H:%M %Z')}\n"
         f"# reproduce: {reproduce_command()}"
     )
 
