@@ -452,8 +452,21 @@ def round_report(number: int, runs: Sequence[Run]) -> str:
     return f"  round {number}: {'; '.join(map(str, runs))} (load average {os.getloadavg()[0]:.2f})"
 
 
+def rate(rounds: Sequence[tuple[float, float]]) -> float:
+    """Amount per second over ``rounds`` of (amount, seconds): summed amounts over summed seconds."""
+    return sum(a for a, _ in rounds) / sum(s for _, s in rounds)
+
+
+def ratio(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> str:
+    """``a``'s :func:`rate` over ``b``'s, rounds paired, and the lowest and highest round's
+    ratio: ``"1.68x (1.60-1.75)"``."""
+    rounds = [rate([x]) / rate([y]) for x, y in zip(a, b, strict=True)]
+    return f"{rate(a) / rate(b):.2f}x ({min(rounds):.2f}-{max(rounds):.2f})"
+
+
 def summary(runs: Sequence[Run]) -> str:
-    """One line on how alone the sides were: waits for quiet, others' cores, leftovers."""
+    """Lines on how alone the sides were (waits for quiet, others' cores, leftovers) and
+    the load average after."""
     if not runs:
         return "# no side ran"
     loud = sum(not r.quiet.met for r in runs)
@@ -461,7 +474,8 @@ def summary(runs: Sequence[Run]) -> str:
         f"# each side alone: {len(runs)} runs, waited for quiet {sum(r.quiet.waited_s for r in runs):.0f} s in all"
         f" ({loud} started on a busy machine); other processes used {max(r.others_cores for r in runs):.2f} cores"
         f" at most (mean {sum(r.others_cores for r in runs) / len(runs):.2f}) while a side ran;"
-        f" {sum(r.ended for r in runs)} leftover processes ended"
+        f" {sum(r.ended for r in runs)} leftover processes ended\n"
+        f"# load average after: {', '.join(f'{v:.2f}' for v in os.getloadavg())}"
     )
 
 

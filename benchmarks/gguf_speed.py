@@ -240,25 +240,18 @@ def main() -> None:
         + "   gguf/int8  gguf/llama.cpp (rounds)  gguf/ceiling"
     )
 
-    def rate(side: str, name: str, rounds: list[dict[str, Any]] | None = None) -> float:
-        chosen = results[side] if rounds is None else rounds
-        return sum(x["workloads"][name]["tokens"] for x in chosen) / sum(
-            x["workloads"][name]["seconds"] for x in chosen
-        )
+    def rounds(side: str, name: str) -> list[tuple[float, float]]:
+        return [(x["workloads"][name]["tokens"], x["workloads"][name]["seconds"]) for x in results[side]]
 
     for name in job["workloads"]:
-        cells = " ".join(f"{rate(s, name):>15.1f}" for s in sides)
-        versus = ""
-        if "llama.cpp" in results:
-            per_round = [
-                rate("gguf", name, [g]) / rate("llama.cpp", name, [ll])
-                for g, ll in zip(results["gguf"], results["llama.cpp"], strict=True)
-            ]
-            ratio = rate("gguf", name) / rate("llama.cpp", name)
-            versus = f"{ratio:>7.2f}x ({min(per_round):.2f}-{max(per_round):.2f})"
+        cells = " ".join(f"{alone.rate(rounds(s, name)):>15.1f}" for s in sides)
+        versus = (
+            alone.ratio(rounds("gguf", name), rounds("llama.cpp", name)) if "llama.cpp" in results else ""
+        )
+        gguf = alone.rate(rounds("gguf", name))
         print(
-            f"{name:<9} {cells}   {rate('gguf', name) / rate('int8', name):>8.2f}x {versus:>23}"
-            f" {rate('gguf', name) / ceiling:>12.2f}x"
+            f"{name:<9} {cells}   {gguf / alone.rate(rounds('int8', name)):>8.2f}x {versus:>23}"
+            f" {gguf / ceiling:>12.2f}x"
         )
     for side in QUANTIZE:
         size = results[side][0]["step_bytes"]
@@ -270,7 +263,6 @@ def main() -> None:
             f" prefill included); OMP_WAIT_POLICY={results[side][0]['omp_wait_policy']}"
         )
     print(alone.summary(runs))
-    print(f"# load average after: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -129,24 +129,15 @@ def main() -> None:
         )
         print(f"  round {r + 1} tok/s: {cells}\n{alone.round_report(r + 1, runs[-len(sides) :])}", flush=True)
 
-    def rate(side: str, name: str, rounds: list[dict[str, tuple[int, float]]] | None = None) -> float:
-        chosen = results[side] if rounds is None else rounds
-        return sum(x[name][0] for x in chosen) / sum(x[name][1] for x in chosen)
-
     print(
         f"{'workload':<9} {'thinkstruct tok/s':>18} {'llama.cpp tok/s':>16}   thinkstruct/llama.cpp (rounds)"
     )
     for name in ("free", "json"):
-        per_round = [
-            rate("thinkstruct", name, [a]) / rate("llama.cpp", name, [b])
-            for a, b in zip(results["thinkstruct"], results["llama.cpp"], strict=True)
-        ]
+        ours, theirs = ([x[name] for x in results[side]] for side in sides)
         print(
-            f"{name:<9} {rate('thinkstruct', name):>18.1f} {rate('llama.cpp', name):>16.1f}"
-            f"   {rate('thinkstruct', name) / rate('llama.cpp', name):>6.2f}x ({min(per_round):.2f}-{max(per_round):.2f})"
+            f"{name:<9} {alone.rate(ours):>18.1f} {alone.rate(theirs):>16.1f}   {alone.ratio(ours, theirs):>20}"
         )
     print(alone.summary(runs))
-    print(f"# load average after: {', '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 
 if __name__ == "__main__":
