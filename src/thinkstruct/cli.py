@@ -25,6 +25,7 @@ from thinkstruct.engine.free_text import DEFAULT_REASONING_SHARE, check_reasonin
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.backends import BACKEND_NAMES
 from thinkstruct.grammar.service.config import CompilerConfig
+from thinkstruct.server.response_store import StoreLimits
 from thinkstruct.server.settings import ServerSettings
 
 # Every default below is read from the config it sets (one place for each): the engine's,
@@ -172,7 +173,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser(
         "serve",
         help="run the OpenAI-compatible server",
-        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics "
+        description="Serve /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /tokenize, "
+        "/detokenize, /v1/models, /health and /metrics "
         "in the foreground. Ctrl-C or SIGTERM stops it: in-flight requests get --grace seconds, "
         "then the process exits 0.",
     )
@@ -225,6 +227,15 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="F",
         help="share of a request's max_tokens its thought may take (end tag included) when it thinks "
         f"and sets no max_reasoning_tokens; the answer keeps the rest (default {_SERVER.reasoning_share})",
+    )
+    g.add_argument(
+        "--responses-store",
+        type=_store_limits,
+        default=_SERVER.responses_store,
+        metavar="SPEC",
+        help="bounds of the responses kept for previous_response_id: entries=N,mib=M,ttl=SECONDS, any subset "
+        f"(default entries={_SERVER.responses_store.max_entries},mib={_SERVER.responses_store.max_bytes >> 20},"
+        f"ttl={_SERVER.responses_store.ttl_s:g}; entries=0 keeps none)",
     )
     g.add_argument(
         "--grace",
@@ -388,6 +399,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _store_limits(text: str) -> StoreLimits:
+    try:
+        return StoreLimits.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _non_negative_float(text: str) -> float:
     value = float(text)
     if not value >= 0:
@@ -480,6 +498,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_n=args.max_n,
             default_max_tokens=args.default_max_tokens,
             reasoning_share=args.reasoning_share,
+            responses_store=args.responses_store,
         )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -722,7 +741,7 @@ def _check_auto(constraint: Any, texts: list[tuple[Path, str]], tokenizer: Any, 
     """``auto`` as a strict server compiles: the backend, what is checked, the texts."""
     from thinkstruct.errors import ThinkstructError
     from thinkstruct.grammar.api import default_compiler, first_rejected
-    from thinkstruct.grammar.runtime.value_checks import first_failed_check
+    from thinkstruct.grammar.runtime.tag_checks import first_failed_check
 
     start = time.perf_counter()
     try:

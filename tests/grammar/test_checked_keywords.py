@@ -16,7 +16,7 @@ from thinkstruct import Constraint, InvalidConstraint, Tokenizer
 from thinkstruct.grammar.api import accepts, first_rejected
 from thinkstruct.grammar.backends import backend_classes
 from thinkstruct.grammar.base import NO_BACKEND_ENFORCES
-from thinkstruct.grammar.runtime.value_checks import first_failed_check
+from thinkstruct.grammar.runtime.tag_checks import first_failed_check
 from thinkstruct.grammar.schema.checks import location_text, plan_checks
 from thinkstruct.grammar.schema.relaxations import relax, unparseable_pattern
 from thinkstruct.grammar.schema.walk import resolve

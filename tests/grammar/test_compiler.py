@@ -11,7 +11,7 @@ import pytest
 
 from thinkstruct import CompileTimeout, Constraint, InvalidConstraint, Tokenizer
 from thinkstruct.grammar.api import first_rejected
-from thinkstruct.grammar.runtime.value_checks import first_failed_check
+from thinkstruct.grammar.runtime.tag_checks import first_failed_check
 from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
 # outlines-core needs about 40 s for this (free-form values under a 129k vocabulary; each

@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 
 from thinkstruct import Constraint
 from thinkstruct.errors import InvalidConstraint, UnsupportedConstraint
-from thinkstruct.grammar.runtime.tag_checks import TagChecker, first_failed_tag_check
-from thinkstruct.grammar.runtime.value_checks import first_failed_check
+from thinkstruct.grammar.runtime.tag_checks import TagChecker, first_failed_check
 from thinkstruct.grammar.schema.tag_checks import TagChecks, plan_tag_checks
 from thinkstruct.grammar.service.auto import INEXACT, plan
 from thinkstruct.parsers.tool_calls.forms import (
@@ -95,7 +94,7 @@ def test_each_call_is_checked_against_its_own_tools_schema(form_name: str, mode:
     plan = checks(form, mode)
     assert plan.needed and plan.runnable, plan.problem
     good = [("feel", {"mood": "ok", "day": "2024-02-29"}), ("paint", {"colors": ["red", "green", "blue"]})]
-    assert first_failed_tag_check(plan, answer(form, good)) is None
+    assert first_failed_check(plan, answer(form, good)) is None
     # The same JSON is fine under one tool and fails under the other: checked per call.
     bad = [("paint", {"colors": ["blue", "green", "red"]}), ("feel", {"mood": "sad"})]
     text = answer(form, bad)
@@ -110,7 +109,7 @@ def test_each_call_is_checked_against_its_own_tools_schema(form_name: str, mode:
     assert text[failure.start : failure.end] == '"sad"'
     assert "the arguments of feel (call 1)" in failure.describe()
     # A whole answer at once finds the same value (no names given: the begin is quoted).
-    whole = first_failed_tag_check(plan, text)
+    whole = first_failed_check(plan, text)
     assert whole is not None and (whole.start, whole.end) == (failure.start, failure.end)
     assert repr(form.tag("feel", {}, max_whitespace=None)["begin"]) in whole.describe()
 
@@ -119,7 +118,7 @@ def test_each_call_is_checked_against_its_own_tools_schema(form_name: str, mode:
 def test_a_repeated_item_fails_where_it_closes(form: CallForm) -> None:
     plan = checks(form, "required")
     text = answer(form, [("paint", {"colors": ["red", "green", "red"]})])
-    failure = first_failed_check(plan, text)  # the generic entry point takes a tag's checks
+    failure = first_failed_check(plan, text)
     assert failure is not None and failure.keyword == "uniqueItems" and failure.pointer == "/colors"
     assert text[failure.start : failure.end] == '"red"' and text[: failure.start].endswith('"green", ')
 
@@ -130,9 +129,9 @@ def test_free_text_before_the_trigger_is_never_read_as_a_call() -> None:
     assert plan.gated
     lookalike = 'I would write {"name": "paint", "arguments": {"colors": ["red", "red", "red"]}} here. '
     good = [("paint", {"colors": ["red", "green", "blue"]})]
-    assert first_failed_tag_check(plan, answer(form, good, before=lookalike, after=" " + lookalike)) is None
+    assert first_failed_check(plan, answer(form, good, before=lookalike, after=" " + lookalike)) is None
     bad = [("paint", {"colors": ["red", "red", "blue"]})]
-    failure = first_failed_tag_check(plan, answer(form, bad, before=lookalike))
+    failure = first_failed_check(plan, answer(form, bad, before=lookalike))
     assert failure is not None and failure.start > len(lookalike)
 
 
@@ -141,8 +140,8 @@ def test_with_one_call_allowed_text_after_it_is_free() -> None:
     plan = checks(form, "auto", parallel=False)
     assert plan.first_only
     first = answer(form, [("paint", {"colors": ["red", "green", "blue"]})])
-    assert first_failed_tag_check(plan, first + " then " + first.replace('"green"', '"red"')) is None
-    assert first_failed_tag_check(plan, first.replace('"green"', '"red"')) is not None
+    assert first_failed_check(plan, first + " then " + first.replace('"green"', '"red"')) is None
+    assert first_failed_check(plan, first.replace('"green"', '"red"')) is not None
 
 
 def test_text_that_only_looks_like_a_call_is_let_go() -> None:
@@ -154,7 +153,7 @@ def test_text_that_only_looks_like_a_call_is_let_go() -> None:
     ]}}  # fmt: skip
     plan = plan_tag_checks(tag, inexact=INEXACT["xgrammar"])
     text = '<args> are written so: <args>{"colors": ["red", "red", "blue"]}</args>'
-    failure = first_failed_tag_check(plan, text)
+    failure = first_failed_check(plan, text)
     assert failure is not None and text[failure.start : failure.end] == '"red"' and failure.start > 30
 
 
@@ -166,7 +165,7 @@ def test_a_check_that_cannot_run_is_said_not_taken_for_free_text() -> None:
     tag = tool_call_structural_tag(HERMES, [("t", remote)], mode="required", parallel=False)
     plan = plan_tag_checks(tag, inexact=INEXACT["xgrammar"])
     with pytest.raises(InvalidConstraint):
-        first_failed_tag_check(plan, answer(HERMES, [("t", {"a": [1, 2]})]))
+        first_failed_check(plan, answer(HERMES, [("t", {"a": [1, 2]})]))
 
 
 def test_held_from_covers_only_an_open_checked_value() -> None:

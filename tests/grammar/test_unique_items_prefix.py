@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thinkstruct import Constraint
-from thinkstruct.grammar.runtime.value_checks import ValueChecker, first_failed_check
+from thinkstruct.grammar.runtime.tag_checks import first_failed_check
+from thinkstruct.grammar.runtime.value_checks import ValueChecker
 from thinkstruct.grammar.service.compiler import GrammarCompiler
 
 

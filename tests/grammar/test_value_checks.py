@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.base import NO_BACKEND_ENFORCES
 from thinkstruct.grammar.constraint import escape_pointer
-from thinkstruct.grammar.runtime.value_checks import CheckFailure, ValueChecker, first_failed_check
+from thinkstruct.grammar.runtime.tag_checks import first_failed_check
+from thinkstruct.grammar.runtime.value_checks import CheckFailure, ValueChecker
 from thinkstruct.grammar.schema.checks import CheckPlan, Location, Wildcard, plan_checks
 
 #: Schemas whose checked keywords sit at several depths, behind references and patterns.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import pytest
 from stream_helpers import run_stream
@@ -634,3 +636,24 @@ def test_force_reasoning_overrides_the_family() -> None:
     assert ReasoningParser("qwen3", force_reasoning=True).parse("a</think>b") == ParseResult("a", "b")
     # not forced, the text is content; its unmatched end tag is a control tag and is dropped
     assert ReasoningParser("deepseek-r1", force_reasoning=False).parse("a</think>b") == ParseResult("", "ab")
+
+
+@pytest.mark.parametrize(
+    "first_import",
+    [
+        "thinkstruct.parsers.reasoning_parser",
+        "thinkstruct.parsers.tag_parser",
+        "thinkstruct.parsers.reasoning_families",
+    ],
+)
+def test_every_format_is_there_whichever_module_is_imported_first(first_import: str) -> None:
+    # A fresh interpreter: what one module's import brings in is all there is.
+    code = (
+        f"import importlib; importlib.import_module({first_import!r})\n"
+        "from thinkstruct.parsers.reasoning_parser import ReasoningParser\n"
+        "print(type(ReasoningParser('qwen3')).__name__, type(ReasoningParser('gpt-oss')).__name__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.split() == ["TagReasoningParser", "HarmonyReasoningParser"]

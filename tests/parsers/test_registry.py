@@ -1,4 +1,5 @@
-"""The generic registry behind the reasoning-family and completion-template registries."""
+"""The generic registry behind the reasoning-family, completion-template and tool-call-syntax
+registries."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ from thinkstruct.parsers import (
     register_reasoning_family,
     unregister_completion_template,
     unregister_reasoning_family,
+)
+from thinkstruct.parsers.tool_calls import (
+    ToolCallSyntax,
+    get_tool_call_syntax,
+    register_tool_call_syntax,
+    tool_call_syntaxes,
+    unregister_tool_call_syntax,
 )
 from thinkstruct.registry import Registry
 
@@ -69,6 +77,43 @@ def test_only_the_item_type_registers() -> None:
     registry: Registry[Item] = Registry("test item", Item)
     with pytest.raises(TypeError, match="^expected a Item, got str$"):
         registry.register("a")  # type: ignore[arg-type]
+
+
+def test_a_check_refuses_an_entry_before_it_is_registered() -> None:
+    def positive(item: Item) -> None:
+        if item.value <= 0:
+            raise ValueError(f"{item.name} needs a positive value")
+
+    registry: Registry[Item] = Registry("test item", Item, check=positive)
+    with pytest.raises(ValueError, match="^a needs a positive value$"):
+        registry.register(Item("a", 0))
+    assert registry.snapshot() == {}
+    registry.register(Item("a", 1))
+    with pytest.raises(ValueError, match="^a needs a positive value$"):
+        registry.register(Item("a", -1), override=True)  # refused even where override is asked
+    assert registry.get("a").value == 1
+
+
+def test_the_tool_call_syntax_registry_refuses_a_syntax_without_a_start() -> None:
+    class Unstartable(ToolCallSyntax):
+        name = "test-unstartable"
+
+    class Startable(ToolCallSyntax):
+        name = "test-startable"
+        starts = ("<call>",)
+
+    with pytest.raises(ValueError, match="needs a name and at least one start marker"):
+        register_tool_call_syntax(Unstartable())
+    assert "test-unstartable" not in tool_call_syntaxes()
+    syntax = Startable()
+    register_tool_call_syntax(syntax)
+    try:
+        assert get_tool_call_syntax("test-startable") is syntax
+        assert tool_call_syntaxes()["test-startable"] is syntax
+    finally:
+        unregister_tool_call_syntax("test-startable")
+    with pytest.raises(UnknownName, match="^unknown tool-call syntax 'test-startable'"):
+        get_tool_call_syntax("test-startable")
 
 
 def test_a_snapshot_is_a_copy() -> None:

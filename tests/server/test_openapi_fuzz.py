@@ -21,12 +21,18 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from server_harness import RunningServer
 
 #: Examples per operation and generation mode: the whole file stays within about 30 s.
-EXAMPLES = {"POST": 15, "GET": 5}
+EXAMPLES = {"POST": 15, "GET": 5, "DELETE": 5}
 
 #: Every documented operation; a new endpoint fails the test until it is listed here.
 OPERATIONS = [
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
+    ("POST", "/v1/responses"),
+    ("GET", "/v1/responses/{response_id}"),
+    ("DELETE", "/v1/responses/{response_id}"),
+    ("POST", "/v1/messages"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{model_id}"),
     ("GET", "/health"),
@@ -59,7 +65,7 @@ def _bounded(case: Any, *, model: str, positive: bool) -> None:
     if isinstance(body, dict):
         if positive and "model" in body:
             body["model"] = model  # a valid body then reaches the engine, not only a 404
-        for field in ("max_tokens", "max_completion_tokens", "max_reasoning_tokens"):
+        for field in ("max_tokens", "max_completion_tokens", "max_reasoning_tokens", "max_output_tokens"):
             value = body.get(field)
             if isinstance(value, int) and not isinstance(value, bool) and value > 4:
                 body[field] = 4

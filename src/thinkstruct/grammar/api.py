@@ -11,7 +11,7 @@ from thinkstruct.grammar.backends import create_backend
 from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend
 from thinkstruct.grammar.json_format import JsonFormat
 from thinkstruct.grammar.runtime.answers import can_stop, first_rejected
-from thinkstruct.grammar.runtime.value_checks import first_failed_check
+from thinkstruct.grammar.runtime.tag_checks import first_failed_check
 from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
 if TYPE_CHECKING:

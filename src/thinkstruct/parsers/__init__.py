@@ -11,6 +11,9 @@
 This layer may use the tokenizer; it never imports the grammar layer or anything above.
 """
 
+# The formats' parsers, which ReasoningParser(family) picks from, load with the package:
+# whichever of its modules a user imports first, every format is there.
+from thinkstruct.parsers import harmony_parser, tag_parser  # noqa: F401
 from thinkstruct.parsers.chat_template import ChatPrompt, ChatTemplate, chat_template_for, render_chat
 from thinkstruct.parsers.errors import (
     ChatTemplateError,

@@ -93,30 +93,10 @@ class CompletionTemplate:
 
 
 _templates: Registry[CompletionTemplate] = Registry("completion template", CompletionTemplate)
-
-
-def register_completion_template(template: CompletionTemplate, *, override: bool = False) -> None:
-    """Add ``template`` to the registry; an existing name needs ``override=True``."""
-    _templates.register(template, override=override)
-
-
-def unregister_completion_template(name: str) -> None:
-    """Remove a template from the registry."""
-    _templates.unregister(name)
-
-
-def get_completion_template(template: str | CompletionTemplate) -> CompletionTemplate:
-    """The registered template named ``template`` (a template is returned as is).
-
-    Raises:
-        UnknownName: no such template; the message lists the known ones.
-    """
-    return _templates.get(template)
-
-
-def completion_templates() -> dict[str, CompletionTemplate]:
-    """A snapshot of the registry, by name."""
-    return _templates.snapshot()
+register_completion_template = _templates.register
+unregister_completion_template = _templates.unregister
+get_completion_template = _templates.get
+completion_templates = _templates.snapshot
 
 
 def fim_prompt(template: str | CompletionTemplate, prefix: str, suffix: str | None = None) -> str:

@@ -73,7 +73,7 @@ def _channel_kind(header: str) -> int:
     return _RAW
 
 
-class HarmonyReasoningParser(ReasoningParser):
+class HarmonyReasoningParser(ReasoningParser, implements=ReasoningFormat.HARMONY):
     """:class:`ReasoningParser` for harmony channels (gpt-oss)."""
 
     __slots__ = (
@@ -276,6 +276,3 @@ class HarmonyReasoningParser(ReasoningParser):
             self._mode = _IDLE
         if self._held:
             reasoning.append(self._held.take())
-
-
-ReasoningParser._register_format(ReasoningFormat.HARMONY, HarmonyReasoningParser)

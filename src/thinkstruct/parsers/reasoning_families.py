@@ -178,30 +178,10 @@ class ReasoningFamily:
 
 
 _families: Registry[ReasoningFamily] = Registry("reasoning family", ReasoningFamily)
-
-
-def register_reasoning_family(family: ReasoningFamily, *, override: bool = False) -> None:
-    """Add ``family`` to the registry; an existing name needs ``override=True``."""
-    _families.register(family, override=override)
-
-
-def unregister_reasoning_family(name: str) -> None:
-    """Remove a family from the registry (for tests and plug-ins that registered one)."""
-    _families.unregister(name)
-
-
-def get_reasoning_family(family: str | ReasoningFamily) -> ReasoningFamily:
-    """The registry entry named ``family`` (an entry is returned as is).
-
-    Raises:
-        UnknownName: no such family; the message lists the known ones.
-    """
-    return _families.get(family)
-
-
-def reasoning_families() -> dict[str, ReasoningFamily]:
-    """A snapshot of the registry, by name."""
-    return _families.snapshot()
+register_reasoning_family = _families.register
+unregister_reasoning_family = _families.unregister
+get_reasoning_family = _families.get
+reasoning_families = _families.snapshot
 
 
 def reasoning_enabled(

@@ -104,12 +104,21 @@ class ReasoningParser:
         "stream_reasoning",
     )
 
+    #: The class that parses each format; a subclass declares its format in its class
+    #: statement (``class TagReasoningParser(ReasoningParser, implements=...)``).
     _implementations: ClassVar[dict[ReasoningFormat, type[ReasoningParser]]] = {}
     _pending: str  # set by each format's _setup/reset
 
+    def __init_subclass__(cls, *, implements: ReasoningFormat | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if implements is not None:
+            ReasoningParser._implementations[implements] = cls
+
     def __new__(cls, *args: Any, **kwargs: Any) -> ReasoningParser:
         # ReasoningParser(family) picks the class of the family's format; a subclass (or
-        # copy.copy, which passes no arguments) gets itself.
+        # copy.copy, which passes no arguments) gets itself. The formats' modules are
+        # imported by the package (thinkstruct.parsers), which Python loads before this
+        # module.
         if cls is ReasoningParser:
             family = args[0] if args else kwargs.get("family")
             spec = get_reasoning_family(family)  # type: ignore[arg-type]
@@ -137,10 +146,6 @@ class ReasoningParser:
             raise TypeError(f"previous_content must be a str, got {type(previous_content).__name__}")
         self.previous_content = previous_content if self.continue_final_message else ""
         self._setup()
-
-    @classmethod
-    def _register_format(cls, fmt: ReasoningFormat, implementation: type[ReasoningParser]) -> None:
-        cls._implementations[fmt] = implementation
 
     # ---- the API every format implements -------------------------------------------
 
@@ -200,9 +205,3 @@ class ReasoningParser:
             f"{type(self).__name__}({self.family.name!r}, enabled={self.enabled}, forced={self.forced}, "
             f"stream_reasoning={self.stream_reasoning})"
         )
-
-
-# The formats register themselves; importing them here makes ReasoningParser complete
-# whichever module a user imports first.
-from thinkstruct.parsers import harmony_parser as _harmony_parser  # noqa: E402,F401
-from thinkstruct.parsers import tag_parser as _tag_parser  # noqa: E402,F401

@@ -43,7 +43,7 @@ from thinkstruct.parsers.reasoning_parser import (
 _PRE, _OPENING, _THINK, _CLOSING, _CONTENT, _DONE, _STRAY = range(7)
 
 
-class TagReasoningParser(ReasoningParser):
+class TagReasoningParser(ReasoningParser, implements=ReasoningFormat.TAGS):
     """:class:`ReasoningParser` for tag families (``<think>…</think>`` and the like)."""
 
     __slots__ = (
@@ -339,6 +339,3 @@ def _first_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str]:
         if i >= 0 and (best < 0 or i < best):
             best, found = i, stop
     return best, found
-
-
-ReasoningParser._register_format(ReasoningFormat.TAGS, TagReasoningParser)

@@ -1,9 +1,11 @@
 """The FastAPI application: :func:`create_app`.
 
-Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``
-(and ``/v1/models/{id}``), ``GET /health``, ``GET /metrics``, and the OpenAPI document at
-``/openapi.json``. The two generation routes read their own bodies (see :mod:`.body`);
-their request schemas are added to the OpenAPI document by hand for that reason.
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``
+(and ``GET``/``DELETE /v1/responses/{id}``), ``POST /v1/messages`` (Anthropic's API),
+``POST /tokenize`` and ``/detokenize`` (vLLM's), ``GET /v1/models`` (and
+``/v1/models/{id}``), ``GET /health``, ``GET /metrics``, and the OpenAPI document at
+``/openapi.json``. The routes with a body read it themselves (see :mod:`.body`); their
+request schemas are added to the OpenAPI document by hand for that reason.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from thinkstruct.server.auth import ApiKeyMiddleware
 from thinkstruct.server.chat import chat_completions
 from thinkstruct.server.completions import completions
 from thinkstruct.server.errors import install_handlers
+from thinkstruct.server.messages import create_message
+from thinkstruct.server.messages_protocol import AnthropicError, MessageObject, MessagesRequest
 from thinkstruct.server.metrics import RequestCounter
 from thinkstruct.server.playground import (
     LINT_PATH,
@@ -39,8 +43,19 @@ from thinkstruct.server.protocol import (
     ModelList,
     TextCompletion,
 )
+from thinkstruct.server.response_store import ResponseStore
+from thinkstruct.server.responses import create_response, delete_response, get_response
+from thinkstruct.server.responses_protocol import DeletedResponse, ResponseObject, ResponsesRequest
 from thinkstruct.server.settings import ServerSettings
 from thinkstruct.server.state import ServerState
+from thinkstruct.server.tokenize import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    detokenize,
+    tokenize,
+)
 
 if TYPE_CHECKING:
     from thinkstruct.engine import Engine
@@ -50,6 +65,10 @@ ENDPOINTS = (
         {
             "/v1/chat/completions",
             "/v1/completions",
+            "/v1/responses",
+            "/v1/messages",
+            "/tokenize",
+            "/detokenize",
             "/v1/models",
             "/health",
             "/metrics",
@@ -73,18 +92,25 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def create_app(engine: Engine | None = None, settings: ServerSettings | None = None) -> FastAPI:
+def create_app(
+    engine: Engine | None = None,
+    settings: ServerSettings | None = None,
+    *,
+    responses: ResponseStore | None = None,
+) -> FastAPI:
     """The server's ASGI application.
 
     Args:
         engine: a started engine, or ``None`` to attach one later
             (``app.state.thinkstruct.attach(engine)``) while ``/health`` answers 503.
         settings: limits and the API key (defaults: :class:`ServerSettings`).
+        responses: the store of responses (default: one sized by
+            ``settings.responses_store`` on the monotonic clock).
 
     The caller owns the engine: it starts it and closes it.
     """
     settings = settings or ServerSettings()
-    state = ServerState(settings, engine)
+    state = ServerState(settings, engine, responses=responses)
     app = FastAPI(
         title="thinkstruct",
         summary="OpenAI-compatible structured output for reasoning LLMs",
@@ -124,6 +150,60 @@ def create_app(engine: Engine | None = None, settings: ServerSettings | None = N
     )
     async def post_completions(request: Request) -> Response:
         return await completions(request, state)
+
+    @app.post(
+        "/v1/responses",
+        response_model=None,
+        responses={
+            200: {
+                "model": ResponseObject,
+                "description": "The response, or an SSE stream of its typed events",
+                "content": _SSE,
+            },
+            **_ERRORS,
+        },
+    )
+    async def post_responses(request: Request) -> Response:
+        return await create_response(request, state)
+
+    _BY_ID: dict[int | str, dict[str, Any]] = {
+        401: _ERRORS[401],
+        404: {"model": ErrorResponse, "description": "No such stored response"},
+    }
+
+    @app.get("/v1/responses/{response_id}", response_model=ResponseObject, responses=_BY_ID)
+    async def get_stored_response(response_id: str) -> Response:
+        return await get_response(response_id, state)
+
+    @app.delete("/v1/responses/{response_id}", response_model=DeletedResponse, responses=_BY_ID)
+    async def delete_stored_response(response_id: str) -> Response:
+        return await delete_response(response_id, state)
+
+    @app.post(
+        "/v1/messages",
+        response_model=None,
+        responses={
+            200: {
+                "model": MessageObject,
+                "description": "The message, or an SSE stream of Anthropic's events",
+                "content": _SSE,
+            },
+            **{
+                status: {"model": AnthropicError, "description": doc["description"]}
+                for status, doc in _ERRORS.items()
+            },
+        },
+    )
+    async def post_messages(request: Request) -> Response:
+        return await create_message(request, state)
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
+    async def post_tokenize(request: Request) -> Response:
+        return await tokenize(request, state)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
+    async def post_detokenize(request: Request) -> Response:
+        return await detokenize(request, state)
 
     @app.get("/v1/models", response_model=ModelList, responses={401: _ERRORS[401], 503: _ERRORS[503]})
     async def list_models() -> ModelList:
@@ -196,7 +276,8 @@ _SSE: dict[str, Any] = {
                 "data": {
                     "type": "string",
                     "description": "One chunk (ChatCompletionChunk, or a TextCompletion with a piece of "
-                    "text) as JSON; the last event is [DONE]",
+                    "text) as JSON, the last event [DONE]; or one typed event of a response or a message "
+                    "(its type also on the event: line)",
                 }
             },
             "required": ["data"],
@@ -209,6 +290,10 @@ _SSE: dict[str, Any] = {
 _OWN_BODIES: dict[str, tuple[type[Any], tuple[int, ...]]] = {
     "/v1/chat/completions": (ChatCompletionRequest, ()),
     "/v1/completions": (CompletionRequest, ()),
+    "/v1/responses": (ResponsesRequest, ()),
+    "/v1/messages": (MessagesRequest, ()),
+    "/tokenize": (TokenizeRequest, ()),
+    "/detokenize": (DetokenizeRequest, ()),
     LINT_PATH: (LintRequest, (400, 401, 413, 503)),
     VALIDATE_PATH: (ValidateRequest, (400, 401, 413, 503)),
 }

@@ -15,34 +15,22 @@ and requests go on. Engine shutdown ends choices with ``"abort"``.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from thinkstruct.server.body import read_model
 from thinkstruct.server.constraints import requested_constraint
 from thinkstruct.server.errors import SERVER, APIError
-from thinkstruct.server.generation import (
-    Submitted,
-    collect,
-    engine_requests,
-    finish_reason_name,
-    max_new_tokens,
-    merged,
-    sampling_params,
-    start_compile,
-    submit_compiling,
-)
-from thinkstruct.server.limits import check_prompt_length, check_request_limits
+from thinkstruct.server.generation import collect, finish_reason_name, merged
+from thinkstruct.server.intake import GenerationSpec, Started, sampling_of, start_generation
 from thinkstruct.server.logprobs import chat_logprobs
-from thinkstruct.server.prompts import Prompt, chat_prompt
+from thinkstruct.server.prompts import ChatSource
 from thinkstruct.server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -54,90 +42,30 @@ from thinkstruct.server.protocol import (
     ChoiceError,
     GenerationInfo,
 )
-from thinkstruct.server.reasoning_budget import length_part, thinking_budget
+from thinkstruct.server.reasoning_budget import length_part
 from thinkstruct.server.state import ServerState
 from thinkstruct.server.streaming import DONE, EventStream, event
 from thinkstruct.server.tools import call_pieces, finished_with, message_calls, tool_plan
-from thinkstruct.server.usage import generation_info, total_usage
 
 if TYPE_CHECKING:
     from thinkstruct.engine import Completion, Usage
     from thinkstruct.engine.detokenizer import TokenTexts
-    from thinkstruct.parsers import ChatPrompt
+    from thinkstruct.parsers import ReasoningFamily
 
 log = logging.getLogger("thinkstruct.server")
 
 
 async def chat_completions(request: Request, state: ServerState) -> Response:
-    settings = state.settings
-    body = await read_model(request, ChatCompletionRequest, max_bytes=settings.max_body_bytes)
+    body = await read_model(request, ChatCompletionRequest, max_bytes=state.settings.max_body_bytes)
     engine = state.require_engine()
-    state.check_model(body.model)
-    check_request_limits(body, settings)
-    tools = tool_plan(body, engine.model.family)
-    requested = tools.constraint(
-        requested_constraint(body), body, max_whitespace=engine.compiler.config.json_format.max_whitespace
-    )
-    prompt = await run_in_threadpool(
-        functools.partial(
-            chat_prompt, engine.model, body, constrained=requested is not None, tools=tools.tools
-        )
-    )
-    check_prompt_length(len(prompt.ids), settings, param="messages")
-    max_tokens = max_new_tokens(
-        body.requested_max_tokens,
-        prompt_tokens=len(prompt.ids),
-        context=engine.model.context_length,
-        default=settings.default_max_tokens,
-        param="max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
-    )
-    pending = start_compile(engine, requested)
-    rendered = cast("ChatPrompt", prompt.chat)  # chat_prompt always sets it
-    reasoning = rendered.reasoning_enabled
-    budget = thinking_budget(
-        engine,
-        requested=body.max_reasoning_tokens,
-        reasoning=reasoning,
-        max_tokens=max_tokens,
-        share=settings.reasoning_share,
-    )
-    samplings = [sampling_params(body, max_tokens=max_tokens, choice=c) for c in range(body.n)]
-    requests = engine_requests(
-        prompt,
-        samplings,
-        pending=pending,
-        reasoning=reasoning,
-        reasoning_parser=functools.partial(rendered.reasoning_parser, stream_reasoning=True)
-        if body.separate_reasoning
-        else None,
-        max_reasoning_tokens=budget,
-        tool_calls=tools.reading(),
-        count_allowed_tokens=body.return_allowed_tokens,
-    )
-    submitted, grammar, compile_s = await submit_compiling(
-        engine,
-        [(prompt, r) for r in requests],
-        pending,
-        retry_after_s=settings.retry_after_s,
-        metrics=state.metrics,
-    )
+    started = await start_generation(state, chat_spec(body, engine.model.family))
+    submitted = started.submitted
+    reasoning = started.reasoning
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
-    model = state.model_name or body.model
     texts = engine.token_texts if body.logprobs else None
     if body.stream:
         return EventStream(
-            _events(
-                submitted,
-                state,
-                response_id=response_id,
-                model=model,
-                prompt=prompt,
-                include_usage=body.include_usage,
-                describe=functools.partial(generation_info, grammar, compile_s, max_reasoning_tokens=budget),
-                texts=texts,
-                reasoning=reasoning,
-                split=body.separate_reasoning,
-            ),
+            _events(started, state, response_id=response_id, include_usage=body.include_usage, texts=texts),
             on_close=submitted.cancel,
         )
     results = await collect(submitted, request, metrics=state.metrics)
@@ -150,16 +78,39 @@ async def chat_completions(request: Request, state: ServerState) -> Response:
     if texts is not None:
         for made, result in zip(choices, results, strict=True):
             made.logprobs = chat_logprobs(result.logprobs, texts)
+    usages = [r.usage for r in results]
     answer = ChatCompletion(
         id=response_id,
-        model=model,
+        model=started.model,
         choices=choices,
-        usage=total_usage([prompt], [r.usage for r in results]),
-        thinkstruct=generation_info(
-            grammar, compile_s, [r.usage for r in results], max_reasoning_tokens=budget
-        ),
+        usage=started.usage(usages),
+        thinkstruct=started.info(usages),
     )
     return JSONResponse(answer.model_dump(mode="json"))
+
+
+def chat_spec(body: ChatCompletionRequest, family: ReasoningFamily) -> GenerationSpec:
+    """A chat request as the shared internal request."""
+    return GenerationSpec(
+        model=body.model,
+        source=ChatSource(
+            messages=[m.template_view() for m in body.messages],
+            chat_template_kwargs=body.chat_template_kwargs,
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+        ),
+        sampling=sampling_of(body),
+        n=body.n,
+        max_tokens=body.requested_max_tokens,
+        constraint=requested_constraint(body),
+        tools=tool_plan(body.tools, body.tool_choice, body.parallel_tool_calls, family),
+        backend=body.backend,
+        max_reasoning_tokens=body.max_reasoning_tokens,
+        effort=body.reasoning_effort,
+        separate_reasoning=body.separate_reasoning,
+        count_allowed_tokens=body.return_allowed_tokens,
+        names={"max_tokens": "max_completion_tokens"} if body.max_completion_tokens is not None else {},
+    )
 
 
 def _choice(index: int, result: Completion, *, reasoning: bool, split: bool) -> ChatChoice:
@@ -180,18 +131,14 @@ def _choice(index: int, result: Completion, *, reasoning: bool, split: bool) -> 
 
 
 async def _events(
-    submitted: Submitted,
+    started: Started,
     state: ServerState,
     *,
     response_id: str,
-    model: str,
-    prompt: Prompt,
     include_usage: bool,
-    describe: Callable[[list[Usage | None]], GenerationInfo],
     texts: TokenTexts | None,
-    reasoning: bool,
-    split: bool,
 ) -> AsyncIterator[bytes]:
+    submitted = started.submitted
     created = int(time.time())
     usages: list[Usage | None] = [None] * len(submitted.handles)
     ids: list[dict[int, str]] = [{} for _ in submitted.handles]
@@ -199,7 +146,12 @@ async def _events(
     def chunk(choices: list[ChatChunkChoice], usage: Any = None, info: GenerationInfo | None = None) -> bytes:
         return event(
             ChatCompletionChunk(
-                id=response_id, created=created, model=model, choices=choices, usage=usage, thinkstruct=info
+                id=response_id,
+                created=created,
+                model=started.model,
+                choices=choices,
+                usage=usage,
+                thinkstruct=info,
             )
         )
 
@@ -221,7 +173,7 @@ async def _events(
                 usages[index] = delta.usage
                 error = ChoiceError(message=delta.error) if delta.error else None
                 reason = finished_with(finish_reason_name(delta.finish_reason), len(ids[index]))
-                cut = length_part(reason, delta.usage, reasoning=reasoning, split=split)
+                cut = length_part(reason, delta.usage, reasoning=started.reasoning, split=started.split)
                 yield chunk(
                     [
                         ChatChunkChoice(
@@ -230,7 +182,7 @@ async def _events(
                     ]
                 )
         if include_usage:
-            yield chunk([], usage=total_usage([prompt], usages), info=describe(usages))
+            yield chunk([], usage=started.usage(usages), info=started.info(usages))
     except Exception:  # a fault mid-stream: tell the client in-band, the status is sent already
         log.exception("streamed chat completion %s failed", response_id)
         yield event(APIError(500, "internal server error", type=SERVER, code="internal_error").body())

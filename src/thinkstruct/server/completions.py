@@ -12,34 +12,22 @@ the choice's text (the echoed prompt included).
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from thinkstruct.server.body import read_model
 from thinkstruct.server.constraints import requested_constraint
 from thinkstruct.server.errors import SERVER, APIError
-from thinkstruct.server.generation import (
-    Submitted,
-    collect,
-    engine_requests,
-    finish_reason_name,
-    max_new_tokens,
-    merged,
-    sampling_params,
-    start_compile,
-    submit_compiling,
-)
-from thinkstruct.server.limits import check_prompt_length, check_request_limits
+from thinkstruct.server.generation import collect, finish_reason_name, merged
+from thinkstruct.server.intake import GenerationSpec, Started, sampling_of, start_generation
 from thinkstruct.server.logprobs import LegacyLogprobs
-from thinkstruct.server.prompts import Prompt, completion_prompt
+from thinkstruct.server.prompts import Prompt, TextSource
 from thinkstruct.server.protocol import (
     ChoiceError,
     CompletionRequest,
@@ -49,7 +37,6 @@ from thinkstruct.server.protocol import (
 )
 from thinkstruct.server.state import ServerState
 from thinkstruct.server.streaming import DONE, EventStream, event
-from thinkstruct.server.usage import generation_info, total_usage
 
 if TYPE_CHECKING:
     from thinkstruct.engine import Engine, Usage
@@ -58,39 +45,19 @@ log = logging.getLogger("thinkstruct.server")
 
 
 async def completions(request: Request, state: ServerState) -> Response:
-    settings = state.settings
-    body = await read_model(request, CompletionRequest, max_bytes=settings.max_body_bytes)
+    body = await read_model(request, CompletionRequest, max_bytes=state.settings.max_body_bytes)
     engine = state.require_engine()
-    state.check_model(body.model)
-    sources = body.prompts()
-    check_request_limits(body, settings, prompts=len(sources))
-    requested = requested_constraint(body)
-    prompts = await run_in_threadpool(_encode_all, engine, sources, body.suffix)
-    budgets = []
-    for prompt in prompts:
-        check_prompt_length(len(prompt.ids), settings, param="prompt")
-        budgets.append(
-            max_new_tokens(
-                body.max_tokens,
-                prompt_tokens=len(prompt.ids),
-                context=engine.model.context_length,
-                default=settings.default_max_tokens,
-                param="max_tokens",
-            )
-        )
-    pending = start_compile(engine, requested)
-    requests = [
-        (prompt, r)
-        for prompt, budget in zip(prompts, budgets, strict=True)
-        for r in engine_requests(
-            prompt,
-            [sampling_params(body, max_tokens=budget, choice=j) for j in range(body.n)],
-            pending=pending,
-        )
-    ]
-    submitted, grammar, compile_s = await submit_compiling(
-        engine, requests, pending, retry_after_s=settings.retry_after_s, metrics=state.metrics
+    spec = GenerationSpec(
+        model=body.model,
+        source=TextSource(prompts=body.prompts(), suffix=body.suffix),
+        sampling=sampling_of(body),
+        n=body.n,
+        max_tokens=body.max_tokens,
+        constraint=requested_constraint(body),
+        backend=body.backend,
     )
+    started = await start_generation(state, spec)
+    submitted = started.submitted
     echoes = [_echo_text(engine, p) if body.echo else "" for p in submitted.prompts]
     logprobs = (
         [LegacyLogprobs(engine.token_texts, offset=len(echo)) for echo in echoes]
@@ -98,19 +65,15 @@ async def completions(request: Request, state: ServerState) -> Response:
         else None
     )
     response_id = f"cmpl-{uuid.uuid4().hex}"
-    model = state.model_name or body.model
     if body.stream:
         return EventStream(
             _events(
-                submitted,
+                started,
                 state,
                 response_id=response_id,
-                model=model,
-                prompts=prompts,
                 echoes=echoes,
                 logprobs=logprobs,
                 include_usage=body.include_usage,
-                describe=functools.partial(generation_info, grammar, compile_s),
             ),
             on_close=submitted.cancel,
         )
@@ -130,16 +93,12 @@ async def completions(request: Request, state: ServerState) -> Response:
     usages = [r.usage for r in results]
     answer = TextCompletion(
         id=response_id,
-        model=model,
+        model=started.model,
         choices=choices,
-        usage=total_usage(prompts, usages),
-        thinkstruct=generation_info(grammar, compile_s, usages),
+        usage=started.usage(usages),
+        thinkstruct=started.info(usages),
     )
     return JSONResponse(answer.model_dump(mode="json"))
-
-
-def _encode_all(engine: Engine, sources: list[str | list[int]], suffix: str | None) -> list[Prompt]:
-    return [completion_prompt(engine.model, source, suffix=suffix) for source in sources]
 
 
 def _echo_text(engine: Engine, prompt: Prompt) -> str:
@@ -147,17 +106,16 @@ def _echo_text(engine: Engine, prompt: Prompt) -> str:
 
 
 async def _events(
-    submitted: Submitted,
+    started: Started,
     state: ServerState,
     *,
     response_id: str,
-    model: str,
-    prompts: list[Prompt],
     echoes: list[str],
     logprobs: list[LegacyLogprobs] | None,
     include_usage: bool,
-    describe: Callable[[list[Usage | None]], GenerationInfo],
 ) -> AsyncIterator[bytes]:
+    submitted = started.submitted
+    model = started.model
     created = int(time.time())
     usages: list[Usage | None] = [None] * len(submitted.handles)
 
@@ -193,7 +151,7 @@ async def _events(
                     ]
                 )
         if include_usage:
-            yield chunk([], usage=total_usage(prompts, usages), info=describe(usages))
+            yield chunk([], usage=started.usage(usages), info=started.info(usages))
     except Exception:  # a fault mid-stream: tell the client in-band, the status is sent already
         log.exception("streamed completion %s failed", response_id)
         yield event(APIError(500, "internal server error", type=SERVER, code="internal_error").body())

@@ -1,7 +1,7 @@
 """Request fields -> the one :class:`~thinkstruct.Constraint` a request's answer must match.
 
-A request names at most one constraint: ``response_format`` (``json_object``,
-``json_schema``, ``structural_tag``; ``text`` is none) or one of the extensions
+A request names at most one constraint: ``response_format`` (``json_object``, held to its
+``schema`` when it has one, ``json_schema``, ``structural_tag``; ``text`` is none) or one of the extensions
 ``regex``, ``ebnf``, ``choice``, ``structural_tag``. ``backend`` picks the grammar
 backend (``auto`` by default, the server's ``--backend``); ``json_schema.strict`` turns
 thinkstruct's strict mode on or off for that request (unset: the server's ``--strict``).
@@ -10,6 +10,7 @@ thinkstruct's strict mode on or off for that request (unset: the server's ``--st
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.constraint import Constraint
@@ -66,7 +67,9 @@ def requested_constraint(request: ConstraintFields) -> RequestedConstraint | Non
     strict: bool | None = None
     try:
         if name == "response_format":
-            if isinstance(fmt, JsonObjectFormat):
+            if isinstance(fmt, JsonObjectFormat) and fmt.schema_ is not None:
+                param, constraint = "response_format.schema", Constraint.json_schema(fmt.schema_)
+            elif isinstance(fmt, JsonObjectFormat):
                 param, constraint = "response_format", Constraint.json_object()
             elif isinstance(fmt, JsonSchemaFormat):
                 param = "response_format.json_schema.schema"
@@ -91,6 +94,22 @@ def requested_constraint(request: ConstraintFields) -> RequestedConstraint | Non
     return RequestedConstraint(constraint=constraint, param=param, backend=request.backend, strict=strict)
 
 
+def schema_constraint(
+    schema: dict[str, Any] | bool | None, *, param: str, backend: str | None, strict: bool | None
+) -> RequestedConstraint:
+    """A JSON answer format of any API (``json_schema``, ``json_object`` with or without a
+    schema): the schema, or any JSON object when it is ``None``.
+
+    Raises:
+        APIError: 400 naming ``param`` (and the JSON pointer) for a schema that is not one.
+    """
+    try:
+        constraint = Constraint.json_object() if schema is None else Constraint.json_schema(schema)
+    except InvalidConstraint as e:
+        raise constraint_error(e, param=param) from None
+    return RequestedConstraint(constraint=constraint, param=param, backend=backend, strict=strict)
+
+
 def _text(value: str | None) -> str:
     return value or ""
 
@@ -98,4 +117,6 @@ def _text(value: str | None) -> str:
 def _param_of(name: str, fmt: object) -> str:
     if name == "response_format" and isinstance(fmt, JsonSchemaFormat):
         return "response_format.json_schema.schema"
+    if name == "response_format" and isinstance(fmt, JsonObjectFormat) and fmt.schema_ is not None:
+        return "response_format.schema"
     return name

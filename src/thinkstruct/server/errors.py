@@ -1,4 +1,5 @@
-"""OpenAI error objects: every failure a client sees is one of these.
+"""OpenAI error objects: every failure a client sees is one of these (Anthropic's shape on
+``/v1/messages``).
 
 The body is always ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's shape,
 which the official clients turn into typed exceptions); a constraint error adds its
@@ -72,8 +73,39 @@ class APIError(Exception):
         error.update(self.extra)
         return {"error": error}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def anthropic_body(self) -> dict[str, Any]:
+        """The error in Anthropic's shape (``/v1/messages``): ``{"type": "error", "error":
+        {"type", "message"}}``, the message naming the field at fault."""
+        message = self.message
+        if self.param and self.param not in message:
+            message = f"{self.param}: {message}"
+        kind = _ANTHROPIC_TYPES.get(
+            self.status, "invalid_request_error" if self.status < 500 else "api_error"
+        )
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+    def response(self, path: str = "") -> JSONResponse:
+        """The error answered on ``path`` (in Anthropic's shape on its API's paths)."""
+        body = self.anthropic_body() if speaks_anthropic(path) else self.body()
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+#: Paths whose errors take Anthropic's shape.
+ANTHROPIC_PREFIX = "/v1/messages"
+
+
+def speaks_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
+
+
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
 
 
 def bad_request(message: str, *, param: str | None = None, code: str | None = "invalid_value") -> APIError:
@@ -110,7 +142,7 @@ def install_handlers(app: FastAPI) -> None:
 
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
-        return exc.response()
+        return exc.response(request.url.path)
 
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         # Routing errors (unknown path, wrong method) from Starlette itself.
@@ -124,11 +156,8 @@ def install_handlers(app: FastAPI) -> None:
         error = APIError(
             status, message, type=kind, code={404: "not_found", 405: "method_not_allowed"}.get(status)
         )
-        return (
-            error.response()
-            if not exc.headers
-            else JSONResponse(error.body(), status, headers=dict(exc.headers))
-        )
+        error.headers.update(exc.headers or {})
+        return error.response(request.url.path)
 
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         # Only reachable from routes that let FastAPI parse parameters (none parse bodies).
@@ -136,11 +165,14 @@ def install_handlers(app: FastAPI) -> None:
         errors = exc.errors()
         first = errors[0] if errors else {}
         loc = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
-        return bad_request(f"{loc or 'request'}: {first.get('msg', 'invalid')}", param=loc or None).response()
+        error = bad_request(f"{loc or 'request'}: {first.get('msg', 'invalid')}", param=loc or None)
+        return error.response(request.url.path)
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error answering %s %s", request.method, request.url.path, exc_info=exc)
-        return APIError(500, "internal server error", type=SERVER, code="internal_error").response()
+        return APIError(500, "internal server error", type=SERVER, code="internal_error").response(
+            request.url.path
+        )
 
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -31,7 +31,6 @@ from thinkstruct.server.errors import (
 )
 from thinkstruct.server.metrics import ServerMetrics
 from thinkstruct.server.prompts import Prompt
-from thinkstruct.server.protocol import SamplingFields
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -105,8 +104,25 @@ async def finish_compile(
     return compiled, waited
 
 
+def room_left(prompt_tokens: int, *, context: int, prompt_param: str) -> int:
+    """Tokens the context leaves after the prompt.
+
+    Raises:
+        APIError: 400 naming ``prompt_param`` when the prompt fills the context.
+    """
+    room = context - prompt_tokens
+    if room < 1:
+        raise APIError(
+            400,
+            f"the prompt is {prompt_tokens} tokens, which leaves no room in the model's context of {context} tokens",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    return room
+
+
 def max_new_tokens(
-    requested: int | None, *, prompt_tokens: int, context: int, default: int, param: str
+    requested: int | None, *, prompt_tokens: int, context: int, default: int, param: str, prompt_param: str
 ) -> int:
     """The ``max_tokens`` to generate: as asked, or ``default`` capped by the room left.
 
@@ -114,14 +130,7 @@ def max_new_tokens(
         APIError: 400 when the prompt fills the context, or prompt plus ``max_tokens``
             does not fit in it.
     """
-    room = context - prompt_tokens
-    if room < 1:
-        raise APIError(
-            400,
-            f"the prompt is {prompt_tokens} tokens, which leaves no room in the model's context of {context} tokens",
-            param="messages" if param == "max_completion_tokens" else "prompt",
-            code="context_length_exceeded",
-        )
+    room = room_left(prompt_tokens, context=context, prompt_param=prompt_param)
     if requested is None:
         return min(default, room)
     if requested > room:
@@ -135,8 +144,28 @@ def max_new_tokens(
     return requested
 
 
-def sampling_params(request: SamplingFields, *, max_tokens: int, choice: int) -> SamplingParams:
-    """The engine's sampling parameters for choice ``choice`` of ``request``.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sampling:
+    """A request's sampling fields as every API translates them (``None``: the default):
+    temperature in [0, 2], nucleus ``top_p``, ``top_k`` (0 or less: off), ``seed`` (choice
+    ``i`` draws with ``seed + i``), stop strings, ``logprobs`` (alternatives per token;
+    ``None``: none), ``logit_bias`` as (token id, bias) pairs, vLLM's penalties, ``min_p``."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+
+
+def sampling_params(sampling: Sampling, *, max_tokens: int, choice: int) -> SamplingParams:
+    """The engine's sampling parameters for choice ``choice``.
 
     Raises:
         APIError: 400 naming the field the engine refuses.
@@ -144,29 +173,29 @@ def sampling_params(request: SamplingFields, *, max_tokens: int, choice: int) ->
     from thinkstruct.engine import SamplingParams
     from thinkstruct.engine.request import InvalidSamplingParam
 
-    seed = None if request.seed is None else (request.seed + choice) % _SEED_MODULUS
-    top_k = request.top_k if request.top_k is not None and request.top_k > 0 else 0
+    seed = None if sampling.seed is None else (sampling.seed + choice) % _SEED_MODULUS
+    top_k = sampling.top_k if sampling.top_k is not None and sampling.top_k > 0 else 0
     try:
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=1.0 if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
+            temperature=1.0 if sampling.temperature is None else sampling.temperature,
+            top_p=1.0 if sampling.top_p is None else sampling.top_p,
             top_k=top_k,
             seed=seed,
-            stop=request.stop_sequences(),
-            logprobs=request.requested_logprobs,
-            logit_bias=request.logit_bias_pairs(),
-            presence_penalty=request.presence_penalty or 0.0,
-            frequency_penalty=request.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
-            min_p=request.min_p or 0.0,
+            stop=sampling.stop,
+            logprobs=sampling.logprobs,
+            logit_bias=sampling.logit_bias,
+            presence_penalty=sampling.presence_penalty or 0.0,
+            frequency_penalty=sampling.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if sampling.repetition_penalty is None else sampling.repetition_penalty,
+            min_p=sampling.min_p or 0.0,
         )
     except InvalidSamplingParam as e:
         raise bad_request(str(e), param=e.field) from None
     except ValueError as e:
         # The engine's messages start with the field's name ("top_p must be ...").
         words = str(e).replace(",", " ").split()
-        field = next((w for w in words if w in type(request).model_fields), None)
+        field = next((w for w in words if w in Sampling.__dataclass_fields__), None)
         raise bad_request(str(e), param=field) from None
 
 

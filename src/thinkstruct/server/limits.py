@@ -6,20 +6,20 @@ by the engine (a 429). These are the rest: choices, stop sequences, prompt lengt
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from thinkstruct.server.errors import bad_request
-from thinkstruct.server.protocol import SamplingFields
 from thinkstruct.server.settings import ServerSettings
 
 
-def check_request_limits(request: SamplingFields, settings: ServerSettings, *, prompts: int = 1) -> None:
+def check_request_limits(n: int, stops: Sequence[str], settings: ServerSettings, *, prompts: int = 1) -> None:
     """``n`` (times the number of prompts) and ``stop`` within the server's limits."""
-    if request.n * prompts > settings.max_n:
-        what = f"n = {request.n}" if prompts == 1 else f"n = {request.n} for each of {prompts} prompts"
+    if n * prompts > settings.max_n:
+        what = f"n = {n}" if prompts == 1 else f"n = {n} for each of {prompts} prompts"
         raise bad_request(
             f"{what} asks for more than the {settings.max_n} choices this server allows per request",
             param="n",
         )
-    stops = request.stop_sequences()
     if len(stops) > settings.max_stop_sequences:
         raise bad_request(
             f"stop has {len(stops)} sequences; at most {settings.max_stop_sequences} are allowed",

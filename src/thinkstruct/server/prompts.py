@@ -21,7 +21,6 @@ from thinkstruct.parsers import (
     render_chat,
 )
 from thinkstruct.server.errors import bad_request
-from thinkstruct.server.protocol import ChatCompletionRequest
 
 if TYPE_CHECKING:
     from thinkstruct.engine import LoadedModel
@@ -30,6 +29,34 @@ if TYPE_CHECKING:
 # Families name their thinking switch differently; a request that uses the other common
 # spelling still means the same thing.
 _SWITCH_ALIASES = {"enable_thinking": "thinking", "thinking": "enable_thinking"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatSource:
+    """A conversation to render through the chat template (what every chat-shaped API
+    translates its messages to).
+
+    Attributes:
+        messages: the messages as chat templates read them (``role``, ``content`` and
+            optionally ``name``, ``reasoning_content``, ``tool_call_id``, ``tool_calls``).
+        chat_template_kwargs: extra template variables, the thinking switch among them.
+        add_generation_prompt: ``None``: the opposite of ``continue_final_message``.
+        continue_final_message: continue the last (assistant) message.
+    """
+
+    messages: list[dict[str, Any]]
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TextSource:
+    """Text-completion prompts: each a string or token ids, with an optional
+    fill-in-the-middle ``suffix``."""
+
+    prompts: list[str | list[int]]
+    suffix: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +80,12 @@ class Prompt:
 
 def chat_prompt(
     model: LoadedModel,
-    request: ChatCompletionRequest,
+    source: ChatSource,
     *,
     constrained: bool,
     tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> Prompt:
-    """Render and encode a chat request.
+    """Render and encode a conversation.
 
     A constrained request that reasons starts inside the thought (the grammar's reasoning
     wrapper does): when the template leaves the start tag to the model (Qwen3, GLM-4.5),
@@ -69,15 +96,15 @@ def chat_prompt(
         APIError: 400 for a bad ``chat_template_kwargs`` value, messages the template
             refuses, or no chat template.
     """
-    kwargs = _thinking_kwargs(model, request.chat_template_kwargs)
+    kwargs = thinking_kwargs(model, source.chat_template_kwargs)
     try:
         rendered = render_chat(
-            [m.template_view() for m in request.messages],
+            source.messages,
             family=model.family,
             tokenizer=model.tokenizer,
             chat_template=model.chat_template,
-            add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
+            add_generation_prompt=source.add_generation_prompt,
+            continue_final_message=source.continue_final_message,
             chat_template_kwargs=kwargs,
             tools=tools,
         )
@@ -137,7 +164,9 @@ def encode(tokenizer: Tokenizer, text: str, *, add_special_tokens: bool) -> list
     return ids
 
 
-def _thinking_kwargs(model: LoadedModel, given: dict[str, Any] | None) -> dict[str, Any] | None:
+def thinking_kwargs(model: LoadedModel, given: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``given`` with the family's thinking switch under its own key when the request
+    spelt it the other common way (``thinking`` for ``enable_thinking`` and back)."""
     if not given:
         return given
     switch = model.family.switch

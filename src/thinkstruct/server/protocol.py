@@ -28,19 +28,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from thinkstruct.server.effort import Effort
 from thinkstruct.server.tool_protocol import ToolCallOut, ToolCallPiece
 
 BackendName = Literal["auto", "xgrammar", "llguidance", "outlines"]
 
 
-class _Request(BaseModel):
+class StrictRequest(BaseModel):
+    """A request model of any API: no coercion, unknown fields refused, finite numbers."""
+
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, populate_by_name=True)
 
 
 # ---- constraints ---------------------------------------------------------------------
 
 
-class JsonSchemaSpec(_Request):
+class JsonSchemaSpec(StrictRequest):
     """``response_format.json_schema``: OpenAI's structured-output schema."""
 
     name: str | None = Field(None, max_length=256)
@@ -49,15 +52,20 @@ class JsonSchemaSpec(_Request):
     strict: bool | None = None
 
 
-class TextFormat(_Request):
+class TextFormat(StrictRequest):
     type: Literal["text"]
 
 
-class JsonObjectFormat(_Request):
+class JsonObjectFormat(StrictRequest):
+    """``{"type": "json_object"}``: any JSON object; with ``schema`` (the convention of
+    several hosted APIs, instructor's ``JSON_SCHEMA`` mode) the answer is held to that
+    schema exactly as ``json_schema`` holds it."""
+
     type: Literal["json_object"]
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
 
 
-class JsonSchemaFormat(_Request):
+class JsonSchemaFormat(StrictRequest):
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
 
@@ -76,7 +84,7 @@ class StructuralTagFormat(BaseModel):
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat | StructuralTagFormat
 
 
-class ConstraintFields(_Request):
+class ConstraintFields(StrictRequest):
     """The constraint fields shared by chat and text completions."""
 
     response_format: ResponseFormat | None = Field(None, discriminator="type")
@@ -89,11 +97,11 @@ class ConstraintFields(_Request):
 
 # ---- sampling ------------------------------------------------------------------------
 
-_SEED_MIN = -(2**63)
-_SEED_MAX = 2**64 - 1
+SEED_MIN = -(2**63)
+SEED_MAX = 2**64 - 1
 
 
-class StreamOptions(_Request):
+class StreamOptions(StrictRequest):
     include_usage: bool = False
 
 
@@ -105,15 +113,11 @@ _NO_OP_FIELDS = {
     "prediction": "is not supported",
     "web_search_options": "is not supported",
     "verbosity": "is not supported",
-    "reasoning_effort": (
-        "is not supported: turn thinking on or off with chat_template_kwargs "
-        '({"enable_thinking": false} or {"thinking": false})'
-    ),
     "best_of": "is not supported (only equal to n)",
 }
 
 
-def _is_no_op(value: Any) -> bool:
+def is_no_op(value: Any) -> bool:
     return value is None or value is False or value == 0 or value == [] or value == {}
 
 
@@ -125,7 +129,7 @@ class SamplingFields(ConstraintFields):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
-    seed: int | None = Field(None, ge=_SEED_MIN, le=_SEED_MAX)
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     n: int = Field(1, ge=1)
     stop: str | list[str] | None = None
     stream: bool = False
@@ -164,9 +168,9 @@ class SamplingFields(ConstraintFields):
     def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (value or {}).items():
             if not (key.isascii() and key.isdigit()):
-                raise _FieldError(f"logit_bias.{key}", f"logit_bias keys are token ids, got {key!r}")
+                raise FieldError(f"logit_bias.{key}", f"logit_bias keys are token ids, got {key!r}")
             if not -100 <= bias <= 100:
-                raise _FieldError(f"logit_bias.{key}", f"logit_bias.{key} must be in [-100, 100], got {bias}")
+                raise FieldError(f"logit_bias.{key}", f"logit_bias.{key} must be in [-100, 100], got {bias}")
         return value
 
     @property
@@ -184,8 +188,8 @@ class SamplingFields(ConstraintFields):
                 value = getattr(self, name)
                 if name == "best_of" and value == self.n:
                     continue
-                if not _is_no_op(value):
-                    raise _FieldError(name, f"{name} {reason}")
+                if not is_no_op(value):
+                    raise FieldError(name, f"{name} {reason}")
         return self
 
     def stop_sequences(self) -> tuple[str, ...]:
@@ -198,7 +202,7 @@ class SamplingFields(ConstraintFields):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
-class _FieldError(ValueError):
+class FieldError(ValueError):
     """A model-level check that blames one field (the body reader reports ``param``)."""
 
     def __init__(self, field: str, message: str) -> None:
@@ -280,7 +284,8 @@ class ChatCompletionRequest(SamplingFields):
     web_search_options: Any = None
     modalities: list[Literal["text"]] | None = None
     verbosity: Any = None
-    reasoning_effort: Any = None
+
+    reasoning_effort: Effort | None = None  # thinking off, or its budget: thinkstruct.server.effort
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -296,18 +301,18 @@ class ChatCompletionRequest(SamplingFields):
             and self.max_completion_tokens is not None
             and self.max_tokens != self.max_completion_tokens
         ):
-            raise _FieldError(
+            raise FieldError(
                 "max_completion_tokens", "max_tokens and max_completion_tokens disagree; give one"
             )
         if self.continue_final_message and self.messages[-1].role != "assistant":
-            raise _FieldError(
+            raise FieldError(
                 "continue_final_message",
                 "continue_final_message needs the last message to be the assistant's",
             )
         if self.top_logprobs is not None and not self.logprobs:
-            raise _FieldError("top_logprobs", "top_logprobs needs logprobs: true")
+            raise FieldError("top_logprobs", "top_logprobs needs logprobs: true")
         if self.continue_final_message and self.add_generation_prompt:
-            raise _FieldError(
+            raise FieldError(
                 "add_generation_prompt",
                 "add_generation_prompt cannot be combined with continue_final_message",
             )
@@ -346,8 +351,8 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _completion_checks(self) -> CompletionRequest:
-        if not _is_no_op(self.top_logprobs):
-            raise _FieldError("top_logprobs", "top_logprobs is a chat field: give logprobs (0..5) here")
+        if not is_no_op(self.top_logprobs):
+            raise FieldError("top_logprobs", "top_logprobs is a chat field: give logprobs (0..5) here")
         return self
 
     @property

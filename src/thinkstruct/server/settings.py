@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from thinkstruct.engine.free_text import DEFAULT_REASONING_SHARE, check_reasoning_share
 from thinkstruct.engine.request import MAX_STOP_STRINGS
+from thinkstruct.server.response_store import StoreLimits
 
 #: Environment variable read for the API key when ``--api-key`` is not given.
 API_KEY_ENV = "THINKSTRUCT_API_KEY"
@@ -42,6 +43,8 @@ class ServerSettings:
         retry_after_s: the least ``Retry-After`` of a 429 answered when the engine's queue
             is full, in whole seconds (the engine's own estimate is used when longer).
         public_paths: paths answered without the API key.
+        responses_store: the bounds of the responses kept for ``previous_response_id``
+            (entries, bytes, seconds).
     """
 
     host: str = "127.0.0.1"
@@ -57,6 +60,7 @@ class ServerSettings:
     max_stop_sequences: int = MAX_STOP_STRINGS
     retry_after_s: int = 1
     public_paths: frozenset[str] = field(default_factory=lambda: frozenset({"/health"}))
+    responses_store: StoreLimits = field(default_factory=StoreLimits)
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_n", "default_max_tokens", "max_stop_sequences"):

@@ -1,4 +1,5 @@
-"""What the routes share: :class:`ServerState` (the engine once it is ready, settings, metrics)."""
+"""What the routes share: :class:`ServerState` (the engine once it is ready, settings,
+metrics, the stored responses)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from thinkstruct.server.errors import UNAVAILABLE, APIError
 from thinkstruct.server.metrics import ServerMetrics
+from thinkstruct.server.response_store import ResponseStore
 from thinkstruct.server.settings import ServerSettings
 
 if TYPE_CHECKING:
@@ -23,8 +25,15 @@ class ServerState:
     generation requests are refused while in-flight ones finish.
     """
 
-    def __init__(self, settings: ServerSettings, engine: Engine | None = None) -> None:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        engine: Engine | None = None,
+        *,
+        responses: ResponseStore | None = None,
+    ) -> None:
         self.settings = settings
+        self.responses = responses if responses is not None else ResponseStore(settings.responses_store)
         self.created = int(time.time())
         self._engine: Engine | None = None
         self._lock = threading.Lock()

@@ -27,6 +27,12 @@ def event(payload: BaseModel | dict[str, Any]) -> bytes:
     return b"data: " + data.encode("utf-8") + b"\n\n"
 
 
+def named_event(name: str, payload: BaseModel | dict[str, Any]) -> bytes:
+    """One SSE event with an ``event:`` line (the Responses and Anthropic streams name
+    each event by its type)."""
+    return b"event: " + name.encode("utf-8") + b"\n" + event(payload)
+
+
 class EventStream(StreamingResponse):
     """A ``text/event-stream`` response over an async iterator of encoded events.
 

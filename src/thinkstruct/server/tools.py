@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from thinkstruct.engine.request import ToolCallReading
-from thinkstruct.grammar.constraint import Constraint
+from thinkstruct.grammar.constraint import Constraint, ConstraintKind
 from thinkstruct.parsers.tool_calls import (
     ToolCallSyntax,
     ToolSchemas,
@@ -56,12 +56,15 @@ from thinkstruct.server.tool_protocol import (
 if TYPE_CHECKING:
     from thinkstruct.parsers import ReasoningFamily
     from thinkstruct.parsers.tool_calls.types import ToolCall, ToolCallDelta
-    from thinkstruct.server.protocol import ChatCompletionRequest
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MAX_TOOLS = 128
 
 Choice = Literal["none", "auto", "required"]
+
+#: Answer constraints that may stand beside ``tool_choice: "auto"`` (the answer is then
+#: either the calls or that JSON).
+_JSON_KINDS = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,51 +109,59 @@ class ToolPlan:
     def constraint(
         self,
         requested: RequestedConstraint | None,
-        body: ChatCompletionRequest,
         *,
+        backend: str | None,
         max_whitespace: int | None,
     ) -> RequestedConstraint | None:
-        """The constraint of the request: the tool calls' structural tag, or the request's
-        own constraint when the tools ask for none.
+        """The constraint of the request: the tool calls' structural tag, the request's own
+        constraint when the tools ask for none, or under ``tool_choice: "auto"`` with a JSON
+        answer format, either: the calls, or the JSON answer.
 
         Raises:
-            APIError: 400 when the request also names another constraint.
+            APIError: 400 when required calls meet another constraint, or ``auto`` meets
+                one that is not JSON.
         """
         if self.choice == "none" or self.syntax is None or self.syntax.form is None:
             return requested
-        if requested is not None:
+        tools = [(name, self.schemas.parameters.get(name) or {"type": "object"}) for name in self.allowed]
+        if requested is not None and (self.choice != "auto" or requested.constraint.kind not in _JSON_KINDS):
             raise bad_request(
                 f"give tools (tool_choice {self.choice!r}) or {requested.param}, not both: the answer is either "
-                'tool calls or the constrained text; use tool_choice: "none" to constrain the text',
+                'tool calls or the constrained text; use tool_choice: "none" to constrain the text'
+                + ("" if self.choice != "auto" else ', or a JSON answer format beside tool_choice: "auto"'),
                 param=requested.param,
                 code="conflicting_constraints",
             )
-        tools = [(name, self.schemas.parameters.get(name) or {"type": "object"}) for name in self.allowed]
         tag = tool_call_structural_tag(
             self.syntax.form,
             tools,
-            mode="required" if self.choice == "required" else "auto",
+            mode="required" if self.choice == "required" or requested is not None else "auto",
             parallel=self.parallel,
             max_whitespace=max_whitespace,
         )
+        strict = self.strict
+        if requested is not None:
+            answer = {"type": "json_schema", "json_schema": requested.constraint.document}
+            tag = {"type": "structural_tag", "format": {"type": "or", "elements": [tag["format"], answer]}}
+            strict = requested.strict if strict is None else strict
         return RequestedConstraint(
-            constraint=Constraint.structural_tag(tag), param="tools", backend=body.backend, strict=self.strict
+            constraint=Constraint.structural_tag(tag), param="tools", backend=backend, strict=strict
         )
 
 
-def tool_plan(body: ChatCompletionRequest, family: ReasoningFamily) -> ToolPlan:
-    """Read and check a request's ``tools``, ``tool_choice`` and ``parallel_tool_calls``.
+def tool_plan(tools_value: Any, tool_choice: Any, parallel: Any, family: ReasoningFamily) -> ToolPlan:
+    """Read and check a request's ``tools``, ``tool_choice`` and ``parallel_tool_calls``
+    (OpenAI chat's shapes; the other APIs translate theirs to these).
 
     Raises:
         APIError: 400 naming the field for a malformed tool, an unknown or duplicate
             name, a ``tool_choice`` that names no given tool or needs tools there are
             none of, or a family that cannot make the calls asked for.
     """
-    tools = _checked_tools(body.tools)
-    parallel = body.parallel_tool_calls
+    tools = _checked_tools(tools_value)
     if parallel is not None and not isinstance(parallel, bool):
         raise bad_request("parallel_tool_calls must be true or false", param="parallel_tool_calls")
-    choice, named = _checked_choice(body.tool_choice, tools)
+    choice, named = _checked_choice(tool_choice, tools)
     if not tools or choice == "none":
         return ToolPlan(parallel=parallel is not False)
     names = tuple(t["function"]["name"] for t in tools)
@@ -174,7 +185,7 @@ def tool_plan(body: ChatCompletionRequest, family: ReasoningFamily) -> ToolPlan:
         allowed=(named,) if named else names,
         parallel=parallel is not False,
         syntax=syntax,
-        strict=_strictness(body.tools),
+        strict=_strictness(tools_value),
     )
 
 
@@ -287,6 +298,13 @@ def message_calls(calls: Sequence[ToolCall]) -> list[ToolCallOut] | None:
     return [
         ToolCallOut(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls
     ]
+
+
+def whole_calls(calls: Sequence[ToolCall]) -> list[ToolCallDelta]:
+    """A whole answer's calls as one piece each (what a stream's pieces join to)."""
+    from thinkstruct.parsers.tool_calls.types import ToolCallDelta
+
+    return [ToolCallDelta(index=i, name=c.name, arguments=c.arguments) for i, c in enumerate(calls)]
 
 
 def call_pieces(deltas: Sequence[ToolCallDelta], ids: dict[int, str]) -> list[ToolCallPiece]:

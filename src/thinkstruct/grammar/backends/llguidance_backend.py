@@ -96,8 +96,8 @@ class LLGuidanceBackend(GrammarBackend):
     def runs_long(self, constraint: Constraint) -> bool:
         """Short text that may still take seconds: a schema whose merges (``allOf``,
         ``$ref`` beside other keywords) intersect more than :data:`INLINE_MERGE_COMBINATIONS`
-        alternatives (see :mod:`..schema_merges`), or a regex, pattern or grammar whose
-        counted repetitions unroll past :data:`INLINE_UNROLLED_ATOMS` (see :mod:`..repetition`)."""
+        alternatives (see :mod:`..schema.merges`), or a regex, pattern or grammar whose
+        counted repetitions unroll past :data:`INLINE_UNROLLED_ATOMS` (see :mod:`..schema.repetition`)."""
         from thinkstruct.grammar.schema.merges import merge_combinations
         from thinkstruct.grammar.schema.repetition import unrolled_size
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from thinkstruct.grammar.base import CompiledGrammar
+    from thinkstruct.grammar.compiled import CompiledGrammar
     from thinkstruct.grammar.runtime.matcher import GrammarMatcher
     from thinkstruct.tokenizer import Tokenizer
 

@@ -174,6 +174,10 @@ def apply_bitmask_inplace(
     vocab = logits.shape[1]
     covered = min(vocab, bitmask.shape[1] * 32)
     if logits.is_cuda and indices is None and _xgrammar_cuda_apply(logits, bitmask):
+        # xgrammar's kernel leaves the columns past the mask's words as they were (a
+        # model's embedding rows beyond its tokenizer's, Qwen3's 151,936 over 151,680).
+        if covered < vocab:
+            logits[:, covered:] = float("-inf")
         return
     target = logits if indices is None else logits[indices]
     allowed = _unpack(bitmask)[:, :covered]

@@ -84,7 +84,7 @@ class StopTokenMatcher(GrammarMatcher):
     Args:
         stop_ids: the model's stop token ids.
         start_row: the grammar's mask at its start state
-            (:attr:`~thinkstruct.grammar.base.CompiledGrammar.start_row`), copied instead
+            (:attr:`~thinkstruct.grammar.compiled.CompiledGrammar.start_row`), copied instead
             of asking the library while no token has been accepted.
     """
 
@@ -98,7 +98,7 @@ class StopTokenMatcher(GrammarMatcher):
         self._depth = 0
 
     def adopt_start_row(self, row: torch.Tensor) -> None:
-        """Copy ``row`` (the grammar's :attr:`~thinkstruct.grammar.base.CompiledGrammar.start_row`)
+        """Copy ``row`` (the grammar's :attr:`~thinkstruct.grammar.compiled.CompiledGrammar.start_row`)
         at the start state from now on, as a matcher built after it was kept does."""
         self._start_row = row
 

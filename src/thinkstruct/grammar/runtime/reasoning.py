@@ -97,7 +97,7 @@ class ReasoningGrammar(GrammarMatcher):
         end_tag: str | None = None,
     ) -> ReasoningGrammar:
         """``inner`` behind a thought that starts at once (what
-        :meth:`CompiledGrammar.matcher(reasoning=True) <thinkstruct.grammar.base.CompiledGrammar.matcher>`
+        :meth:`CompiledGrammar.matcher(reasoning=True) <thinkstruct.grammar.compiled.CompiledGrammar.matcher>`
         returns). Every stop id is masked while thinking, unless ``stops_end_thought``:
         then they stay allowed and end the thought instead (see :meth:`close_thought`);
         ``banned_ids_while_thinking`` are masked too; ``end_tag`` defaults to the

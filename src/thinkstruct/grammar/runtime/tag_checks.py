@@ -10,6 +10,11 @@ fresh ``ValueChecker`` follows the call's JSON until its root value closes, then
 search goes on after it. Every offset is a character offset into the answer text, as
 the engine's; a failure names the call (:attr:`CheckFailure.where`: the tool, when the
 caller says which begin names which tool) and pointers inside that call's JSON.
+
+Above both checkers: :func:`answer_checker`, the one a plan needs (a
+:class:`~thinkstruct.grammar.schema.tag_checks.TagChecks` or a schema's
+:class:`~thinkstruct.grammar.schema.checks.CheckPlan`), and :func:`first_failed_check`,
+a whole answer checked at once.
 """
 
 from __future__ import annotations
@@ -281,10 +286,15 @@ def answer_checker(plan: Checks, *, names: Mapping[str, str] | None = None) -> A
     return ValueChecker(plan)
 
 
-def first_failed_tag_check(plan: TagChecks, text: str) -> CheckFailure | None:
-    """The first failure of a whole answer ``text`` held to a structural tag, or ``None``."""
-    checker = TagChecker(plan)
+def first_failed_check(plan: Checks, text: str) -> CheckFailure | None:
+    """The first failure of a whole answer ``text`` under ``plan`` (a schema's: the text
+    is JSON; a structural tag's: each call's JSON is checked), or ``None``.
+
+    Raises:
+        ValueError: ``text`` is not JSON (a schema's plan).
+    """
+    checker = answer_checker(plan)
     return checker.feed(text) or checker.finish()
 
 
-__all__ = ["AnswerChecker", "TagChecker", "answer_checker", "first_failed_tag_check"]
+__all__ = ["AnswerChecker", "TagChecker", "answer_checker", "first_failed_check"]

@@ -50,7 +50,6 @@ from typing import Any, NamedTuple
 
 from thinkstruct.grammar.constraint import escape_pointer
 from thinkstruct.grammar.schema.checks import CheckPlan, Wildcard
-from thinkstruct.grammar.schema.tag_checks import Checks, TagChecks
 
 # Where the scanner is.
 _OBJECT_FIRST = 0  # after "{": a key or "}"
@@ -603,19 +602,4 @@ def _pointer(frame: _Frame | None) -> str:
     return "".join(reversed(steps))
 
 
-def first_failed_check(plan: Checks, text: str) -> CheckFailure | None:
-    """The first failure of a whole answer ``text`` under ``plan`` (a schema's: the text
-    is JSON; a structural tag's: each call's JSON is checked), or ``None``.
-
-    Raises:
-        ValueError: ``text`` is not JSON (a schema's plan).
-    """
-    if isinstance(plan, TagChecks):
-        from thinkstruct.grammar.runtime.tag_checks import first_failed_tag_check
-
-        return first_failed_tag_check(plan, text)
-    checker = ValueChecker(plan)
-    return checker.feed(text) or checker.finish()
-
-
-__all__ = ["CheckFailure", "ValueChecker", "first_failed_check"]
+__all__ = ["CheckFailure", "ValueChecker"]

@@ -1,8 +1,8 @@
 """One walker over a JSON Schema's subschemas, with their JSON pointers.
 
 Everything in thinkstruct that reads a schema (the checks in :mod:`.validation`, the
-keyword scan and rewrites in :mod:`.schema_keywords`, the instance bounds in
-:mod:`.schema_instances`, backend pre-checks) finds subschemas here, so they agree on
+keyword scan and rewrites in :mod:`.keywords`, the instance bounds in
+:mod:`.instances`, backend pre-checks) finds subschemas here, so they agree on
 which keywords hold schemas and on how pointers are written and read. Walks are
 iterative: a hostile document cannot exhaust the Python stack.
 """

@@ -24,7 +24,7 @@ from collections.abc import Callable, Hashable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from thinkstruct.errors import CompileTimeout, InternalCompileError, InvalidConstraint, UnsupportedConstraint
-from thinkstruct.grammar.base import CompiledGrammar, InvalidGrammar
+from thinkstruct.grammar.compiled import CompiledGrammar, InvalidGrammar
 from thinkstruct.grammar.schema.validation import check_constraint
 from thinkstruct.grammar.service.auto import Candidate, plan
 from thinkstruct.grammar.service.workers import WorkerCrashed, WorkTimeout

@@ -9,7 +9,7 @@ second over a 129k vocabulary, some schemas take minutes), so the service:
 - compiles off the caller's thread: small in-process work on a thread pool, everything
   that may run long (xgrammar, outlines-core, large llguidance grammars) in worker
   processes it can kill, so a cheap compile never waits behind an expensive one
-  (see :mod:`.compile_attempt`);
+  (see :mod:`.attempt`);
 - gives every request one absolute deadline (``timeout_s`` from the call) covering the
   queue, worker start-up, fallbacks and the compile; at the deadline the caller gets
   :class:`~thinkstruct.CompileTimeout` and the work is stopped;

@@ -13,7 +13,7 @@ probed, cheaply (one mask and a few tokens):
 2. the lowest and highest allowed tokens are really accepted (the mask and
    ``accept_token`` agree);
 3. for JSON Schemas that declare their root ``type`` and where small instances are easy
-   to build (one per type the root allows, :func:`.schema_instances.witnesses`), the grammar accepts one of them in one of
+   to build (one per type the root allows, :func:`~thinkstruct.grammar.schema.instances.witnesses`), the grammar accepts one of them in one of
    its JSON spellings (non-ASCII raw or escaped, ``2.0`` or ``2``); it fails only when it rejects every
    one that the reference validator confirms valid (a backend may produce only some
    types of an untyped schema: that is inexact, not dead). Only for backends that declare
@@ -40,7 +40,7 @@ from thinkstruct.grammar.runtime.matcher import StopTokenMatcher
 from thinkstruct.grammar.schema.instances import integral, witnesses
 
 if TYPE_CHECKING:
-    from thinkstruct.grammar.base import CompiledGrammar
+    from thinkstruct.grammar.compiled import CompiledGrammar
     from thinkstruct.grammar.runtime.matcher import GrammarMatcher
 
 _JSON_KINDS = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)

@@ -19,13 +19,14 @@ from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.service.workers import read_message, write_message
 
 if TYPE_CHECKING:
-    from thinkstruct.grammar.base import CompileResult, GrammarBackend
+    from thinkstruct.grammar.base import GrammarBackend
+    from thinkstruct.grammar.compiled import CompileResult
 
 
 def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     """The worker's loop: compile requests until stdin closes."""
     from thinkstruct.grammar.backends import create_backend
-    from thinkstruct.grammar.base import InvalidGrammar
+    from thinkstruct.grammar.compiled import InvalidGrammar
 
     tokenizer, json_format, backend_name = pickle.loads(read_message(stdin))
     backends: dict[bool, GrammarBackend] = {

@@ -56,7 +56,7 @@ STARTUP_ALLOWANCE_S = 120.0
 
 #: A worker's reply: ``("ok", (payload, start row bytes), seconds)`` or
 #: ``("invalid", InvalidConstraint, seconds)``; the start row is the probe's first mask
-#: (:attr:`~thinkstruct.grammar.base.CompiledGrammar.start_row`), empty when none.
+#: (:attr:`~thinkstruct.grammar.compiled.CompiledGrammar.start_row`), empty when none.
 Reply = tuple[str, Any, float]
 
 

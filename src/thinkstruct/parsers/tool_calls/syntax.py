@@ -85,33 +85,16 @@ class ToolCallSyntax:
         return f"<tool-call syntax {self.name!r}>"
 
 
-_syntaxes: Registry[ToolCallSyntax] = Registry("tool-call syntax", ToolCallSyntax)
-
-
-def register_tool_call_syntax(syntax: ToolCallSyntax, *, override: bool = False) -> None:
-    """Add ``syntax`` to the registry; an existing name needs ``override=True``."""
+def _check_syntax(syntax: ToolCallSyntax) -> None:
     if not syntax.name or not (syntax.starts or syntax.leading_starts):
         raise ValueError("a tool-call syntax needs a name and at least one start marker")
-    _syntaxes.register(syntax, override=override)
 
 
-def unregister_tool_call_syntax(name: str) -> None:
-    """Remove a syntax from the registry."""
-    _syntaxes.unregister(name)
-
-
-def get_tool_call_syntax(syntax: str | ToolCallSyntax) -> ToolCallSyntax:
-    """The registry entry named ``syntax`` (an entry is returned as is).
-
-    Raises:
-        UnknownName: no such syntax; the message lists the known ones.
-    """
-    return _syntaxes.get(syntax)
-
-
-def tool_call_syntaxes() -> dict[str, ToolCallSyntax]:
-    """A snapshot of the registry, by name."""
-    return _syntaxes.snapshot()
+_syntaxes: Registry[ToolCallSyntax] = Registry("tool-call syntax", ToolCallSyntax, check=_check_syntax)
+register_tool_call_syntax = _syntaxes.register
+unregister_tool_call_syntax = _syntaxes.unregister
+get_tool_call_syntax = _syntaxes.get
+tool_call_syntaxes = _syntaxes.snapshot
 
 
 # ---- helpers shared by the syntaxes ------------------------------------------------------
