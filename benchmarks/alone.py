@@ -104,6 +104,19 @@ def marked(mark: str) -> list[int]:
     return found
 
 
+def marked_cpu_s(mark: str) -> float:
+    """CPU seconds of the live processes marked ``mark`` (with their reaped children)."""
+    total = 0
+    for pid in marked(mark):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+    return total / _TICK
+
+
 def cpu_name() -> str:
     """The CPU's model name and the vector extensions it reports (``/proc/cpuinfo``)."""
     info: dict[str, str] = {}
@@ -151,11 +164,19 @@ class QuietRule:
         below_cores: the busy cores (summed over the machine, a 1 s sample) must stay below this.
         settle_s: for this many seconds in a row.
         timeout_s: the most seconds to wait; then the side starts anyway, marked as not quiet.
+        max_others: a worker's run is given up when the machine's other processes use more
+            than this many cores for ``noisy_s`` seconds in a row (sampled every 5 s), and
+            run again once the machine is quiet.
+        noisy_s: see ``max_others``.
+        tries: runs of a worker at most; the last one is kept, however noisy.
     """
 
     below_cores: float = 0.25
     settle_s: float = 3.0
     timeout_s: float = 180.0
+    max_others: float = 0.5
+    noisy_s: float = 15.0
+    tries: int = 3
 
 
 @dataclass(frozen=True)
@@ -190,10 +211,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=rule.timeout_s,
         help=f"most seconds to wait for quiet before a side starts anyway (default {rule.timeout_s:g})",
     )
+    group.add_argument(
+        "--max-others",
+        type=float,
+        default=rule.max_others,
+        help=f"cores other processes may use for {rule.noisy_s:g} s in a row before a worker's run is"
+        f" given up and run again (default {rule.max_others:g})",
+    )
+    group.add_argument(
+        "--tries", type=int, default=rule.tries, help=f"runs of a worker at most (default {rule.tries})"
+    )
 
 
 def quiet_rule(args: argparse.Namespace) -> QuietRule:
-    return QuietRule(below_cores=args.quiet_below, settle_s=args.quiet_settle, timeout_s=args.quiet_timeout)
+    return QuietRule(
+        below_cores=args.quiet_below,
+        settle_s=args.quiet_settle,
+        timeout_s=args.quiet_timeout,
+        max_others=args.max_others,
+        tries=max(1, args.tries),
+    )
 
 
 def wait_quiet(rule: QuietRule) -> Quiet:
@@ -245,6 +282,7 @@ class Run:
         others_cores: cores the machine's other processes used meanwhile (its busy CPU
             seconds less this process's and the side's, over ``wall_s``).
         ended: leftover processes that had to be ended.
+        given_up: earlier runs of the same side given up for others' load.
     """
 
     side: str
@@ -252,10 +290,12 @@ class Run:
     wall_s: float = 0.0
     others_cores: float = 0.0
     ended: int = 0
+    given_up: int = 0
 
     def __str__(self) -> str:
         busy = "" if self.quiet.met else " on a busy machine"
-        return f"{self.side}: {self.wall_s:.0f} s{busy}, others {self.others_cores:.2f} cores"
+        again = f" (run {self.given_up + 1})" if self.given_up else ""
+        return f"{self.side}{again}: {self.wall_s:.0f} s{busy}, others {self.others_cores:.2f} cores"
 
 
 def _exit_on_sigterm() -> None:
@@ -335,19 +375,43 @@ class Worker(_Process):
         super().__init__(name, argv, rule=rule, env=env)
 
     def run(self, job: dict[str, Any], *, timeout_s: float = 3600.0) -> tuple[dict[str, Any], Run]:
-        """(the worker's result, its :class:`Run`). Raises if the worker fails."""
+        """(the worker's result, its :class:`Run`). A run during which others take more than
+        the rule's ``max_others`` cores is given up and run again (``tries`` in all). Raises
+        if the worker fails or runs past ``timeout_s``."""
+        attempt = 0
+        while (
+            outcome := self._attempt(job, timeout_s=timeout_s, last=attempt >= self.rule.tries - 1)
+        ) is None:
+            attempt += 1
+        result, run = outcome
+        run.given_up = attempt
+        return result, run
+
+    def _attempt(
+        self, job: dict[str, Any], *, timeout_s: float, last: bool
+    ) -> tuple[dict[str, Any], Run] | None:
         # stdout to a file, not a pipe: a leftover child holding it open cannot stall the read.
         with tempfile.TemporaryFile() as job_file, tempfile.TemporaryFile() as out_file:
             job_file.write(json.dumps(job).encode())
             job_file.seek(0)
             proc = self._popen(stdin=job_file, stdout=out_file)
             try:
-                proc.wait(timeout=timeout_s)
+                noisy = self._watch(proc, timeout_s=timeout_s, give_up=not last)
             except BaseException:  # a timeout, or this process told to stop: the side goes too
                 proc.kill()
                 proc.wait()
                 self._finish(grace_s=0.0)
                 raise
+            if noisy is not None:
+                proc.kill()
+                proc.wait()
+                self._finish(grace_s=0.0)
+                print(
+                    f"# {self.name}: other processes took {noisy:.2f} cores for {self.rule.noisy_s:g} s;"
+                    " run again once the machine is quiet",
+                    flush=True,
+                )
+                return None
             run = self._finish()
             out_file.seek(0)
             lines = out_file.read().decode().strip().splitlines()
@@ -355,6 +419,27 @@ class Worker(_Process):
             raise RuntimeError(f"the {self.name} worker exited with {proc.returncode}")
         result: dict[str, Any] = json.loads(lines[-1])
         return result, run
+
+    def _watch(self, proc: subprocess.Popen[bytes], *, timeout_s: float, give_up: bool) -> float | None:
+        """Wait for ``proc``; every 5 s, the cores others used meanwhile. Returns their mean
+        over the last ``noisy_s`` when it stayed above ``max_others`` (``give_up``), else
+        ``None`` once ``proc`` has exited."""
+        deadline = time.monotonic() + timeout_s
+        windows: list[float] = []
+        before = (time.monotonic(), cpu_seconds()[0], marked_cpu_s(self._mark) + _own_cpu_s())
+        while True:
+            try:
+                proc.wait(timeout=5.0)
+                return None
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    raise
+            now = (time.monotonic(), cpu_seconds()[0], marked_cpu_s(self._mark) + _own_cpu_s())
+            windows.append(((now[1] - before[1]) - (now[2] - before[2])) / (now[0] - before[0]))
+            before = now
+            recent = windows[-max(1, round(self.rule.noisy_s / 5.0)) :]
+            if give_up and len(recent) * 5.0 >= self.rule.noisy_s and min(recent) > self.rule.max_others:
+                return sum(recent) / len(recent)
 
 
 def free_port() -> int:
@@ -474,7 +559,8 @@ def summary(runs: Sequence[Run]) -> str:
         f"# each side alone: {len(runs)} runs, waited for quiet {sum(r.quiet.waited_s for r in runs):.0f} s in all"
         f" ({loud} started on a busy machine); other processes used {max(r.others_cores for r in runs):.2f} cores"
         f" at most (mean {sum(r.others_cores for r in runs) / len(runs):.2f}) while a side ran;"
-        f" {sum(r.ended for r in runs)} leftover processes ended\n"
+        f" {sum(r.ended for r in runs)} leftover processes ended; {sum(r.given_up for r in runs)} runs given up"
+        " for others' load and run again\n"
         f"# load average after: {', '.join(f'{v:.2f}' for v in os.getloadavg())}"
     )
 
