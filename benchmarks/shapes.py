@@ -193,21 +193,23 @@ def engine_closed_loop(
     return sum(counted) / elapsed, statistics.mean(answers)
 
 
-def build(name: str, *, int8: bool) -> Any:
-    """The bf16 model (transformers' side) and, with ``int8``, instead its int8-weight
-    float32 copy (the engine's)."""
+def build(name: str) -> Any:
+    """The bf16 model, seeded: transformers' side, and what the engine's is quantized from."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from thinkstruct.engine.int8_weights import quantize_int8_weights
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        bf16 = AutoModelForCausalLM.from_config(SHAPES[name](), dtype=torch.bfloat16).eval()
-    if not int8:
-        return bf16
-    quantize_int8_weights(bf16)  # each Linear's rows from its bf16 weight, widened
-    return bf16.float()  # embeddings and norms float32: the engine's activations
+        return AutoModelForCausalLM.from_config(SHAPES[name](), dtype=torch.bfloat16).eval()
+
+
+def int8_weights(bf16: Any) -> Any:
+    """``bf16`` turned into the engine's model in place: int8 weights, each Linear's rows
+    from its bf16 weight, widened; embeddings and norms float32 (the engine's activations)."""
+    from thinkstruct.engine.int8_weights import quantize_int8_weights
+
+    quantize_int8_weights(bf16)
+    return bf16.float()
 
 
 def _prompts() -> list[list[int]]:
@@ -231,7 +233,9 @@ def engine_worker(job: dict[str, Any]) -> dict[str, Any]:
 
     built = time.perf_counter()
     name = job["model"]
-    int8 = build(name, int8=True)
+    bf16 = build(name)
+    parameters = sum(p.numel() for p in bf16.parameters())
+    int8 = int8_weights(bf16)
     context = 1024
     loaded = LoadedModel(
         model=int8, tokenizer=Tokenizer.qwen3(), family=get_reasoning_family("qwen3"), name=name, path=Path(name),
@@ -239,7 +243,7 @@ def engine_worker(job: dict[str, Any]) -> dict[str, Any]:
         completion_template=None,
     )  # fmt: skip
     out: dict[str, Any] = {
-        "parameters": sum(p.numel() for p in int8.parameters()),
+        "parameters": parameters,
         "built_s": time.perf_counter() - built,
         "runner": supports(int8, context_length=context),
         "step_bytes": step_bytes(int8),
@@ -268,7 +272,7 @@ def engine_worker(job: dict[str, Any]) -> dict[str, Any]:
 
 def transformers_worker(job: dict[str, Any]) -> dict[str, Any]:
     """transformers' side: the bf16 model's bare loop at every client count."""
-    bf16 = build(job["model"], int8=False)
+    bf16 = build(job["model"])
     prompts = _prompts()
     out: dict[str, Any] = {"bandwidth": read_bandwidth_gb_s()}
     for c in job["clients"]:
