@@ -179,6 +179,11 @@ class QuietRule:
     tries: int = 3
 
 
+#: The rule for a worker whose time is not measured (prompt ids, agreement tables): it
+#: starts at once and is never given up.
+UNTIMED = QuietRule(below_cores=float("inf"), settle_s=0.0, timeout_s=0.0, tries=1)
+
+
 @dataclass(frozen=True)
 class Quiet:
     """How a wait for quiet went: seconds waited, the last sample's busy cores, and
@@ -235,6 +240,8 @@ def quiet_rule(args: argparse.Namespace) -> QuietRule:
 
 def wait_quiet(rule: QuietRule) -> Quiet:
     """Sample the busy cores each second until ``rule`` holds or its timeout passes."""
+    if rule.below_cores == float("inf"):
+        return Quiet(0.0, 0.0, True)
     started = time.monotonic()
     calm = 0.0
     while True:

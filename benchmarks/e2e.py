@@ -411,8 +411,7 @@ def main() -> None:
     for d in args.dtypes:
         bench_dtype(d, args, runs)
     argv = [sys.executable, os.path.abspath(__file__), "--worker", "agreement"]
-    agreement, run = alone.Worker("agreement", argv, rule=alone.quiet_rule(args)).run({"dtypes": args.dtypes})
-    runs.append(run)
+    agreement, _ = alone.Worker("agreement", argv, rule=alone.UNTIMED).run({"dtypes": args.dtypes})
     print("\n".join(agreement["lines"]))
     print(alone.summary(runs))
 

@@ -495,9 +495,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
 
     def worker(name: str, kind: str) -> alone.Worker:
-        return alone.Worker(
-            name, [sys.executable, os.path.abspath(__file__), "--worker", kind], rule=rule, env=env
-        )
+        argv = [sys.executable, os.path.abspath(__file__), "--worker", kind]
+        return alone.Worker(name, argv, rule=rule if kind == "timing" else alone.UNTIMED, env=env)
 
     print(alone.header())
     base = {"model": args.model, "threads": args.threads}
@@ -549,8 +548,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "prompts": args.agreement_prompts,
             "tokens": args.agreement_tokens,
         }
-        agreement, run = worker("agreement", "agreement").run(job)
-        runs.append(run)
+        agreement, _ = worker("agreement", "agreement").run(job)
         print("\n".join(agreement["lines"]))
     print(alone.summary(runs))
 

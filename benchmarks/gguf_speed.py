@@ -183,6 +183,7 @@ def _worker(side: str, args: argparse.Namespace) -> alone.Worker:
         script = str(Path(__file__).resolve().parent / "llama_cpp_worker.py")
         return alone.Worker(side, [args.llama_python, script], rule=rule)
     kind = "prompts" if side == "prompts" else "thinkstruct"
+    rule = alone.UNTIMED if side == "prompts" else rule
     # OpenMP threads that sleep between steps, as thinkstruct serve runs them (unless set here).
     env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     return alone.Worker(
