@@ -35,7 +35,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as serve sets it; before 
 
 import torch
 
-from thinkstruct.engine.cpu_kernels import CpuKernels, cpu_kernels
+from thinkstruct.engine.kernels.cpu_kernels import CpuKernels, cpu_kernels
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 32
 SLOTS = 8
@@ -111,7 +111,7 @@ def _other_tree(root: str) -> CpuKernels:
         [
             sys.executable,
             "-c",
-            "from thinkstruct.engine.cpu_kernels import _built_library; print(_built_library())",
+            "from thinkstruct.engine.kernels.cpu_kernels import _built_library; print(_built_library())",
         ],
         env={**os.environ, "PYTHONPATH": os.path.join(root, "src")},
         capture_output=True,

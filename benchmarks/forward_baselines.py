@@ -54,7 +54,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 if TYPE_CHECKING:
-    from thinkstruct.engine.models import LoadedModel
+    from thinkstruct.engine.model.loading import LoadedModel
 
 # Eight timing prompts of different lengths (batch 1 uses the first); sixteen for agreement.
 QUESTIONS = [
@@ -212,12 +212,12 @@ def transformers_generate(
 
 
 def runner_loop(loaded: LoadedModel, prompts: Sequence[Sequence[int]], *, new_tokens: int) -> ForwardTiming:
-    """The engine's own model runner (:func:`~thinkstruct.engine.engine.default_runner`,
+    """The engine's own model runner (:func:`~thinkstruct.engine.runners.decoder_runner.default_runner`,
     the Llama runner for SmolLM2) in a bare loop: the prompts prefilled in one pass, then
     greedy decoding, argmax only: no scheduler, sampling, grammar or streaming. What the
     engine's forward passes cost; the engine's distance from it is its own overhead.
     (``loaded``'s q/k/v and gate/up weights become views of fused ones: the same values.)"""
-    from thinkstruct.engine.engine import default_runner
+    from thinkstruct.engine.runners.decoder_runner import default_runner
 
     context = max(len(p) for p in prompts) + new_tokens
     runner = default_runner(

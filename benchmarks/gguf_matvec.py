@@ -29,9 +29,9 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import quantize
 
-from thinkstruct.engine.cpu_kernels import CpuKernels, cpu_kernels
-from thinkstruct.engine.gguf_weights import pack_blocks
-from thinkstruct.engine.int8_weights import Int8Linear
+from thinkstruct.engine.kernels.cpu_kernels import CpuKernels, cpu_kernels
+from thinkstruct.engine.weights.gguf_weights import pack_blocks
+from thinkstruct.engine.weights.int8_weights import Int8Linear
 
 
 def _raw_blocks(fmt: str, weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -109,22 +109,22 @@ def main() -> None:
 
 
 def _other_tree(root: str) -> tuple[CpuKernels, object]:
-    """Another checkout's compiled kernels and ``pack_blocks``."""
+    """Another checkout's compiled kernels and ``pack_blocks`` (its engine/ in subpackages
+    or flat)."""
     src = os.path.join(root, "src")
+    layouts = (
+        ("thinkstruct.engine.kernels.cpu_kernels", "thinkstruct/engine/weights/gguf_weights.py"),
+        ("thinkstruct.engine.cpu_kernels", "thinkstruct/engine/gguf_weights.py"),
+    )
+    kernels, weights = next(layout for layout in layouts if os.path.exists(os.path.join(src, layout[1])))
     path = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from thinkstruct.engine.cpu_kernels import _built_library; print(_built_library())",
-        ],
+        [sys.executable, "-c", f"from {kernels} import _built_library; print(_built_library())"],
         env={**os.environ, "PYTHONPATH": src},
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    spec = importlib.util.spec_from_file_location(
-        "other_gguf_weights", os.path.join(src, "thinkstruct/engine/gguf_weights.py")
-    )
+    spec = importlib.util.spec_from_file_location("other_gguf_weights", os.path.join(src, weights))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up

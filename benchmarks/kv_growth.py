@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from thinkstruct.engine.kv_blocks import HeldBlocks, PagedKvCache
-from thinkstruct.engine.prefix_cache import BLOCK_TOKENS
+from thinkstruct.engine.kv.blocks import HeldBlocks, PagedKvCache
+from thinkstruct.engine.kv.prefix_cache import BLOCK_TOKENS
 
 SHAPE = {"layers": 30, "slots": 8, "kv_heads": 3, "head_dim": 64, "context_length": 8192}
 

@@ -20,7 +20,7 @@ tokens/s, peak RSS, and a verdict per target:
   after the ramp (printed with the ramp too).
 
     python benchmarks/load.py [--clients 64] [--ramp 10] [--duration 60] [--max-batch 64] [--quantize int8-weights]
-        [--prefill-chunk N]
+        [--prefill-chunk N] [--kv-cache-bytes B] [--prefix-cache-bytes B] [--grammar-cache-bytes B]
 """
 
 from __future__ import annotations
@@ -118,6 +118,10 @@ class Result:
     detail: str = ""
     #: When it was sent (``time.monotonic()``).
     sent_at: float = 0.0
+    #: The answer's text (a stream's content deltas joined).
+    content: str = ""
+    #: A refusal's ``Retry-After`` header.
+    retry_after: str | None = None
 
 
 def pick_schemas(count: int) -> list[dict]:
@@ -172,6 +176,10 @@ def server(args: argparse.Namespace) -> alone.Server:
         cmd += ["--prefill-chunk", str(args.prefill_chunk)]
     if args.model:
         cmd += ["--model", args.model]
+    for flag in ("kv_cache_bytes", "prefix_cache_bytes", "grammar_cache_bytes"):
+        value = getattr(args, flag, None)
+        if value:
+            cmd += [f"--{flag.replace('_', '-')}", value]
     return alone.Server("serve", cmd, port=port, rule=alone.quiet_rule(args))
 
 
@@ -248,6 +256,7 @@ async def streamed(
         if response.status_code != 200:
             await response.aread()
             result.answered = _is_error_object(response.content)
+            result.retry_after = response.headers.get("retry-after")
             result.detail = response.text[:200]
         else:
             done = False
@@ -271,9 +280,10 @@ async def streamed(
                         result.finish = choice["finish_reason"]
             result.answered = done and result.finish is not None
     result.latency = time.perf_counter() - started
+    result.content = "".join(content)
     if schema is not None and result.finish == "stop":
         try:
-            jsonschema.validate(json.loads("".join(content)), schema)
+            jsonschema.validate(json.loads(result.content), schema)
             result.valid = True
         except (ValueError, jsonschema.ValidationError) as e:
             result.valid = False
@@ -476,6 +486,11 @@ def main() -> None:
         "--quantize", default="int8-weights", help="serve's --quantize (default int8-weights)"
     )
     parser.add_argument("--model", default=None)
+    parser.add_argument(
+        "--kv-cache-bytes", default=None, help="serve's --kv-cache-bytes (default: its default)"
+    )
+    parser.add_argument("--prefix-cache-bytes", default=None, help="serve's --prefix-cache-bytes")
+    parser.add_argument("--grammar-cache-bytes", default=None, help="serve's --grammar-cache-bytes")
     alone.add_arguments(parser)
     args = parser.parse_args()
     sys.exit(asyncio.run(run(args)))

@@ -126,7 +126,7 @@ def step_bytes(model: Any) -> int:
     """Bytes a decoding step reads of an int8-weight model: its int8 layers' weights, scales
     and biases, and every float parameter but the input embeddings (of which a step reads
     a row per token)."""
-    from thinkstruct.engine.int8_weights import Int8Linear
+    from thinkstruct.engine.weights.int8_weights import Int8Linear
 
     total = 0
     for module in model.modules():
@@ -206,7 +206,7 @@ def build(name: str) -> Any:
 def int8_weights(bf16: Any) -> Any:
     """``bf16`` turned into the engine's model in place: int8 weights, each Linear's rows
     from its bf16 weight, widened; embeddings and norms float32 (the engine's activations)."""
-    from thinkstruct.engine.int8_weights import quantize_int8_weights
+    from thinkstruct.engine.weights.int8_weights import quantize_int8_weights
 
     quantize_int8_weights(bf16)
     return bf16.float()
@@ -227,7 +227,7 @@ def engine_worker(job: dict[str, Any]) -> dict[str, Any]:
 
     from thinkstruct import Constraint
     from thinkstruct.engine import Engine, EngineConfig, LoadedModel
-    from thinkstruct.engine.decoder_runner import supports
+    from thinkstruct.engine.runners.decoder_runner import supports
     from thinkstruct.parsers.reasoning_families import get_reasoning_family
     from thinkstruct.tokenizer import Tokenizer
 

@@ -133,7 +133,7 @@ def _worker(job: dict[str, Any]) -> dict[str, Any]:
     """One side: an engine with speculation (``job["config"]``: its fields) or without
     (``None``). Per workload: each request's (seconds, tokens) and the engine's counters."""
     from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
-    from thinkstruct.engine.speculation import SpeculationConfig
+    from thinkstruct.engine.sampling.speculation import SpeculationConfig
 
     model = load_model(quantize=job["quantize"], progress=False)
     speculation = None if job["config"] is None else SpeculationConfig(**job["config"])

@@ -23,7 +23,10 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 # package, the layers it stands on). A layer may import itself, the layers it stands on
 # and, through them, every layer below; every allowed edge is derived from this table.
 # grammar/ and parsers/ stand side by side on the base (docs/parsers.md: parsers/ imports
-# nothing from grammar/); the engine and the vLLM integration use both.
+# nothing from grammar/); the engine and the vLLM integration use both. Inside the engine,
+# its subpackages stand one on the other (docs/design.md, engine/): the compiled kernels,
+# keys and values, weight formats, runners, model loading, the request types, sampling,
+# the output side, the serving loop, then the engine's public names and its assembly.
 LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("base", ("errors", "registry", "locations", "byte_level", "vocabularies", "tokenizer"), ()),
     ("grammar", ("grammar",), ("base",)),
@@ -31,7 +34,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("integrations", ("integrations",), ("grammar", "parsers")),
     # The package's own ``__init__``: the public names of the layers below the engine.
     ("facade", ("",), ("grammar", "parsers")),
-    ("engine", ("engine",), ("grammar", "parsers")),
+    ("engine.kernels", ("engine.kernels",), ("base",)),
+    ("engine.kv", ("engine.kv",), ("engine.kernels",)),
+    ("engine.weights", ("engine.weights",), ("engine.kv", "parsers")),
+    ("engine.runners", ("engine.runners",), ("engine.weights",)),
+    ("engine.model", ("engine.model",), ("engine.runners",)),
+    ("engine.request", ("engine.request",), ("engine.model", "grammar")),
+    ("engine.sampling", ("engine.sampling",), ("engine.request",)),
+    ("engine.output", ("engine.output",), ("engine.sampling",)),
+    ("engine.core", ("engine.core",), ("engine.output",)),
+    ("engine", ("engine",), ("engine.core",)),
     ("server", ("server",), ("engine", "facade")),
     ("cli", ("cli",), ("server",)),
 )

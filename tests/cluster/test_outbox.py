@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))  # se
 from server_harness import start_engine, stop_engine
 
 from thinkstruct.engine import Delta, GenerationRequest, SamplingParams
-from thinkstruct.engine.handle import RequestHandle
+from thinkstruct.engine.core.handle import RequestHandle
 from thinkstruct.server.cluster.outbox import DeltaOrder, Entry, Outbox, stream_request
 
 

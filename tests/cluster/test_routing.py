@@ -163,7 +163,7 @@ def test_serve_passes_the_autoscaling_flags_to_the_cluster(monkeypatch: pytest.M
     from thinkstruct.server.cluster import service
 
     got: list[ClusterOptions] = []
-    monkeypatch.setattr(service, "serve_cluster", lambda *args, **kwargs: got.append(args[3]) or 0)
+    monkeypatch.setattr(service, "serve_cluster", lambda *args, **kwargs: got.append(args[2]) or 0)
     flags = ["--min-replicas", "1", "--max-replicas", "3", "--target-ongoing-requests", "2"]
     delays = ["--upscale-delay", "1", "--downscale-delay", "20", "--scaling-window", "6"]
     assert main(["serve", *flags, *delays]) == 0

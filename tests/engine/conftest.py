@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tiny_model import build_tiny_model
 
-from thinkstruct.engine.models import LoadedModel, load_model
+from thinkstruct.engine.model.loading import LoadedModel, load_model
 
 
 @pytest.fixture(scope="session")

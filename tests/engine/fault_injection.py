@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import thinkstruct.engine.executor as executor_module
+import thinkstruct.engine.core.executor as executor_module
 
 #: A request with this seed fails inside its own sampling.
 SAMPLING_FAULT_SEED = 0xFA_0017
@@ -67,7 +67,8 @@ class RejectingMatcher:
 def inject_rejecting_grammar(monkeypatch: pytest.MonkeyPatch, engine: Any) -> None:
     """Give requests seeded :data:`REJECTING_GRAMMAR_SEED` a :class:`RejectingMatcher`
     over the matcher their own grammar made."""
-    real: Callable[[Any], Any] = engine._matcher
+    matchers = engine._matchers
+    real: Callable[[Any], Any] = matchers.matcher
 
     def matcher(request: Any) -> Any:
         made = real(request)
@@ -75,7 +76,7 @@ def inject_rejecting_grammar(monkeypatch: pytest.MonkeyPatch, engine: Any) -> No
             return RejectingMatcher(made)
         return made
 
-    monkeypatch.setattr(engine, "_matcher", matcher)
+    monkeypatch.setattr(matchers, "matcher", matcher)
 
 
 @dataclass(frozen=True)

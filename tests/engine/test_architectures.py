@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import torch
 
-from thinkstruct.engine.architectures import ARCHITECTURES, REFUSED, architecture_of
-from thinkstruct.engine.cpu_kernels import cpu_kernels
-from thinkstruct.engine.decoder_runner import DecoderRunner, supports
-from thinkstruct.engine.int8_weights import quantize_int8_weights
-from thinkstruct.engine.runner import TransformersRunner
+from thinkstruct.engine.kernels.cpu_kernels import cpu_kernels
+from thinkstruct.engine.runners.architectures import ARCHITECTURES, REFUSED, architecture_of
+from thinkstruct.engine.runners.decoder_runner import DecoderRunner, supports
+from thinkstruct.engine.runners.runner import TransformersRunner
+from thinkstruct.engine.weights.int8_weights import quantize_int8_weights
 
 VOCAB = 320  # a multiple of 16: the output layer gets int8 weights too (batch-invariant)
 CONTEXT = 64  # within the longrope model's original context
@@ -236,7 +236,7 @@ def test_an_architecture_with_soft_capping_is_refused_with_the_reason(caplog) ->
     runs it on transformers' modules and logs why."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    from thinkstruct.engine.engine import default_runner
+    from thinkstruct.engine.runners.decoder_runner import default_runner
 
     assert "soft-caps" in REFUSED["gemma3_text"]
     config = Gemma3TextConfig(**{**COMMON, "head_dim": 32})
@@ -400,7 +400,7 @@ def test_a_gguf_of_each_architecture_loads_onto_the_decoder_runner(tmp_path, mon
     """A small GGUF written with the ``gguf`` package loads through ``load_model`` (what
     ``--model file.gguf`` runs), lands on the decoder runner's int8-weight pass, and computes
     the source model's logits (to int8 rounding) and, in float32, exactly its function."""
-    from thinkstruct.engine.models import load_model
+    from thinkstruct.engine.model.loading import load_model
 
     monkeypatch.setenv("THINKSTRUCT_CACHE", str(tmp_path / "cache"))
     # Heads of 128 (GGUF's qwen3 and phi3 keys do not carry head_dim: the configs' default),
@@ -448,8 +448,8 @@ def test_a_q4_k_m_gguf_runs_its_own_blocks(tmp_path, monkeypatch) -> None:
     most common download): by default on its own blocks, each holding exactly the weights transformers dequantizes,
     computing that float32 model's logits up to the activations' int16 rounding, the same
     bits for a row in any batch."""
-    from thinkstruct.engine.gguf_weights import GGUFLinear
-    from thinkstruct.engine.models import default_quantize, load_model
+    from thinkstruct.engine.model.loading import default_quantize, load_model
+    from thinkstruct.engine.weights.gguf_weights import GGUFLinear
 
     path = _k_quant_gguf(tmp_path, monkeypatch)
     assert default_quantize(path) == "gguf"
@@ -486,8 +486,8 @@ def test_a_gguf_with_a_type_the_kernels_do_not_run_takes_int8_rows_for_those_ten
     """MXFP4 down projections beside Q4_K and Q6_K ones: still on the blocks by default,
     those tensors int8 rows (dequantized, then rounded per row), the answer the float32
     model's to int8's rounding."""
-    from thinkstruct.engine.gguf_weights import GGUFLinear
-    from thinkstruct.engine.models import default_quantize, load_model
+    from thinkstruct.engine.model.loading import default_quantize, load_model
+    from thinkstruct.engine.weights.gguf_weights import GGUFLinear
 
     path = _k_quant_gguf(tmp_path, monkeypatch, down="MXFP4")
     assert default_quantize(path) == "gguf"

@@ -126,8 +126,8 @@ def test_a_failed_string_is_drawn_again_from_its_first_word_not_its_quote(smollm
     every string opens with; banning it would leave only whitespace there and spend the
     tries (seen in tool-call arguments: 5 of 6 seeds ended in the check's error). The
     retry keeps the quote and bans ``red`` after it."""
-    from thinkstruct.engine.checked_answer import CheckedAnswer
-    from thinkstruct.engine.detokenizer import TokenTexts
+    from thinkstruct.engine.output.checked_answer import CheckedAnswer
+    from thinkstruct.engine.output.detokenizer import TokenTexts
 
     schema = {"type": "object", "properties": {"colour": {"type": "string", "not": {"const": "red"}}},
               "required": ["colour"], "additionalProperties": False}  # fmt: skip

@@ -14,8 +14,8 @@ import pytest
 
 from thinkstruct import Constraint
 from thinkstruct.engine import Engine, EngineConfig, FinishReason, GenerationRequest, SamplingParams
-from thinkstruct.engine.checked_answer import CheckedAnswer
-from thinkstruct.engine.detokenizer import TokenTexts
+from thinkstruct.engine.output.checked_answer import CheckedAnswer
+from thinkstruct.engine.output.detokenizer import TokenTexts
 from thinkstruct.grammar.runtime.end_tag import end_tag_matcher
 from thinkstruct.grammar.schema.tag_checks import TagChecks
 from thinkstruct.grammar.service.compiler import GrammarCompiler

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thinkstruct.engine import cpu_kernels as module
-from thinkstruct.engine.cpu_kernels import CpuKernels, RopeLayout, cpu_kernels, unavailable_reason
+from thinkstruct.engine.kernels import cpu_kernels as module
+from thinkstruct.engine.kernels.cpu_kernels import CpuKernels, RopeLayout, cpu_kernels, unavailable_reason
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +336,7 @@ def test_the_switch_turns_them_off(monkeypatch) -> None:
 def test_the_stacked_pass_refuses_sizes_it_cannot_take(kernels) -> None:
     """Hidden 24 (the o and down projections' outputs are not multiples of 16): an error
     naming the sizes, nothing computed."""
-    from thinkstruct.engine.cpu_kernels import LayerPointers, Pages
+    from thinkstruct.engine.kernels.cpu_kernels import LayerPointers, Pages
 
     h = torch.ones(2, 24)
     cos = torch.zeros(2, 8)

@@ -544,7 +544,7 @@ def test_short_prompts_are_prefilled_before_long_ones_that_came_first(tiny_model
 def test_a_long_prompt_that_waited_goes_before_a_fresh_short_one(tiny_model, compiler, monkeypatch) -> None:
     """A prompt that has waited PREFILL_PATIENCE_S is prefilled before a shorter one that
     just arrived, so shortest-first cannot starve it."""
-    from thinkstruct.engine import scheduler as scheduler_module
+    from thinkstruct.engine.core import scheduler as scheduler_module
 
     monkeypatch.setattr(scheduler_module, "PREFILL_PATIENCE_S", 0.3)
     # Three full chunks: the short prompt cannot share the long one's last pass.

@@ -25,7 +25,7 @@ from fault_injection import (
 
 from thinkstruct import Constraint
 from thinkstruct.engine import Engine, EngineConfig, FinishReason, GenerationRequest, SamplingParams
-from thinkstruct.engine.runner import TransformersRunner
+from thinkstruct.engine.runners.runner import TransformersRunner
 from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
 PROMPT = [0, 1000, 2000, 3000, 4000]

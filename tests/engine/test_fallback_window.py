@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
-from thinkstruct.engine.models import attention_window
+from thinkstruct.engine.model.hf_loading import attention_window
 from thinkstruct.tokenizer import default_tokenizer_dir
 
 WINDOW = 8

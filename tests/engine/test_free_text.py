@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thinkstruct import Tokenizer
-from thinkstruct.engine.free_text import FreeTextMatcher, blank_token_ids
+from thinkstruct.engine.core.thinking_budget import FreeTextMatcher, blank_token_ids
 from thinkstruct.grammar.runtime.bitmask import allocate_bitmask, is_allowed
 
 STOP = 0

@@ -17,8 +17,14 @@ from gguf.quants import dequantize, quantize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thinkstruct.engine.cpu_kernels import GGUF_FORMATS, CpuKernels, cpu_kernels, unavailable_reason
-from thinkstruct.engine.gguf_weights import Q4_K_BYTES, Q6_K_BYTES, GGUFLinear, pack_blocks, q4_k_blocks
+from thinkstruct.engine.kernels.cpu_kernels import GGUF_FORMATS, CpuKernels, cpu_kernels, unavailable_reason
+from thinkstruct.engine.weights.gguf_weights import (
+    Q4_K_BYTES,
+    Q6_K_BYTES,
+    GGUFLinear,
+    pack_blocks,
+    q4_k_blocks,
+)
 
 FORMATS = sorted(GGUF_FORMATS)
 #: Formats whose weights are d q + m (a float m a block).

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from thinkstruct.engine import load_model
-from thinkstruct.engine.cpu_kernels import cpu_kernels
-from thinkstruct.engine.decoder_runner import DecoderRunner
-from thinkstruct.engine.gguf_weights import GGUFLinear
-from thinkstruct.engine.models import LoadedModel, default_quantize
+from thinkstruct.engine.kernels.cpu_kernels import cpu_kernels
+from thinkstruct.engine.model.loading import LoadedModel, default_quantize
+from thinkstruct.engine.runners.decoder_runner import DecoderRunner
+from thinkstruct.engine.weights.gguf_weights import GGUFLinear
 from thinkstruct.tokenizer import smollm2_gguf_path
 
 PROMPTS = [
@@ -108,7 +108,7 @@ def test_gguf_needs_a_gguf_file(tmp_path) -> None:
 
 def test_without_the_kernels_gguf_is_not_the_default_and_is_refused(monkeypatch) -> None:
     """The blocks run on the compiled kernels only (no torch fallback multiplies them)."""
-    from thinkstruct.engine import gguf_weights
+    from thinkstruct.engine.weights import gguf_weights
 
     monkeypatch.setattr(gguf_weights, "cpu_kernels", lambda: None)
     assert default_quantize(smollm2_gguf_path()) == "int8-weights"

@@ -7,7 +7,7 @@ import copy
 
 import torch
 
-from thinkstruct.engine.int8 import _input_statistics, _smooth, quantize_int8, smoothings
+from thinkstruct.engine.weights.int8 import _input_statistics, _smooth, quantize_int8, smoothings
 
 
 def _logits(model, ids: list[int]) -> torch.Tensor:
@@ -42,7 +42,7 @@ def test_smoothed_int8_is_closer_to_float_than_plain_int8(tiny_model, monkeypatc
     """With every layer quantized, migrating the outlier channel into the weights first
     leaves the first MLP's output (which reads the outlier channel) nearer the float
     model's."""
-    import thinkstruct.engine.int8 as int8
+    import thinkstruct.engine.weights.int8 as int8
 
     monkeypatch.setattr(int8, "OUTLIER_RATIO", float("inf"))  # quantize every layer
     float_model = _with_massive_activation(tiny_model)

@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thinkstruct.engine.cpu_kernels import cpu_kernels
-from thinkstruct.engine.int8_weights import BLOCK, Int8Linear, quantize_int8_weights
+from thinkstruct.engine.kernels.cpu_kernels import cpu_kernels
+from thinkstruct.engine.weights.int8_weights import BLOCK, Int8Linear, quantize_int8_weights
 
 PATHS = pytest.mark.parametrize("compiled", [True, False], ids=["kernels", "torch"])
 
@@ -72,7 +72,7 @@ def test_a_rows_result_is_the_same_bits_whatever_rows_are_beside_it(compiled) ->
 def test_the_avx512_and_avx2_tiles_give_the_same_bits(rows, inner, seed) -> None:
     """Where the CPU has AVX-512 the multiply runs 8-row tiles on it (the flags in
     /proc/cpuinfo say whether it must); the AVX2 tiles compute the same bits."""
-    from thinkstruct.engine.cpu_kernels import _cpu_flags
+    from thinkstruct.engine.kernels.cpu_kernels import _cpu_flags
 
     kernels = _kernels(True)
     generator = torch.Generator().manual_seed(seed)

@@ -13,10 +13,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from thinkstruct.engine.decoder_runner import DecoderRunner
-from thinkstruct.engine.int8_weights import quantize_int8_weights
-from thinkstruct.engine.kv_blocks import HeldBlocks, PagedKvCache
-from thinkstruct.engine.prefix_cache import BLOCK_TOKENS, PrefixCache
+from thinkstruct.engine.kv.blocks import HeldBlocks, PagedKvCache
+from thinkstruct.engine.kv.prefix_cache import BLOCK_TOKENS, PrefixCache
+from thinkstruct.engine.runners.decoder_runner import DecoderRunner
+from thinkstruct.engine.weights.int8_weights import quantize_int8_weights
 
 SLOTS = 3
 CONTEXT = 4 * BLOCK_TOKENS

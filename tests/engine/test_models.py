@@ -23,17 +23,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_model import EOS_ID, THINK_END_ID, THINK_START_ID, build_tiny_model
 
-from thinkstruct.engine.model_cache import MANIFEST, entry_problem, read_manifest
-from thinkstruct.engine.models import (
-    PLAIN_FAMILY,
-    LoadedModel,
-    ModelNotFoundError,
-    UnsupportedModelError,
-    detect_family,
-    load_model,
-    models_cache_dir,
-    served_model_name,
-)
+from thinkstruct.engine.model.errors import ModelNotFoundError, UnsupportedModelError
+from thinkstruct.engine.model.families import PLAIN_FAMILY, detect_family
+from thinkstruct.engine.model.gguf_conversion import models_cache_dir
+from thinkstruct.engine.model.loading import LoadedModel, load_model
+from thinkstruct.engine.model.model_cache import MANIFEST, entry_problem, read_manifest
+from thinkstruct.engine.model.paths import served_model_name
 from thinkstruct.parsers import UnknownName, render_chat
 from thinkstruct.tokenizer import gguf_cache_key, smollm2_gguf_path
 
@@ -180,7 +175,7 @@ def test_keeping_outlier_layers_float_is_closer_to_float32(smollm2_int8: LoadedM
 
 
 def test_int8_weights_quantize_every_linear_and_keep_the_answer(smollm2_int8_weights: LoadedModel) -> None:
-    from thinkstruct.engine.int8_weights import Int8Linear
+    from thinkstruct.engine.weights.int8_weights import Int8Linear
 
     loaded = smollm2_int8_weights
     assert loaded.quantize == "int8-weights" and loaded.dtype is torch.float32 and loaded.float_modules == ()
@@ -259,7 +254,7 @@ def test_an_unknown_model_gets_the_plain_family_and_says_why(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     directory = build_tiny_model(tmp_path, name="my-model")
-    with caplog.at_level(logging.INFO, logger="thinkstruct.engine.models"):
+    with caplog.at_level(logging.INFO, logger="thinkstruct.engine.model.loading"):
         loaded = load_model(directory, progress=False)
     assert loaded.family is PLAIN_FAMILY
     assert "'my-model'" in loaded.family_reason and "'llama'" in loaded.family_reason
@@ -449,7 +444,7 @@ def test_bad_options_are_named(kwargs: dict, message: str) -> None:
 
 _START = r"""
 import json, sys, torch
-from thinkstruct.engine.models import load_model
+from thinkstruct.engine.model.loading import load_model
 m = load_model(progress=True)
 ids = m.tokenizer.encode(sys.argv[1])
 with torch.inference_mode():

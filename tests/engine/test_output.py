@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thinkstruct.engine.detokenizer import TokenTexts
-from thinkstruct.engine.output import OutputProcessor
+from thinkstruct.engine.output.detokenizer import TokenTexts
+from thinkstruct.engine.output.processor import OutputProcessor
 from thinkstruct.engine.request import (
     FinishReason,
     GenerationRequest,

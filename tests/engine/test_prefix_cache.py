@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
-from thinkstruct.engine.prefix_cache import KvSpan, PrefixCache
+from thinkstruct.engine.kv.prefix_cache import KvSpan, PrefixCache
 
 BLOCK = 4
 LAYERS = 2

@@ -14,10 +14,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from thinkstruct.engine.cpu_kernels import cpu_kernels
-from thinkstruct.engine.decoder_runner import DecoderRunner, supports
-from thinkstruct.engine.kv_blocks import PagedKvCache
-from thinkstruct.engine.runner import ModelRunner, TransformersRunner
+from thinkstruct.engine.kernels.cpu_kernels import cpu_kernels
+from thinkstruct.engine.kv.blocks import PagedKvCache
+from thinkstruct.engine.runners.decoder_runner import DecoderRunner, supports
+from thinkstruct.engine.runners.runner import ModelRunner, TransformersRunner
 
 SLOTS = 4
 
@@ -49,7 +49,7 @@ def _int8_weights_copy(model):
     if id(model) not in _quantized:
         import copy
 
-        from thinkstruct.engine.int8_weights import quantize_int8_weights
+        from thinkstruct.engine.weights.int8_weights import quantize_int8_weights
 
         quantized = copy.deepcopy(model)
         quantize_int8_weights(quantized)
@@ -217,7 +217,7 @@ def test_fused_int8_weight_projections_compute_what_the_separate_layers_do(tiny_
     one, rows of any lengths."""
     import copy
 
-    from thinkstruct.engine.int8_weights import quantize_int8_weights
+    from thinkstruct.engine.weights.int8_weights import quantize_int8_weights
 
     model = copy.deepcopy(tiny_model.model)
     quantize_int8_weights(model, compiled=compiled)
@@ -243,7 +243,7 @@ def test_with_int8_weights_a_rows_logits_do_not_depend_on_its_batch(tiny_model) 
     logits, and a seeded request the same tokens whatever else the server runs."""
     import copy
 
-    from thinkstruct.engine.int8_weights import quantize_int8_weights
+    from thinkstruct.engine.weights.int8_weights import quantize_int8_weights
 
     model = copy.deepcopy(tiny_model.model)
     quantize_int8_weights(model)
@@ -317,7 +317,7 @@ def test_the_stacked_pass_and_the_kernel_by_kernel_pass_give_the_same_bits(avx51
     (``CpuKernels.attention``, the unstacked compiled pass) is the same code, split
     between the threads alike or not: a prefill beside others, then a pass feeding one,
     one and three tokens (6 query heads of 64 over 2 key/value heads), the same logits."""
-    from thinkstruct.engine.int8_weights import quantize_int8_weights
+    from thinkstruct.engine.weights.int8_weights import quantize_int8_weights
 
     torch.manual_seed(0)
     model = _small_llama(hidden_size=192, head_dim=64, num_attention_heads=6, num_hidden_layers=2)
@@ -345,7 +345,7 @@ def test_a_stacked_pass_whose_attention_is_wider_than_the_model(avx512) -> None:
     """4 heads of 32 (attention 128 wide) over hidden and MLP sizes of 32: the o
     projection reads the widest input of the layer. A 12-token pass (the prefill tiles)
     on both instruction sets gives the quantized model's own logits."""
-    from thinkstruct.engine.int8_weights import quantize_int8_weights
+    from thinkstruct.engine.weights.int8_weights import quantize_int8_weights
 
     model = _small_llama(hidden_size=32, head_dim=32, intermediate_size=32)
     quantize_int8_weights(model)
@@ -364,7 +364,7 @@ def test_a_stacked_pass_whose_attention_is_wider_than_the_model(avx512) -> None:
 
 
 def test_a_model_the_decoder_runner_does_not_compute_gets_the_transformers_runner() -> None:
-    from thinkstruct.engine.engine import default_runner
+    from thinkstruct.engine.runners.decoder_runner import default_runner
 
     model = _small_llama(hidden_size=32, hidden_act="gelu")
     assert supports(model) == "activation 'gelu' (the runner computes gated SiLU)"

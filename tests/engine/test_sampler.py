@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thinkstruct.engine import sampler
 from thinkstruct.engine.request import SamplingParams
-from thinkstruct.engine.sampler import TOP_P_CANDIDATES, new_generator, sample
+from thinkstruct.engine.sampling import sampler
+from thinkstruct.engine.sampling.sampler import TOP_P_CANDIDATES, new_generator, sample
 
 VOCAB = 2048
 

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from thinkstruct import Constraint
 from thinkstruct.engine import Engine, EngineConfig, FinishReason, GenerationRequest, SamplingParams
-from thinkstruct.engine import sampler as sampler_module
-from thinkstruct.engine.logit_adjustments import LogitAdjustments, adjust_logits
-from thinkstruct.engine.logprobs import LogprobTable
 from thinkstruct.engine.request import InvalidSamplingParam
-from thinkstruct.engine.sampler import apply_min_p, new_generator, sample
+from thinkstruct.engine.sampling import sampler as sampler_module
+from thinkstruct.engine.sampling.logit_adjustments import LogitAdjustments, adjust_logits
+from thinkstruct.engine.sampling.logprobs import LogprobTable
+from thinkstruct.engine.sampling.sampler import apply_min_p, new_generator, sample
 from thinkstruct.grammar.runtime.bitmask import (
     allocate_bitmask,
     allow_only,

@@ -1,6 +1,9 @@
-"""The scheduler's states and slot layout, as a state machine: whatever requests join,
-start, finish or wait for their grammar, decoding rows hold slots 0..n-1, prefilling rows
-the slots above, and carrying out the returned moves leaves every row's KV in its slot."""
+"""The scheduler's states, plans and slot layout, as a state machine: whatever requests
+join, start, finish or wait for their grammar, decoding rows hold slots 0..n-1, prefilling
+rows the slots above, a reused prefix comes from a slot (or the prefix cache) that holds
+those very tokens, carrying out the returned moves leaves every row's KV in its slot, and
+the rows holding a slot never reserve more keys and values than the budget (the first
+ready request that does not fit waits, and nobody passes it)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,22 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from thinkstruct.engine.core.scheduler import MIN_REUSED_PREFIX, Scheduler
+from thinkstruct.engine.core.sequence import RequestState
+from thinkstruct.engine.core.step import RowOutput, StepResult
 from thinkstruct.engine.request import FinishReason
-from thinkstruct.engine.scheduler import RequestState, Scheduler
+
+#: Tokens the model's prefix cache keeps together (a block).
+BLOCK = 4
+#: The start prompts may share (a system prompt).
+SHARED = list(range(100, 112))
+#: The KV budget, in the units the rows' needs are drawn in.
+KV_BYTES = 10
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: list[int]
 
 
 @dataclass(eq=False)
@@ -19,34 +36,76 @@ class Row:
     """What the scheduler reads and writes of a request."""
 
     name: int
+    request: Request
     pending: list[int]
     grammar_ready: bool = True
     state: RequestState = RequestState.WAITING
     slot: int = -1
     cached: int = 0
+    cached_prompt_tokens: int = 0
     submitted_at: float = 0.0
+    kv_need: int = 1
     finish_reason: FinishReason | None = None
     left: list[int] = field(default_factory=list)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def context(self) -> list[int]:
+        return self.request.prompt_ids
 
 
 class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.scheduler = Scheduler(max_batch=4, prefill_chunk=8, decode_positions=16, packs_tokens=True)
+        self.scheduler = Scheduler(
+            max_batch=4, prefill_chunk=8, decode_positions=16, packs_tokens=True, kv_bytes=KV_BYTES
+        )
         self.kv: dict[int, int] = {}  # slot -> the row whose KV it holds
         self.rows: list[Row] = []
         self.left: list[Row] = []
+        self.cache: list[tuple[int, ...]] = []  # what leaving rows' slots held
+
+    def _stored(self, prompt: list[int]) -> int:
+        """Whole blocks of ``prompt`` (short of its last token) that a leaving row held."""
+        best = 0
+        for tokens in self.cache:
+            n = 0
+            while n < min(len(tokens), len(prompt) - 1) and tokens[n] == prompt[n]:
+                n += 1
+            best = max(best, n // BLOCK * BLOCK)
+        return best
 
     def _lay_out(self) -> None:
-        def leaving(row: Row) -> None:
-            self.left.append(row)
-
-        for move in self.scheduler.layout(leaving):  # type: ignore[arg-type]
+        finished = [r for r in self.scheduler.held if r.state is RequestState.FINISHED]
+        layout = self.scheduler.layout()
+        assert [(x.slot, x.tokens) for x in layout.leaving] == [
+            (r.slot, r.context[: r.cached]) for r in finished if r.cached
+        ]
+        for leaving in layout.leaving:
+            self.cache.append(tuple(leaving.tokens))
+        self.left.extend(finished)
+        for move in layout.moves:
             self.kv[move.dst] = self.kv[move.src]
+        assert layout.held == len(self.scheduler.held)
 
-    @rule(length=st.integers(1, 20), ready=st.booleans())
-    def submit(self, length: int, ready: bool) -> None:
-        row = Row(name=len(self.rows), pending=list(range(length)), grammar_ready=ready)
+    @rule(
+        shared=st.integers(0, len(SHARED)),
+        tail=st.lists(st.integers(0, 3), max_size=12),
+        ready=st.booleans(),
+        kv_need=st.integers(1, KV_BYTES),
+    )
+    def submit(self, shared: int, tail: list[int], ready: bool, kv_need: int) -> None:
+        prompt = SHARED[:shared] + tail or [0]
+        row = Row(
+            name=len(self.rows),
+            request=Request(prompt),
+            pending=list(prompt),
+            grammar_ready=ready,
+            kv_need=kv_need,
+        )
         self.rows.append(row)
         self.scheduler.enqueue(row)  # type: ignore[arg-type]
         assert row.state is (RequestState.WAITING if ready else RequestState.WAITING_FOR_GRAMMAR)
@@ -58,23 +117,49 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule()
     def step(self) -> None:
-        self.scheduler.admit(lambda row: None)
+        free = 4 - len(self.scheduler.held)
+        reserved = self.scheduler.kv_reserved
+        candidates = self.scheduler.admissions()
+        assert all(r.grammar_ready and r.state is not RequestState.FINISHED for r in candidates)
+        assert reserved + sum(r.kv_need for r in candidates) <= KV_BYTES
+        ready = [r for r in self.scheduler.queued if r.grammar_ready and r.state is not RequestState.FINISHED]
+        assert candidates == ready[: len(candidates)]  # in queue order, none passed over
+        if len(candidates) < free and len(ready) > len(candidates):
+            waiting = ready[len(candidates)]  # the first left out waits for memory
+            assert reserved + sum(r.kv_need for r in candidates) + waiting.kv_need > KV_BYTES
+        self.scheduler.admit(candidates)
         for row in self.scheduler.prefilling:
-            self.kv.setdefault(row.slot, row.name)
             if row.cached == 0:
                 self.kv[row.slot] = row.name
-        plan = self.scheduler.prefill_plan(lambda row: None)
-        if plan is not None:
-            assert sum(len(c) for c in plan.chunks) <= 8 or len(plan.rows) == 1
-            joining = []
-            for row, chunk in zip(plan.rows, plan.chunks, strict=True):
-                assert self.kv[row.slot] == row.name
-                row.cached += len(chunk)
-                del row.pending[: len(chunk)]
-                if not row.pending:
-                    joining.append(row)
-            self.scheduler.started(joining)  # type: ignore[arg-type]
-            self._lay_out()
+        unstarted = self.scheduler.unstarted
+        plan = self.scheduler.prefill_plan({r: self._stored(r.request.prompt_ids) for r in unstarted})  # type: ignore[misc]
+        if plan is None:
+            return
+        for reuse in plan.reuses:
+            row = next(r for r in self.rows if r.slot == reuse.slot and r.state is RequestState.PREFILLING)
+            assert MIN_REUSED_PREFIX <= reuse.tokens < row.prompt_tokens == len(reuse.prompt)
+            assert row.cached == row.cached_prompt_tokens == reuse.tokens
+            if reuse.donor is None:
+                assert reuse.tokens == self._stored(row.request.prompt_ids)
+            else:
+                donor = next(r for r in self.rows if r.name == self.kv[reuse.donor])
+                assert donor.cached >= reuse.tokens
+                assert donor.request.prompt_ids[: reuse.tokens] == row.request.prompt_ids[: reuse.tokens]
+        assert sum(len(c) for c in plan.chunks) <= 8 or len(plan.rows) == 1
+        outputs = []
+        for row, chunk in zip(plan.rows, plan.chunks, strict=True):
+            assert self.kv[row.slot] == row.name
+            assert chunk == row.pending[: len(chunk)]
+            outputs.append(
+                RowOutput(seq=row, computed=len(chunk), pending=row.pending[len(chunk) :], draws=[])
+            )  # type: ignore[arg-type]
+        complete = [
+            row for row, chunk in zip(plan.rows, plan.chunks, strict=True) if len(chunk) == len(row.pending)
+        ]
+        started = self.scheduler.update(StepResult(rows=outputs))
+        assert started == complete
+        assert all(r.state is RequestState.DECODING and r.cached == r.prompt_tokens for r in started)
+        self._lay_out()
 
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
@@ -103,10 +188,14 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert row.state in (RequestState.WAITING, RequestState.WAITING_FOR_GRAMMAR)
 
     @invariant()
+    def the_rows_holding_a_slot_reserve_what_they_need_within_the_budget(self) -> None:
+        assert self.scheduler.kv_reserved == sum(r.kv_need for r in self.scheduler.held) <= KV_BYTES
+
+    @invariant()
     def finished_rows_left_once(self) -> None:
         assert len(self.left) == len({id(r) for r in self.left})
         assert all(r.state is RequestState.FINISHED for r in self.left)
 
 
-SchedulerMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+SchedulerMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
 test_scheduler_states_and_layout = SchedulerMachine.TestCase

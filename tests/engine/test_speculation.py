@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from thinkstruct import Constraint
 from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
-from thinkstruct.engine.speculation import (
+from thinkstruct.engine.sampling.speculation import (
     DraftRecord,
     NgramDrafter,
     PassCosts,
@@ -233,7 +233,7 @@ def int8w(tiny_model_dir: Any) -> Any:
 
 
 def test_tail_logits_are_the_bits_of_feeding_one_token_at_a_time(int8w: Any) -> None:
-    from thinkstruct.engine.engine import default_runner
+    from thinkstruct.engine.runners.decoder_runner import default_runner
 
     def runner() -> Any:
         r = default_runner(int8w.model, slots=2, context_length=256, vocab_size=int8w.tokenizer.vocab_size)

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thinkstruct.engine.detokenizer import IncrementalDetokenizer, TokenTexts
-from thinkstruct.engine.stop_strings import StopStringMatcher
+from thinkstruct.engine.output.detokenizer import IncrementalDetokenizer, TokenTexts
+from thinkstruct.engine.output.stop_strings import StopStringMatcher
 
 # Multi-byte characters that byte-level vocabularies split across tokens.
 _TEXT = st.text(

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from stream_helpers import run_stream
 
 from thinkstruct import Tokenizer
-from thinkstruct.engine.detokenizer import IncrementalDetokenizer, TokenTexts
+from thinkstruct.engine.output.detokenizer import IncrementalDetokenizer, TokenTexts
 from thinkstruct.parsers import ChatPrompt, ParseResult, ReasoningParser, render_chat
 from thinkstruct.parsers.tool_calls import ToolCall, ToolCallParser, join_results
 from thinkstruct.vocabularies import QWEN3

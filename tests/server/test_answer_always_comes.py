@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from server_harness import RunningServer
 
 from thinkstruct.cli import main
-from thinkstruct.engine.free_text import default_thinking_budget
+from thinkstruct.engine.core.thinking_budget import default_thinking_budget
 from thinkstruct.grammar.runtime.end_tag import end_tag_matcher
 from thinkstruct.server import ServerSettings
 

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, Field
 from server_harness import RunningServer
 
-from thinkstruct.engine.free_text import default_thinking_budget
+from thinkstruct.engine.core.thinking_budget import default_thinking_budget
 from thinkstruct.server.effort import EFFORT_SHARES
 
 ASK = [{"role": "user", "content": "What is 2 + 3?"}]

@@ -24,7 +24,7 @@ import pytest
 from pydantic import BaseModel
 from server_harness import ManualClock, RunningServer, serving
 
-from thinkstruct.engine.free_text import default_thinking_budget
+from thinkstruct.engine.core.thinking_budget import default_thinking_budget
 from thinkstruct.server import ServerSettings
 from thinkstruct.server.effort import EFFORT_SHARES
 from thinkstruct.server.response_store import ResponseStore, StoreLimits

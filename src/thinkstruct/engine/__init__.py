@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from thinkstruct.engine.engine import Engine, EngineClosed, EngineConfig, EngineOverloaded, EngineStats
-from thinkstruct.engine.handle import RequestHandle
+from thinkstruct.engine.core.config import EngineClosed, EngineConfig, EngineOverloaded, EngineStats
+from thinkstruct.engine.core.engine import Engine
+from thinkstruct.engine.core.handle import RequestHandle
 from thinkstruct.engine.request import (
     Completion,
     Delta,
@@ -26,7 +27,7 @@ from thinkstruct.engine.request import (
 )
 
 if TYPE_CHECKING:
-    from thinkstruct.engine.models import LoadedModel, load_model
+    from thinkstruct.engine.model.loading import LoadedModel, load_model
 
 __all__ = [
     "Completion",
@@ -49,7 +50,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # Model loading pulls in the GGUF reader and the model cache; import it when asked.
     if name in ("LoadedModel", "load_model"):
-        from thinkstruct.engine import models
+        from thinkstruct.engine.model import loading
 
-        return getattr(models, name)
+        return getattr(loading, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -49,7 +49,7 @@ from thinkstruct.server.tools import call_pieces, finished_with, message_calls, 
 
 if TYPE_CHECKING:
     from thinkstruct.engine import Completion, Usage
-    from thinkstruct.engine.detokenizer import TokenTexts
+    from thinkstruct.engine.output.detokenizer import TokenTexts
     from thinkstruct.parsers import ReasoningFamily
 
 log = logging.getLogger("thinkstruct.server")

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from thinkstruct.engine.free_text import default_thinking_budget
+from thinkstruct.engine.core.thinking_budget import default_thinking_budget
 from thinkstruct.parsers.reasoning_families import ReasoningFamily, SwitchStyle
 from thinkstruct.server.errors import bad_request
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from thinkstruct.server.protocol import ChatTokenLogprob, ChoiceLogprobs, CompletionLogprobs, TopLogprob
 
 if TYPE_CHECKING:
-    from thinkstruct.engine.detokenizer import TokenTexts
+    from thinkstruct.engine.output.detokenizer import TokenTexts
     from thinkstruct.engine.request import TokenLogprob
 
 

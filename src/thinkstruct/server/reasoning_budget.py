@@ -2,7 +2,7 @@
 
 A request that thinks and sets no ``max_reasoning_tokens`` gets the server's
 ``reasoning_share`` of its ``max_tokens`` for the whole thought
-(:func:`~thinkstruct.engine.free_text.default_thinking_budget`), so the answer always has
+(:func:`~thinkstruct.engine.core.thinking_budget.default_thinking_budget`), so the answer always has
 room; an explicit budget wins. When ``max_tokens`` ends a request anyway,
 :func:`length_part` says which part it cut.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from thinkstruct.engine.free_text import default_thinking_budget
+from thinkstruct.engine.core.thinking_budget import default_thinking_budget
 from thinkstruct.server.protocol import LengthPart
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from thinkstruct.engine.free_text import DEFAULT_REASONING_SHARE, check_reasoning_share
+from thinkstruct.engine.core.thinking_budget import DEFAULT_REASONING_SHARE, check_reasoning_share
 from thinkstruct.engine.request import MAX_STOP_STRINGS
 from thinkstruct.server.response_store import StoreLimits
 

@@ -7,12 +7,12 @@ validation, chat templates, errors and page; only its engine is remote, and
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from ray import serve
 from ray.serve._private.constants import RAY_SERVE_USE_GRPC_BY_DEFAULT
 
+from thinkstruct.engine.assembly import load_model_and_compiler
 from thinkstruct.server.app import create_app
 from thinkstruct.server.cluster.remote_engine import RemoteEngine, ReplicaHeader
 from thinkstruct.server.cluster.stats_board import BoardReader, ReplicaCollector
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
     from ray.serve.handle import DeploymentHandle
 
-    from thinkstruct.engine import Engine, LoadedModel
-    from thinkstruct.grammar.service.compiler import GrammarCompiler
+    from thinkstruct.engine import Engine
+    from thinkstruct.engine.assembly import EngineSpec
     from thinkstruct.server.settings import ServerSettings
 
 
@@ -33,20 +33,19 @@ class Ingress:
     Args:
         engine: the engine deployment's handle.
         board: the :class:`~.stats_board.StatsBoard` actor the replicas post to.
-        load_front: loads the model and a grammar compiler for it, in this replica.
+        spec: the engines' spec: this replica loads its model and a grammar compiler
+            from it (the engines' own prompt limit too).
         settings: the server's limits and API key (host and port are Ray Serve's).
-        max_prompt_tokens: the engines' own prompt limit (``None``: the context's).
     """
 
     def __init__(
         self,
         engine: DeploymentHandle[Any],
         board: Any,
-        load_front: Callable[[], tuple[LoadedModel, GrammarCompiler]],
+        spec: EngineSpec,
         settings: ServerSettings,
-        max_prompt_tokens: int | None,
     ) -> None:
-        model, compiler = load_front()
+        model, compiler = load_model_and_compiler(spec, progress=False)
         # The handle was made in the driver, which imported Ray Serve before it set the
         # variables of ray_settings.py: it carries Ray's default there (actor calls, each
         # streamed item through the object store). This process started with them, so
@@ -55,7 +54,11 @@ class Ingress:
         engine = engine.options(_by_reference=not RAY_SERVE_USE_GRPC_BY_DEFAULT)
         self._reader = BoardReader(board)
         self._remote = RemoteEngine(
-            model, compiler, engine, max_prompt_tokens=max_prompt_tokens, totals=self._reader.total
+            model,
+            compiler,
+            engine,
+            max_prompt_tokens=spec.engine.max_prompt_tokens,
+            totals=self._reader.total,
         )
         # RemoteEngine offers the part of Engine the routes use (see remote_engine.py).
         self._app = create_app(cast("Engine", self._remote), settings)

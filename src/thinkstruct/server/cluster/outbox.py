@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
 
     from thinkstruct.engine import Delta
-    from thinkstruct.engine.handle import RequestHandle
+    from thinkstruct.engine.core.handle import RequestHandle
 
 #: A delta on the wire: the request's id, the delta's sequence number in the request
 #: (0, 1, ...), the delta.

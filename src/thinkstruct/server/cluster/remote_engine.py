@@ -27,8 +27,8 @@ import logging
 import uuid
 from typing import TYPE_CHECKING, Any, cast
 
-from thinkstruct.engine.detokenizer import TokenTexts
-from thinkstruct.engine.engine import EngineClosed, EngineStats, check_request, prompt_token_limit
+from thinkstruct.engine.core.config import EngineClosed, EngineStats, check_request, prompt_token_limit
+from thinkstruct.engine.output.detokenizer import TokenTexts
 from thinkstruct.engine.request import Completion, Delta, FinishReason, join_deltas
 from thinkstruct.server.cluster.outbox import DeltaOrder
 from thinkstruct.server.cluster.wire import WireRequest

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from ray import serve
 
+from thinkstruct.engine.assembly import build_engine
 from thinkstruct.server.cluster.outbox import Entry, Outbox, stream_request
 from thinkstruct.server.cluster.stats_board import StatsPoster, engine_numbers
 from thinkstruct.server.cluster.wire import WireRequest
 
 if TYPE_CHECKING:
-    from thinkstruct.engine import Engine
+    from thinkstruct.engine.assembly import EngineSpec
 
 
 class ReplicaStalled(RuntimeError):
@@ -69,8 +70,8 @@ class EngineReplica:
     """One engine replica (the class Ray Serve deploys N times).
 
     Args:
-        start_engine: loads the model and returns a started engine with its compiler
-            (runs in the replica's process).
+        spec: the engine to build, in the replica's process
+            (:func:`~thinkstruct.engine.assembly.build_engine`, its compile workers warm).
         board: the :class:`~.stats_board.StatsBoard` actor its counters go to.
         stall_s: see :class:`StallWatch`.
         stream_interval_s: seconds a request's stream waits after sending a batch before
@@ -81,13 +82,13 @@ class EngineReplica:
 
     def __init__(
         self,
-        start_engine: Callable[[], Engine],
+        spec: EngineSpec,
         board: Any,
         *,
         stall_s: float = 30.0,
         stream_interval_s: float = 0.0,
     ) -> None:
-        self._engine = start_engine()
+        self._engine = build_engine(spec, progress=False, warm_up=True)
         self._name = replica_name()
         self._watch = StallWatch(stall_s=stall_s)
         self._interval_s = stream_interval_s

@@ -33,8 +33,7 @@ from thinkstruct.server.cluster.stats_board import StatsBoard
 if TYPE_CHECKING:
     from ray.serve import Application
 
-    from thinkstruct.engine import Engine, LoadedModel
-    from thinkstruct.grammar.service.compiler import GrammarCompiler
+    from thinkstruct.engine.assembly import EngineSpec
     from thinkstruct.server.settings import ServerSettings
 
 log = logging.getLogger("thinkstruct.cluster")
@@ -129,14 +128,7 @@ class ClusterOptions:
             )
 
 
-def application(
-    start_engine: Callable[[], Engine],
-    load_front: Callable[[], tuple[LoadedModel, GrammarCompiler]],
-    settings: ServerSettings,
-    options: ClusterOptions,
-    *,
-    max_prompt_tokens: int | None = None,
-) -> Application:
+def application(spec: EngineSpec, settings: ServerSettings, options: ClusterOptions) -> Application:
     """The Ray Serve application: the ingress over the engine deployment."""
     autoscaling = options.autoscaling
     scaling: dict[str, Any] = (
@@ -172,30 +164,25 @@ def application(
     )(Ingress)
     board = ray.remote(num_cpus=0)(StatsBoard).remote()
     return ingress.bind(
-        engine.bind(
-            start_engine, board, stall_s=options.stall_s, stream_interval_s=options.stream_interval_s
-        ),
+        engine.bind(spec, board, stall_s=options.stall_s, stream_interval_s=options.stream_interval_s),
         board,
-        load_front,
+        spec,
         settings,
-        max_prompt_tokens,
     )
 
 
 def serve_cluster(
-    start_engine: Callable[[], Engine],
-    load_front: Callable[[], tuple[LoadedModel, GrammarCompiler]],
+    spec: EngineSpec,
     settings: ServerSettings,
     options: ClusterOptions,
     *,
-    max_prompt_tokens: int | None = None,
     on_listening: Callable[[int], None] | None = None,
 ) -> int:
     """Serve on Ray until SIGTERM or Ctrl-C; the exit status (0 after a clean stop).
 
     Args:
-        start_engine: builds a started engine (runs in each engine replica).
-        load_front: loads the model and a compiler (runs in the ingress).
+        spec: the engine each engine replica builds (and the model and compiler the
+            ingress loads).
         settings: host, port (the ingress replica listens there), key and limits.
         options: replicas, autoscaling, the Ray cluster.
         on_listening: called with the port once the service answers.
@@ -219,7 +206,7 @@ def serve_cluster(
         # taken by another process before the proxy bound it: the service did not start.)
         serve.start(http_options=HTTPOptions(host=settings.host, port=0))
         serve.run(
-            application(start_engine, load_front, settings, options, max_prompt_tokens=max_prompt_tokens),
+            application(spec, settings, options),
             name=APP_NAME,
             route_prefix="/",
         )

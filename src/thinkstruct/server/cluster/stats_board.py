@@ -25,7 +25,7 @@ import ray
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from thinkstruct.engine.engine import EngineStats
+from thinkstruct.engine.core.config import EngineStats
 from thinkstruct.server.metrics import ENGINE_COUNTERS
 
 log = logging.getLogger("thinkstruct.cluster")

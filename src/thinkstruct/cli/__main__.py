@@ -1,0 +1,5 @@
+"""``python -m thinkstruct.cli``: the ``thinkstruct`` command."""
+
+from thinkstruct.cli import run
+
+run()

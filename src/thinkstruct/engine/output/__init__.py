@@ -1,0 +1,2 @@
+"""A request's generated tokens turned into what its caller reads: text, the reasoning
+split, stop strings, tool calls, checked keywords."""

@@ -1,0 +1,2 @@
+"""Picking tokens from logits: sampling, logit adjustments, log-probabilities and
+speculative drafts."""
