@@ -198,34 +198,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of :class:`QuietRule` (read back with :func:`quiet_rule`)."""
     rule = QuietRule()
     group = parser.add_argument_group("each side alone")
-    group.add_argument(
-        "--quiet-below",
-        type=float,
-        default=rule.below_cores,
-        help=f"busy cores under which the machine is quiet before a side starts (default {rule.below_cores})",
-    )
-    group.add_argument(
-        "--quiet-settle",
-        type=float,
-        default=rule.settle_s,
-        help=f"seconds it must stay so (default {rule.settle_s:g})",
-    )
-    group.add_argument(
-        "--quiet-timeout",
-        type=float,
-        default=rule.timeout_s,
-        help=f"most seconds to wait for quiet before a side starts anyway (default {rule.timeout_s:g})",
-    )
-    group.add_argument(
-        "--max-others",
-        type=float,
-        default=rule.max_others,
-        help=f"cores other processes may use for {rule.noisy_s:g} s in a row before a worker's run is"
-        f" given up and run again (default {rule.max_others:g})",
-    )
-    group.add_argument(
-        "--tries", type=int, default=rule.tries, help=f"runs of a worker at most (default {rule.tries})"
-    )
+    options: list[tuple[str, type, float, str]] = [
+        ("--quiet-below", float, rule.below_cores, "busy cores under which the machine is quiet before a side starts"),
+        ("--quiet-settle", float, rule.settle_s, "seconds it must stay so"),
+        ("--quiet-timeout", float, rule.timeout_s, "most seconds to wait for quiet before a side starts anyway"),
+        ("--max-others", float, rule.max_others, f"cores other processes may use for {rule.noisy_s:g} s in a row"
+         " before a worker's run is given up and run again"),
+        ("--tries", int, rule.tries, "runs of a worker at most"),
+    ]  # fmt: skip
+    for flag, kind, default, text in options:
+        group.add_argument(flag, type=kind, default=default, help=f"{text} (default {default:g})")
 
 
 def quiet_rule(args: argparse.Namespace) -> QuietRule:
@@ -289,7 +271,7 @@ class Run:
         others_cores: cores the machine's other processes used meanwhile (its busy CPU
             seconds less this process's and the side's, over ``wall_s``).
         ended: leftover processes that had to be ended.
-        given_up: earlier runs of the same side given up for others' load.
+        given_up: runs of the same side before this one, given up for others' load.
     """
 
     side: str

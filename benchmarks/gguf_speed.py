@@ -29,6 +29,7 @@ side: the bytes of weights a decoding step reads and the engine's forward-pass s
 per step over the free workload.
 
     python benchmarks/gguf_speed.py [--rounds 3] [--llama-python /tmp/llv/bin/python] [--model FILE.gguf]
+        [--sides gguf int8 llama.cpp]
 """
 
 from __future__ import annotations
@@ -198,6 +199,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--llama-python", default="/tmp/llv/bin/python", help="'' leaves llama.cpp out")
+    parser.add_argument(
+        "--sides",
+        nargs="+",
+        default=[*QUANTIZE, "llama.cpp"],
+        choices=[*QUANTIZE, "llama.cpp"],
+        help="the sides to run (default all; gguf always runs)",
+    )
     parser.add_argument("--model", default=None, help="a GGUF (default: the embedded one)")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     alone.add_arguments(parser)
@@ -216,7 +224,9 @@ def main() -> None:
         "warmup": prompts["warmup"],
         "workloads": prompts["workloads"],
     }
-    sides = [*QUANTIZE, *(["llama.cpp"] if args.llama_python else [])]
+    sides = [s for s in [*QUANTIZE, "llama.cpp"] if s == "gguf" or s in args.sides]
+    if not args.llama_python and "llama.cpp" in sides:
+        sides.remove("llama.cpp")
     print(f"# {threads} threads a side; {args.rounds} rounds, sides in rotating order, each alone")
     results: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
     runs = []
@@ -231,14 +241,14 @@ def main() -> None:
             for name, w in results[side][-1]["workloads"].items()
         )
         print(f"  round {r + 1} tok/s: {rates}\n{alone.round_report(r + 1, runs[-len(sides) :])}", flush=True)
-    thinkstruct = results["gguf"] + results["int8"]
+    thinkstruct = [res for side in QUANTIZE if side in results for res in results[side]]
     bandwidth = max(res["bandwidth"] for res in thinkstruct)
     ceiling = bandwidth / results["gguf"][0]["step_bytes"]
     print(f"# read bandwidth {bandwidth / 1e9:.1f} GB/s: gguf's ceiling {ceiling:.0f} steps/s")
     print(
         f"{'workload':<9} "
         + " ".join(f"{s + ' tok/s':>15}" for s in sides)
-        + "   gguf/int8  gguf/llama.cpp (rounds)  gguf/ceiling"
+        + f"   {'gguf/int8':>9} {'gguf/llama.cpp (rounds)':>23} {'gguf/ceiling':>12}"
     )
 
     def rounds(side: str, name: str) -> list[tuple[float, float]]:
@@ -250,11 +260,9 @@ def main() -> None:
             alone.ratio(rounds("gguf", name), rounds("llama.cpp", name)) if "llama.cpp" in results else ""
         )
         gguf = alone.rate(rounds("gguf", name))
-        print(
-            f"{name:<9} {cells}   {gguf / alone.rate(rounds('int8', name)):>8.2f}x {versus:>23}"
-            f" {gguf / ceiling:>12.2f}x"
-        )
-    for side in QUANTIZE:
+        over_int8 = f"{gguf / alone.rate(rounds('int8', name)):.2f}x" if "int8" in results else ""
+        print(f"{name:<9} {cells}   {over_int8:>9} {versus:>23} {gguf / ceiling:>12.2f}x")
+    for side in [s for s in QUANTIZE if s in results]:
         size = results[side][0]["step_bytes"]
         free = [x["workloads"]["free"] for x in results[side]]
         step_ms = 1e3 * sum(w["forward_s"] for w in free) / max(1, sum(w["steps"] for w in free))
