@@ -52,9 +52,10 @@ def test_cheap_compile_does_not_wait_behind_six_slow_ones(tokenizer: Tokenizer) 
     config = CompilerConfig(timeout_s=6.0)
     with GrammarCompiler(tokenizer, config) as c:
         c.warm_up(("outlines",))
+        [worker] = c.worker_pids()
         start = time.monotonic()
         slow = [c.submit(slow_outlines(i), backend="outlines") for i in range(6)]
-        time.sleep(0.2)  # all six are queued or compiling
+        _wait_busy(worker)  # the worker compiles the first; the other five queue behind it
         cheap_start = time.monotonic()
         compiled = c.compile(CHEAP)
         cheap_s = time.monotonic() - cheap_start
