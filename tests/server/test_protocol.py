@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ import openai
 import pytest
 from server_harness import RunningServer, serving, start_engine, stop_engine
 
+from polling import wait_until
 from thinkstruct.server import ServerSettings, create_app
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
@@ -37,15 +37,6 @@ SMALL_SCHEMA = {
 @pytest.fixture(scope="module")
 def model(tiny_server: RunningServer) -> str:
     return str(tiny_server.state.model_name)
-
-
-def _wait_for(condition: Callable[[], bool], *, seconds: float = 20.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 def test_chat_completion_shape_and_usage(tiny: openai.OpenAI, model: str) -> None:
@@ -428,12 +419,12 @@ def test_client_disconnect_cancels_the_request(
         for i, _ in enumerate(response.iter_lines()):
             if i > 6:
                 break  # leave mid-stream: the connection closes here
-    assert _wait_for(lambda: stats.finished["abort"] > aborted and stats.running == 0)
+    wait_until(lambda: stats.finished["abort"] > aborted and stats.running == 0, "the stream aborted")
     # A non-streamed request whose client gives up is cancelled too.
     aborted = stats.finished["abort"]
     with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=tiny_server.url, timeout=0.5) as http:
         http.post("/v1/chat/completions", json={**body, "stream": False})
-    assert _wait_for(lambda: stats.finished["abort"] > aborted and stats.running == 0)
+    wait_until(lambda: stats.finished["abort"] > aborted and stats.running == 0, "the request aborted")
 
 
 def test_metrics_count_what_happened(tiny_server: RunningServer, tiny: openai.OpenAI, model: str) -> None:
