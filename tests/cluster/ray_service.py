@@ -1,8 +1,13 @@
 """`thinkstruct serve --replicas N` as a real process for the cluster tests.
 
-The service starts its own local Ray instance (raylet, GCS, Serve's controller and proxy,
-the replicas: all its descendants); :meth:`RayService.stop` sends SIGTERM, waits for the
-exit, and ends any descendant still alive, so no Ray process outlives a test module.
+:class:`RayCluster` is one local Ray cluster (``ray start --head --block``: GCS, raylet
+and the workers, all its descendants) for the whole test session; each
+:class:`RayService` joins it (``--ray-address``), deploys its Serve application there
+(Serve's controller and proxy, the replicas) and removes it when it stops. Starting Ray
+once saves each service the cluster's start (tens of seconds on a loaded 2-core
+machine). :meth:`RayService.stop` sends SIGTERM and waits for the exit;
+:meth:`RayCluster.stop` ends the cluster and any descendant still alive, so no Ray
+process outlives the session.
 """
 
 from __future__ import annotations
@@ -33,70 +38,162 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class RayService:
-    """``thinkstruct serve`` with the given options, on a free port."""
+#: Ray's own OOM killer watches the whole machine's memory, which the other test workers
+#: share; a replica it killed would fail a test for a reason not its own. One torch
+#: thread per process: two cores.
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_memory_monitor_refresh_ms": "0", "OMP_NUM_THREADS": "1"}
+#: Ray Serve's processes of a service, by the titles Ray gives them (``ray::ServeReplica:
+#: <app>:<deployment>``, ``ray::ServeController``, ``ray::ProxyActor``).
+SERVE_TITLES = ("ServeReplica:thinkstruct:", "ServeController", "ProxyActor")
 
-    def __init__(self, model_dir: Path, *options: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        # Ray's own OOM killer watches the whole machine's memory, which the other test
-        # workers share; a replica it killed would fail a test for a reason not its own.
-        env = {
-            **os.environ,
-            "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_memory_monitor_refresh_ms": "0",
-            "OMP_NUM_THREADS": "1",
-        }
-        command = [str(Path(sys.executable).parent / "thinkstruct"), "serve", "--model", str(model_dir)]
+
+def _end(family: list[psutil.Process]) -> None:
+    """Kill whatever of ``family`` is still alive 10 s on."""
+    _gone, alive = psutil.wait_procs(family, timeout=10)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _titled(processes: list[psutil.Process], *titles: str) -> list[psutil.Process]:
+    found = []
+    for p in processes:
+        try:
+            if any(title in " ".join(p.cmdline()) for title in titles):
+                found.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+class _Logged:
+    """A child process whose stderr lines are kept, and an event set on the first line
+    containing ``ready``."""
+
+    def __init__(self, command: list[str], env: dict[str, str], *, ready: str) -> None:
         self.process = subprocess.Popen(
-            [*command, "--port", str(self.port), "--log-level", "warning", *options],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
         )
         self.log: list[str] = []
-        self._listening = threading.Event()
+        self._ready_line = ready
+        self._ready = threading.Event()
         threading.Thread(target=self._read_log, daemon=True).start()
 
     def _read_log(self) -> None:
         assert self.process.stderr is not None
         for line in self.process.stderr:
             self.log.append(line)
-            if "thinkstruct: listening on" in line:
-                self._listening.set()
+            if self._ready_line in line:
+                self._ready.set()
+
+    def wait_ready(self, what: str) -> None:
+        """Until the ready line, or raise naming ``what`` with the log's tail."""
+        deadline = time.monotonic() + START_S
+        while not self._ready.wait(timeout=0.5):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start:\n" + "".join(self.log[-40:]))
+
+
+class RayCluster(_Logged):
+    """A local Ray head node on a free port, for the services to join."""
+
+    def __init__(self) -> None:
+        self.address = f"127.0.0.1:{free_port()}"
+        host, port = self.address.split(":")
+        # What the service sets for a Ray instance of its own that only the raylet reads
+        # (a joined cluster's job cannot set it): the replicas at nice 0.
+        env = {**os.environ, **RAY_ENV, "RAY_worker_niceness": "0"}
+        ray = str(Path(sys.executable).parent / "ray")
+        super().__init__(
+            [
+                *(ray, "start", "--head", "--block", "--node-ip-address", host, "--port", port),
+                *("--num-cpus", str(os.cpu_count()), "--include-dashboard", "false"),
+                *("--object-store-memory", str(100 << 20), "--disable-usage-stats"),
+            ],
+            env,
+            ready="Ray runtime started",
+        )
 
     def __enter__(self) -> Self:
-        deadline = time.monotonic() + START_S
-        while not self._listening.wait(timeout=0.5):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("the service did not start:\n" + "".join(self.log[-40:]))
+        try:
+            self.wait_ready("the Ray cluster")
+        except RuntimeError:
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def descendants(self) -> list[psutil.Process]:
+    def processes(self) -> list[psutil.Process]:
+        return _descendants(self.process.pid)
+
+    def stop(self) -> None:
+        """SIGTERM (``ray start --block`` then stops what it started), wait; kill what is
+        left of the cluster."""
+        family = self.processes()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
         try:
-            return psutil.Process(self.process.pid).children(recursive=True)
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        _end(family)
+
+
+class RayService(_Logged):
+    """``thinkstruct serve`` with the given options, on a free port, joining ``cluster``."""
+
+    def __init__(self, cluster: RayCluster, model_dir: Path, *options: str) -> None:
+        self.cluster = cluster
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [str(Path(sys.executable).parent / "thinkstruct"), "serve", "--model", str(model_dir)]
+        super().__init__(
+            [*command, "--port", str(self.port), "--log-level", "warning", "--ray-address", cluster.address]
+            + list(options),
+            {**os.environ, **RAY_ENV},
+            ready="thinkstruct: listening on",
+        )
+
+    def __enter__(self) -> Self:
+        try:
+            self.wait_ready("the service")
+        except RuntimeError:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def processes(self) -> list[psutil.Process]:
+        """The service's process, its descendants and its Serve processes in the cluster."""
+        try:
+            own = [psutil.Process(self.process.pid), *_descendants(self.process.pid)]
         except psutil.NoSuchProcess:
-            return []
+            own = []
+        return own + _titled(self.cluster.processes(), *SERVE_TITLES)
 
     def engine_replicas(self) -> list[psutil.Process]:
         """The engine replicas' processes (Ray titles them ``ray::ServeReplica:<app>:engine``)."""
-        found = []
-        for p in self.descendants():
-            try:
-                if "ServeReplica:thinkstruct:engine" in " ".join(p.cmdline()):
-                    found.append(p)
-            except psutil.NoSuchProcess:
-                pass
-        return found
+        return _titled(self.cluster.processes(), "ServeReplica:thinkstruct:engine")
 
     def stop(self, *, timeout_s: float = 60.0) -> int | None:
-        """SIGTERM, wait for the exit; the exit status (``None``: it had to be killed)."""
-        family = self.descendants()
+        """SIGTERM, wait for the exit (the service removes its application from the
+        cluster); the exit status (``None``: it had to be killed). Any of its processes
+        still alive after is killed."""
+        family = [p for p in self.processes() if p.pid != self.process.pid]
         status: int | None = None
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -105,12 +202,7 @@ class RayService:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        _gone, alive = psutil.wait_procs(family, timeout=10)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        _end(family)
         return status
 
     def openai(self, *, timeout: float = 120.0) -> openai.OpenAI:

@@ -23,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))  # tiny_model
 
-from ray_service import RayService, metric_values
+from ray_service import RayCluster, RayService, metric_values
 
 MODEL = "tiny-deepseek-v4"
 HEADER = "x-thinkstruct-replica"
@@ -55,11 +55,20 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def service(model_dir: Path) -> Iterator[RayService]:
+def service(ray_cluster: RayCluster, model_dir: Path) -> Iterator[RayService]:
     scaling = ["--min-replicas", "1", "--max-replicas", "2", "--target-ongoing-requests", str(TARGET)]
     quick = ["--upscale-delay", "0.5", "--downscale-delay", "2", "--scaling-window", "3"]
     with RayService(
-        model_dir, *scaling, *quick, "--replica-cpus", "0.5", "--max-batch", "8", "--grace", str(GRACE_S)
+        ray_cluster,
+        model_dir,
+        *scaling,
+        *quick,
+        "--replica-cpus",
+        "0.5",
+        "--max-batch",
+        "8",
+        "--grace",
+        str(GRACE_S),
     ) as s:
         yield s
 
