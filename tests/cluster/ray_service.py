@@ -76,12 +76,12 @@ def _titled(processes: list[psutil.Process], *titles: str) -> list[psutil.Proces
 
 
 class _Logged:
-    """A child process whose stderr lines are kept, and an event set on the first line
-    containing ``ready``."""
+    """A child process whose output lines (stdout and stderr) are kept, and an event set
+    on the first line containing ``ready``."""
 
     def __init__(self, command: list[str], env: dict[str, str], *, ready: str) -> None:
         self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
         self.log: list[str] = []
         self._ready_line = ready
@@ -89,8 +89,8 @@ class _Logged:
         threading.Thread(target=self._read_log, daemon=True).start()
 
     def _read_log(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
             self.log.append(line)
             if self._ready_line in line:
                 self._ready.set()
