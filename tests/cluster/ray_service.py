@@ -38,6 +38,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: The tiny model's end-of-sequence token, kept out of answers that must run to max_tokens.
+NO_EOS = {"1": -100}
 #: Ray's own OOM killer watches the whole machine's memory, which the other test workers
 #: share; a replica it killed would fail a test for a reason not its own. One torch
 #: thread per process: two cores.

@@ -23,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))  # tiny_model
 
-from ray_service import RayCluster, RayService, metric_values
+from ray_service import NO_EOS, RayCluster, RayService, metric_values
 
 MODEL = "tiny-deepseek-v4"
 HEADER = "x-thinkstruct-replica"
@@ -35,8 +35,6 @@ LOAD = 6
 #: Tokens of a long answer: seconds of streaming, so that one is in flight on each
 #: replica when Ray Serve picks the one to remove (the model's context is 16384).
 LONG = 8000
-#: The tiny model's end-of-sequence token, kept out of answers that must run to max_tokens.
-NO_EOS = {"1": -100}
 # The first test's time includes the service's start (up to ray_service.START_S).
 pytestmark = pytest.mark.timeout(900)
 #: Seconds a removed replica may take to finish its long answer (Ray Serve kills it after

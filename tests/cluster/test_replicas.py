@@ -23,7 +23,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))  # tiny_model
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))  # server_harness
 
-from ray_service import START_S, RayCluster, RayService, metric_values
+from ray_service import NO_EOS, START_S, RayCluster, RayService, metric_values
 from server_harness import serving, start_engine, stop_engine
 
 from thinkstruct.server import ServerSettings
@@ -35,8 +35,6 @@ OFF = {"chat_template_kwargs": {"thinking": False}}
 # The first test's time includes the service's start (up to ray_service.START_S), the
 # killed replica's test a replica's.
 pytestmark = pytest.mark.timeout(600)
-#: The tiny model's end-of-sequence token, kept out of answers that must run to max_tokens.
-NO_EOS = {"1": -100}
 #: A shared opening several 16-token routing blocks long.
 DOCUMENT = " ".join(f"Clause {i}: the tenant keeps the garden tidy and pays on the {i}th." for i in range(12))
 
