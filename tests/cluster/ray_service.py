@@ -77,15 +77,16 @@ def _titled(processes: list[psutil.Process], *titles: str) -> list[psutil.Proces
     return found
 
 
-class _Logged:
-    """A child process whose output lines (stdout and stderr) are kept, and an event set
-    on the first line containing ``ready``."""
+class _Child:
+    """A child process (``what``) whose output lines (stdout and stderr) are kept; as a
+    context manager it waits for the first line containing ``ready`` and stops on exit."""
 
-    def __init__(self, command: list[str], env: dict[str, str], *, ready: str) -> None:
+    def __init__(self, command: list[str], env: dict[str, str], *, ready: str, what: str) -> None:
         self.process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
         self.log: list[str] = []
+        self._what = what
         self._ready_line = ready
         self._ready = threading.Event()
         threading.Thread(target=self._read_log, daemon=True).start()
@@ -97,16 +98,40 @@ class _Logged:
             if self._ready_line in line:
                 self._ready.set()
 
-    def wait_ready(self, what: str) -> None:
-        """Until the ready line, or raise naming ``what`` with the log's tail."""
+    def __enter__(self) -> Self:
         deadline = time.monotonic() + START_S
         while not self._ready.wait(timeout=0.5):
             if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{what} did not start:\n" + "".join(self.log[-40:]))
+                self.stop()
+                raise RuntimeError(f"{self._what} did not start:\n" + "".join(self.log[-40:]))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def family(self) -> list[psutil.Process]:
+        """The processes it started: ended with it."""
+        return _descendants(self.process.pid)
+
+    def stop(self, *, timeout_s: float = 60.0) -> int | None:
+        """SIGTERM, wait for the exit; the exit status (``None``: it had to be killed).
+        Any of :meth:`family` still alive 10 s on is killed."""
+        family = self.family()
+        status: int | None = None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            status = self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        _end(family)
+        return status
 
 
-class RayCluster(_Logged):
-    """A local Ray head node on a free port, for the services to join."""
+class RayCluster(_Child):
+    """A local Ray head node on a free port, for the services to join (``ray start
+    --block`` stops what it started on SIGTERM)."""
 
     def __init__(self) -> None:
         self.address = f"127.0.0.1:{free_port()}"
@@ -123,38 +148,13 @@ class RayCluster(_Logged):
             ],
             env,
             ready="Ray runtime started",
+            what="the Ray cluster",
         )
 
-    def __enter__(self) -> Self:
-        try:
-            self.wait_ready("the Ray cluster")
-        except RuntimeError:
-            self.stop()
-            raise
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def processes(self) -> list[psutil.Process]:
-        return _descendants(self.process.pid)
-
-    def stop(self) -> None:
-        """SIGTERM (``ray start --block`` then stops what it started), wait; kill what is
-        left of the cluster."""
-        family = self.processes()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        _end(family)
-
-
-class RayService(_Logged):
-    """``thinkstruct serve`` with the given options, on a free port, joining ``cluster``."""
+class RayService(_Child):
+    """``thinkstruct serve`` with the given options, on a free port, joining ``cluster``
+    (it removes its application from the cluster when it stops)."""
 
     def __init__(self, cluster: RayCluster, model_dir: Path, *options: str) -> None:
         self.cluster = cluster
@@ -166,46 +166,16 @@ class RayService(_Logged):
             + list(options),
             {**os.environ, **RAY_ENV},
             ready="thinkstruct: listening on",
+            what="the service",
         )
 
-    def __enter__(self) -> Self:
-        try:
-            self.wait_ready("the service")
-        except RuntimeError:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def processes(self) -> list[psutil.Process]:
-        """The service's process, its descendants and its Serve processes in the cluster."""
-        try:
-            own = [psutil.Process(self.process.pid), *_descendants(self.process.pid)]
-        except psutil.NoSuchProcess:
-            own = []
-        return own + _titled(self.cluster.processes(), *SERVE_TITLES)
+    def family(self) -> list[psutil.Process]:
+        """Its descendants and its Serve processes in the cluster."""
+        return _descendants(self.process.pid) + _titled(self.cluster.family(), *SERVE_TITLES)
 
     def engine_replicas(self) -> list[psutil.Process]:
         """The engine replicas' processes (Ray titles them ``ray::ServeReplica:<app>:engine``)."""
-        return _titled(self.cluster.processes(), "ServeReplica:thinkstruct:engine")
-
-    def stop(self, *, timeout_s: float = 60.0) -> int | None:
-        """SIGTERM, wait for the exit (the service removes its application from the
-        cluster); the exit status (``None``: it had to be killed). Any of its processes
-        still alive after is killed."""
-        family = [p for p in self.processes() if p.pid != self.process.pid]
-        status: int | None = None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            status = self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        _end(family)
-        return status
+        return _titled(self.cluster.family(), "ServeReplica:thinkstruct:engine")
 
     def openai(self, *, timeout: float = 120.0) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=timeout)

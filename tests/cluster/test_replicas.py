@@ -108,7 +108,7 @@ def test_the_ingress_replica_itself_listens_on_the_port(service: RayService, htt
     """Direct ingress: no HTTP proxy between the client and the app (one Ray hop per token)."""
     assert chat(http, user("hello")).status_code == 200
     owners = []
-    for p in service.processes():
+    for p in service.family():
         try:
             if any(c.status == "LISTEN" and c.laddr.port == service.port for c in p.net_connections("tcp")):
                 owners.append(" ".join(p.cmdline()))
@@ -265,7 +265,7 @@ def test_a_killed_replica_ends_its_requests_clearly_and_comes_back(
 
 
 def test_sigterm_drains_in_flight_requests_and_leaves_no_process(service: RayService) -> None:
-    family = [p for p in service.processes() if p.pid != service.process.pid]
+    family = service.family()
     assert service.engine_replicas() and set(service.engine_replicas()) <= set(family)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         started = concurrent.futures.Future[None]()
