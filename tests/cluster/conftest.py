@@ -21,9 +21,13 @@ def ray_cluster() -> RayCluster:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> object:
-    """After the test's own teardown (its module's service stops first)."""
+    """After a module's last test and its teardown (its service stops first): the cluster
+    stops unless the next module's first test uses it."""
     try:
         return (yield)
     finally:
-        if _running and (nextitem is None or "ray_cluster" not in getattr(nextitem, "fixturenames", ())):
+        last_of_module = nextitem is None or getattr(nextitem, "module", None) is not getattr(
+            item, "module", None
+        )
+        if _running and last_of_module and "ray_cluster" not in getattr(nextitem, "fixturenames", ()):
             _running.pop().stop()
