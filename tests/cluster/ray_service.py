@@ -13,10 +13,12 @@ process outlives the session.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -136,6 +138,10 @@ class RayCluster(_Child):
     def __init__(self) -> None:
         self.address = f"127.0.0.1:{free_port()}"
         host, port = self.address.split(":")
+        # Its sessions and its address file apart from /tmp/ray, where ``ray.init()`` with
+        # no address would look for a cluster to join (a short path: Ray's sockets live
+        # there).
+        self.temp_dir = tempfile.mkdtemp(prefix="ray-tests-")
         # What the service sets for a Ray instance of its own that only the raylet reads
         # (a joined cluster's job cannot set it): the replicas at nice 0.
         env = {**os.environ, **RAY_ENV, "RAY_worker_niceness": "0"}
@@ -145,11 +151,17 @@ class RayCluster(_Child):
                 *(ray, "start", "--head", "--block", "--node-ip-address", host, "--port", port),
                 *("--num-cpus", str(os.cpu_count()), "--include-dashboard", "false"),
                 *("--object-store-memory", str(100 << 20), "--disable-usage-stats"),
+                *("--temp-dir", self.temp_dir),
             ],
             env,
             ready="Ray runtime started",
             what="the Ray cluster",
         )
+
+    def stop(self, *, timeout_s: float = 60.0) -> int | None:
+        status = super().stop(timeout_s=timeout_s)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        return status
 
 
 class RayService(_Child):
