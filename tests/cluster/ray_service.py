@@ -3,9 +3,9 @@
 :class:`RayCluster` is one local Ray cluster (``ray start --head --block``: GCS, raylet
 and the workers, all its descendants) for the whole test session; each
 :class:`RayService` joins it (``--ray-address``), deploys its Serve application there
-(Serve's controller and proxy, the replicas) and removes it when it stops. Starting Ray
-once saves each service the cluster's start (tens of seconds on a loaded 2-core
-machine). :meth:`RayService.stop` sends SIGTERM and waits for the exit;
+(Serve's controller and proxy, the replicas) and removes it when it stops, so Ray's
+own processes start once a session, not once a service. :meth:`RayService.stop` sends
+SIGTERM and waits for the exit;
 :meth:`RayCluster.stop` ends the cluster and any descendant still alive, so no Ray
 process outlives the session.
 """
