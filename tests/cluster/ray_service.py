@@ -44,8 +44,15 @@ def free_port() -> int:
 NO_EOS = {"1": -100}
 #: Ray's own OOM killer watches the whole machine's memory, which the other test workers
 #: share; a replica it killed would fail a test for a reason not its own. One torch
-#: thread per process: two cores.
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_memory_monitor_refresh_ms": "0", "OMP_NUM_THREADS": "1"}
+#: thread per process: two cores. No token authentication: ``ray start`` turns it on
+#: when ~/.ray/auth_token exists, and a driver given an address does not (it then
+#: cannot connect).
+RAY_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_memory_monitor_refresh_ms": "0",
+    "OMP_NUM_THREADS": "1",
+    "RAY_AUTH_MODE": "disabled",
+}
 #: Ray Serve's processes of a service, by the titles Ray gives them (``ray::ServeReplica:
 #: <app>:<deployment>``, ``ray::ServeController``, ``ray::ProxyActor``).
 SERVE_TITLES = ("ServeReplica:thinkstruct:", "ServeController", "ProxyActor")
@@ -137,7 +144,7 @@ class RayCluster(_Child):
 
     def __init__(self) -> None:
         self.address = f"127.0.0.1:{free_port()}"
-        host, port = self.address.split(":")
+        port = self.address.split(":")[1]
         # Its sessions and its address file apart from /tmp/ray, where ``ray.init()`` with
         # no address would look for a cluster to join (a short path: Ray's sockets live
         # there).
@@ -148,7 +155,7 @@ class RayCluster(_Child):
         ray = str(Path(sys.executable).parent / "ray")
         super().__init__(
             [
-                *(ray, "start", "--head", "--block", "--node-ip-address", host, "--port", port),
+                *(ray, "start", "--head", "--block", "--port", port),
                 *("--num-cpus", str(os.cpu_count()), "--include-dashboard", "false"),
                 *("--object-store-memory", str(100 << 20), "--disable-usage-stats"),
                 *("--temp-dir", self.temp_dir),
