@@ -60,6 +60,12 @@ SLOW_FILES = (
     "tests/server/test_isolation.py",
     "tests/playground/test_playground_page.py",
     "tests/grammar/test_probes.py",
+    "tests/playground/test_playground_api.py",
+    "tests/server/test_answer_always_comes.py",
+    "tests/test_cli.py",
+    "tests/parsers/test_tool_call_forms.py",
+    "tests/engine/test_checked_each_keyword.py",
+    "tests/grammar/test_backends.py",
 )
 
 
