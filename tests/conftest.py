@@ -29,10 +29,10 @@ def qwen3_tokenizer() -> Tokenizer:
     return Tokenizer.qwen3()
 
 
-#: Test files that each start a local Ray cluster with model replicas, in the order they
-#: run. They share one xdist work unit, so they run one after the other on one worker: two
-#: clusters starting at once on two cores took 2.5 minutes each to come up (1.5 alone) and
-#: a killed replica over 2 minutes to come back.
+#: Test files that serve model replicas on Ray, in the order they run. They share one xdist
+#: work unit, so they run one after the other on one worker and share its one local Ray
+#: cluster (tests/cluster/conftest.py): two clusters starting at once on two cores took
+#: 2.5 minutes each to come up (1.5 alone) and a killed replica over 2 minutes to come back.
 RAY_FILES = ("tests/cluster/test_replicas.py", "tests/cluster/test_autoscaling.py")
 
 #: Test files that take longest (model conversions, real servers, whole conformance
@@ -42,7 +42,7 @@ RAY_FILES = ("tests/cluster/test_replicas.py", "tests/cluster/test_autoscaling.p
 #: (ordered by test count, xdist's default, they came last: a 1.5-minute file started
 #: when the other worker had nothing left).
 SLOW_FILES = (
-    *RAY_FILES,  # two local Ray clusters, one after the other on one worker: about 5 minutes
+    *RAY_FILES,  # one local Ray cluster, two services one after the other on one worker
     "tests/integrations/test_vllm_server.py",  # vLLM's server starting: 1-2 minutes, then five requests
     "tests/engine/test_models.py",
     "tests/grammar/test_conformance.py",
@@ -61,6 +61,12 @@ SLOW_FILES = (
     "tests/server/test_isolation.py",
     "tests/playground/test_playground_page.py",
     "tests/grammar/test_probes.py",
+    "tests/playground/test_playground_api.py",
+    "tests/server/test_answer_always_comes.py",
+    "tests/test_cli.py",
+    "tests/parsers/test_tool_call_forms.py",
+    "tests/engine/test_checked_each_keyword.py",
+    "tests/grammar/test_backends.py",
 )
 
 

@@ -23,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))  # tiny_model
 
-from ray_service import RayService, metric_values
+from ray_service import NO_EOS, RayCluster, RayService, metric_values
 
 MODEL = "tiny-deepseek-v4"
 HEADER = "x-thinkstruct-replica"
@@ -35,8 +35,6 @@ LOAD = 6
 #: Tokens of a long answer: seconds of streaming, so that one is in flight on each
 #: replica when Ray Serve picks the one to remove (the model's context is 16384).
 LONG = 8000
-#: The tiny model's end-of-sequence token, kept out of answers that must run to max_tokens.
-NO_EOS = {"1": -100}
 # The first test's time includes the service's start (up to ray_service.START_S).
 pytestmark = pytest.mark.timeout(900)
 #: Seconds a removed replica may take to finish its long answer (Ray Serve kills it after
@@ -55,11 +53,20 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def service(model_dir: Path) -> Iterator[RayService]:
+def service(ray_cluster: RayCluster, model_dir: Path) -> Iterator[RayService]:
     scaling = ["--min-replicas", "1", "--max-replicas", "2", "--target-ongoing-requests", str(TARGET)]
     quick = ["--upscale-delay", "0.5", "--downscale-delay", "2", "--scaling-window", "3"]
     with RayService(
-        model_dir, *scaling, *quick, "--replica-cpus", "0.5", "--max-batch", "8", "--grace", str(GRACE_S)
+        ray_cluster,
+        model_dir,
+        *scaling,
+        *quick,
+        "--replica-cpus",
+        "0.5",
+        "--max-batch",
+        "8",
+        "--grace",
+        str(GRACE_S),
     ) as s:
         yield s
 

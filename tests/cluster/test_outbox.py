@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))  # se
 
 from server_harness import start_engine, stop_engine
 
+from polling import wait_until_async
 from thinkstruct.engine import Delta, GenerationRequest, SamplingParams
 from thinkstruct.engine.core.handle import RequestHandle
 from thinkstruct.server.cluster.outbox import DeltaOrder, Entry, Outbox, stream_request
@@ -84,6 +85,18 @@ def test_shared_streams_give_each_request_every_delta_once_in_order(engine: Any,
         assert [seq for seq, _ in own] == list(range(len(deltas)))
 
 
+class CountingOutbox(Outbox):
+    """An outbox that counts the times a stream took it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.takes = 0
+
+    def take(self) -> list[Entry]:
+        self.takes += 1
+        return super().take()
+
+
 def test_one_steps_deltas_of_several_requests_ride_on_one_item() -> None:
     # The engine emits a step's deltas (one a request) in one go onto the loop: the first
     # stream to wake takes all of them, the others find the outbox empty and wait on.
@@ -91,14 +104,15 @@ def test_one_steps_deltas_of_several_requests_ride_on_one_item() -> None:
     async def one_step() -> tuple[list[Entry], int]:
         loop = asyncio.get_running_loop()
         handles = [RequestHandle(f"r{i}", loop=loop) for i in range(4)]
-        outbox = Outbox()
+        outbox = CountingOutbox()
         streams = [stream_request(h, outbox, request_id=h.request_id, interval_s=0.0) for h in handles]
         firsts = [asyncio.ensure_future(anext(s)) for s in streams]
         await asyncio.sleep(0)  # every stream waits for its first item
         for h in handles:
             h.emit(Delta(content=h.request_id))
         done, waiting = await asyncio.wait(firsts, return_when=asyncio.FIRST_COMPLETED)
-        await asyncio.sleep(0.05)  # the others had their turns: they found nothing
+        # Every stream woke and took the outbox once: the others found nothing.
+        await wait_until_async(lambda: outbox.takes == len(streams), "every stream taking its turn")
         still_waiting = sum(not f.done() for f in waiting)
         for f in firsts:
             f.cancel()

@@ -19,6 +19,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from polling import wait_until
 from thinkstruct import Constraint
 from thinkstruct.engine import (
     Engine,
@@ -66,15 +67,6 @@ def prompt_ids(model, text: str = "hello", *, thinking: bool = False) -> tuple[l
         chat_template_kwargs={"thinking": thinking},
     )
     return model.tokenizer.hf.encode(prompt.text, add_special_tokens=False), prompt
-
-
-def wait_until(condition, what: str, *, timeout_s: float = 60.0) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s`` (a hang
-    check, not a performance assertion)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g} s"
-        time.sleep(0.01)
 
 
 def run(engine, **kwargs):

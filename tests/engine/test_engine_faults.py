@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -23,15 +22,13 @@ from fault_injection import (
     step_log,
 )
 
+from polling import HANG_S, wait_until
 from thinkstruct import Constraint
 from thinkstruct.engine import Engine, EngineConfig, FinishReason, GenerationRequest, SamplingParams
 from thinkstruct.engine.runners.runner import TransformersRunner
 from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
 PROMPT = [0, 1000, 2000, 3000, 4000]
-
-#: Most seconds any wait here may take before the test fails (a hang, not a slow run).
-HANG_S = 120.0
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +50,6 @@ def request(*, seed: int, max_tokens: int, **fields: Any) -> GenerationRequest:
         sampling=SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed),
         **fields,
     )
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + HANG_S
-    while not condition():
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.01)
 
 
 def finish_of(handle):

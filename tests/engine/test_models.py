@@ -14,8 +14,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 import torch
@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_model import EOS_ID, THINK_END_ID, THINK_START_ID, build_tiny_model
 
+from polling import wait_until
 from thinkstruct.engine.model.errors import ModelNotFoundError, UnsupportedModelError
 from thinkstruct.engine.model.families import PLAIN_FAMILY, detect_family
 from thinkstruct.engine.model.gguf_conversion import models_cache_dir
@@ -453,13 +454,13 @@ print(json.dumps({"converted": m.converted, "tokens": out[0, len(ids):].tolist()
 """
 
 
-def _start(cache: Path, code: str = _START) -> subprocess.Popen[str]:
+def _start(cache: Path, *, stderr: IO[str] | int = subprocess.PIPE) -> subprocess.Popen[str]:
     env = {**os.environ, "THINKSTRUCT_CACHE": str(cache)}
     return subprocess.Popen(
-        [sys.executable, "-c", code, SHORT],
+        [sys.executable, "-c", _START, SHORT],
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         text=True,
     )
 
@@ -471,16 +472,18 @@ def crashed_then_raced(tmp_path_factory: pytest.TempPathFactory, smollm2: Loaded
     cache = tmp_path_factory.mktemp("cache")
     root = cache / "models"
     key = gguf_cache_key(smollm2_gguf_path())
-    victim = _start(cache)
-    deadline = time.monotonic() + 240
-    staging: list[Path] = []
-    while time.monotonic() < deadline and victim.poll() is None:
-        staging = [p for p in root.glob(f"{key}.staging-*") if (p / "tokenizer.json").exists()]
-        if staging:
-            break
-        time.sleep(0.2)
-    assert staging, "the first start never got to converting"
-    time.sleep(2.0)  # now inside transformers' dequantization
+    progress = cache / "victim.stderr"
+    with progress.open("w") as stderr:
+        victim = _start(cache, stderr=stderr)
+    # Its progress bar names each step as it begins: the kill lands inside transformers'
+    # dequantization, the tokenizer already written to the staging directory.
+    wait_until(
+        lambda: victim.poll() is not None or "dequantize weights" in progress.read_text(errors="replace"),
+        "the first start converting",
+        timeout_s=240,
+    )
+    assert victim.poll() is None, progress.read_text()[-3000:]
+    assert [p for p in root.glob(f"{key}.staging-*") if (p / "tokenizer.json").exists()]
     victim.send_signal(signal.SIGKILL)
     victim.wait(30)
     after_kill = {

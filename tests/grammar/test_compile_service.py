@@ -13,6 +13,7 @@ import time
 import psutil
 import pytest
 
+from polling import wait_until
 from thinkstruct import CompileTimeout, Constraint, InvalidConstraint, Tokenizer
 from thinkstruct.errors import InternalCompileError
 from thinkstruct.grammar.api import first_rejected
@@ -52,9 +53,10 @@ def test_cheap_compile_does_not_wait_behind_six_slow_ones(tokenizer: Tokenizer) 
     config = CompilerConfig(timeout_s=6.0)
     with GrammarCompiler(tokenizer, config) as c:
         c.warm_up(("outlines",))
+        [worker] = c.worker_pids()
         start = time.monotonic()
         slow = [c.submit(slow_outlines(i), backend="outlines") for i in range(6)]
-        time.sleep(0.2)  # all six are queued or compiling
+        _wait_busy(worker)  # the worker compiles the first; the other five queue behind it
         cheap_start = time.monotonic()
         compiled = c.compile(CHEAP)
         cheap_s = time.monotonic() - cheap_start
@@ -199,7 +201,7 @@ def test_library_warnings_reach_the_log(tokenizer: Tokenizer, caplog: pytest.Log
     with GrammarCompiler(tokenizer, CompilerConfig(timeout_s=60.0)) as c:
         compiled = c.compile(overlapping, backend="xgrammar")
         assert compiled.backend == "xgrammar"
-        deadline = time.monotonic() + 10
-        while not any("xgrammar" in r.getMessage() and "oneOf" in r.getMessage() for r in caplog.records):
-            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
-            time.sleep(0.05)
+        wait_until(
+            lambda: any("xgrammar" in r.getMessage() and "oneOf" in r.getMessage() for r in caplog.records),
+            "xgrammar's warning about the overlapping oneOf in the log",
+        )

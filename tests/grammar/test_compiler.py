@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from polling import wait_until
 from thinkstruct import CompileTimeout, Constraint, InvalidConstraint, Tokenizer
 from thinkstruct.grammar.api import first_rejected
 from thinkstruct.grammar.runtime.tag_checks import first_failed_check
@@ -31,13 +32,6 @@ def _exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _wait_until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def _schema(n: int) -> Constraint:
@@ -134,10 +128,10 @@ def test_timeout_stops_the_work_and_the_compiler_carries_on(tokenizer: Tokenizer
         assert "longer than 16 s" in str(info.value) and info.value.backend == "outlines"
         # The worker running the compile was killed (and is reaped within moments): no
         # core stays pinned.
-        _wait_until(lambda: not _exists(worker))
+        wait_until(lambda: not _exists(worker), "the timed-out worker is gone")
         # The caller hears of the timeout first, then the pool drops the worker: wait for
         # that rather than race it (a replacement may be starting already).
-        _wait_until(lambda: worker not in c.worker_pids())
+        wait_until(lambda: worker not in c.worker_pids(), "the pool dropped the worker")
         cpu = time.process_time()
         time.sleep(1.0)
         assert time.process_time() - cpu < 0.5  # and this process is idle too

@@ -162,9 +162,11 @@ def test_free_text_answers_when_the_model_stops_inside_its_thought(
         choice = answer.choices[0]
         assert choice.message.model_extra.get("reasoning_content") is not None  # it thought
         assert choice.message.content and choice.message.content.strip(), choice
-        assert choice.finish_reason in ("stop", "length")
-        if choice.finish_reason == "length":
-            assert choice.model_extra["length_part"] == "answer"
+    # Seeded, on int8 weights on the compiled kernels (each row's numbers the same in any
+    # batch): each answer's ending is fixed.
+    assert smol_server.state.engine.runner.batch_invariant
+    finishes = [a.choices[0].finish_reason for a in answers]
+    assert finishes == ["stop"] * len(requests), finishes
     streamed = "".join(
         chunk.choices[0].delta.content or ""
         for chunk in smol_server.openai().chat.completions.create(**requests[-1], stream=True)

@@ -15,7 +15,6 @@ import re
 import signal
 import socket
 import threading
-import time
 import uuid
 from typing import Any
 
@@ -31,25 +30,16 @@ from fault_injection import (
 )
 from server_harness import RunningServer
 
+from polling import HANG_S, wait_until
 from thinkstruct.engine import RequestHandle
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 NO_THINKING = {"chat_template_kwargs": {"thinking": False}}
 
-#: Most seconds any wait here may take before the test fails (a hang, not a slow run).
-HANG_S = 120.0
-
 
 @pytest.fixture(scope="module")
 def model(tiny_server: RunningServer) -> str:
     return str(tiny_server.state.model_name)
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + HANG_S
-    while not condition():
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.01)
 
 
 def sse_events(text: str) -> list[Any]:

@@ -163,7 +163,8 @@ def test_a_required_call_then_its_output_through_previous_response_id(
         max_output_tokens=150,
         temperature=0,
     )
-    assert second.status in ("completed", "incomplete") and second.previous_response_id == first.id
+    # Greedy on a batch-invariant engine: the ending is fixed.
+    assert second.status == "completed" and second.previous_response_id == first.id, second
     assert second.usage is not None and first.usage is not None
     assert second.usage.input_tokens > first.usage.input_tokens
     # The second prompt starts with the first one: its keys and values are reused (in
