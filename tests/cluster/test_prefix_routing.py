@@ -176,3 +176,19 @@ def test_a_load_bound_refuses_nonsense() -> None:
         LoadBound(requests=-1)
     assert LoadBound(requests=4, ratio=1.5).allows(30, 21)  # 9 more, but under 1.5x
     assert not LoadBound(requests=4, ratio=1.5).allows(8, 3)
+
+
+def test_serve_passes_the_routing_choice_to_the_cluster(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from thinkstruct.cli import main
+    from thinkstruct.server.cluster import service
+
+    got: list[service.ClusterOptions] = []
+    monkeypatch.setattr(service, "serve_cluster", lambda *args, **kwargs: got.append(args[2]) or 0)
+    assert main(["serve", "--replicas", "2", "--routing", "queue"]) == 0
+    assert main(["serve", "--replicas", "2"]) == 0
+    assert [options.routing for options in got] == ["queue", "prefix"]
+    with pytest.raises(SystemExit):
+        main(["serve", "--replicas", "2", "--routing", "sticky"])
+    assert "invalid choice: 'sticky'" in capsys.readouterr().err

@@ -80,6 +80,10 @@ class PromptPrefixRouter(RequestRouter):
         prompt = self._prompt(pending_request)
         holders = self._index.longest(prompt, by_id.keys()).holders if prompt is not None else ()
         order = rank_replicas(list(by_id), holders=holders, load=self.load, bound=self._bound, rng=self._rng)
+        if pending_request is not None:
+            # Every candidate is ranked: when none takes the request, Ray Serve waits
+            # (backs off) before it asks again, rather than probing in a tight loop.
+            pending_request.routing_context.should_backoff = True
         return [[by_id[r]] for r in order]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
