@@ -147,26 +147,26 @@ class PrefixIndex(Generic[R]):
     def longest(self, prompt: PromptKeys, among: Set[R]) -> Match[R]:
         """The replicas in ``among`` holding the longest prefix of ``prompt`` any of them
         served (a recorded prompt that ends inside a block counts to its last token)."""
-        best: tuple[R, ...] = ()
-        matched = 0
         depth = 0
         for key in prompt.blocks:
-            entry = self._entries.get(key)
-            if entry is None:
+            if key not in self._entries:
                 break
             depth += 1
-            holders = tuple(r for r in entry.holders if r in among)
-            if holders:
-                best, matched = holders, depth * prompt.block
-        last = self._entries.get(prompt.blocks[depth - 1]) if depth else None
-        tails = last.tails if last is not None else self._root_tails
+        if depth:
+            tails = self._entries[prompt.blocks[depth - 1]].tails
+        else:
+            tails = self._root_tails
         room = prompt.tokens - depth * prompt.block
         for length in sorted((t for t in tails if t <= room), reverse=True):
             entry = self._entries.get(prompt.tail(depth, length))
             holders = tuple(r for r in entry.holders if r in among) if entry is not None else ()
             if holders:
                 return Match(holders, depth * prompt.block + length)
-        return Match(best, matched)
+        for deepest in range(depth, 0, -1):
+            holders = tuple(r for r in self._entries[prompt.blocks[deepest - 1]].holders if r in among)
+            if holders:
+                return Match(holders, deepest * prompt.block)
+        return Match((), 0)
 
     def forget(self, replica: R) -> None:
         """Drop a replica that is gone from every key (a key no one holds goes)."""

@@ -18,17 +18,13 @@ moment ago and what other callers sent, but forgets a replica it has not heard f
 from __future__ import annotations
 
 import random
-from collections import Counter, OrderedDict
+from collections import Counter
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from thinkstruct.server.cluster.affinity import LoadBound, rank_replicas
 from thinkstruct.server.cluster.prefix_index import BLOCK_TOKENS, PrefixIndex, PromptKeys
-
-#: Prompts' keys kept between a request's ranking and its acceptance (a request that is
-#: cancelled before a replica takes it leaves its keys here until they are pushed out).
-_PENDING_KEYS = 1024
 
 
 class PromptPrefixRouter(RequestRouter):
@@ -49,22 +45,16 @@ class PromptPrefixRouter(RequestRouter):
         self._block = int(kwargs.get("block", BLOCK_TOKENS))
         self._index = PrefixIndex[ReplicaID]()
         self._rng = random.Random()
-        self._pending: OrderedDict[str, PromptKeys | None] = OrderedDict()
         self._running: dict[str, ReplicaID] = {}  # accepted and not finished, by request id
         self._sent: Counter[ReplicaID] = Counter()
 
     def _prompt(self, pending_request: PendingRequest | None) -> PromptKeys | None:
-        if pending_request is None:
+        # Made again where needed (ranking, acceptance) rather than held for every waiting
+        # request: measured ~45 us for a 500-token prompt, ~3 ms for 32k tokens.
+        if pending_request is None or not pending_request.args:
             return None
-        request_id = pending_request.metadata.internal_request_id
-        if request_id in self._pending:
-            return self._pending[request_id]
-        prompt = getattr(pending_request.args[0], "prompt_ids", None) if pending_request.args else None
-        keys = None if prompt is None else PromptKeys.of(prompt, block=self._block)
-        self._pending[request_id] = keys
-        while len(self._pending) > _PENDING_KEYS:
-            self._pending.popitem(last=False)
-        return keys
+        prompt = getattr(pending_request.args[0], "prompt_ids", None)
+        return None if prompt is None else PromptKeys.of(prompt, block=self._block)
 
     def load(self, replica_id: ReplicaID) -> int:
         """Requests in flight on a replica (see the module's docstring)."""
@@ -89,14 +79,12 @@ class PromptPrefixRouter(RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         prompt = self._prompt(pending_request)
         request_id = pending_request.metadata.internal_request_id
-        self._pending.pop(request_id, None)
         if prompt is not None:
             self._index.record(prompt, replica_id)
         self._running[request_id] = replica_id
         self._sent[replica_id] += 1
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        self._pending.pop(internal_request_id, None)
         replica = self._running.pop(internal_request_id, None)
         if replica is not None:
             self._sent[replica] -= 1
