@@ -1,6 +1,6 @@
 """Replicas on Ray Serve against the single process, over HTTP, on the embedded model.
 
-Starts two services side by side: ``thinkstruct serve`` (one process, no Ray) and
+``--parts overhead`` starts two services side by side: ``thinkstruct serve`` (one process, no Ray) and
 ``thinkstruct serve --ray-address local`` (one engine replica on a local Ray instance,
 Ray's proxy, ingress deployment and DeploymentHandle streaming in the path), and runs
 ``--rounds`` rounds of the same closed loop on each (after ``--warmup`` seconds of it,
@@ -10,12 +10,13 @@ sending streamed chat requests (``--max-tokens``, thinking off) one after anothe
 per second (``usage.completion_tokens`` summed over the wall time) and the median time to
 first token (the first streamed chunk with text), over all rounds.
 
-Then it stops both and starts ``--replicas 2`` (one CPU per replica) for: the same loop
-(two cores bound it), the share of chats whose second turn lands on the first turn's
-replica (``x-thinkstruct-replica``) and is served from its prefix cache
-(``cached_tokens`` >= half the first turn's prompt), and a grammar's cold compile on a
-replica: a request with a schema neither the ingress nor any replica has seen, against
-the same request again (both caches hit).
+Then it stops both (``--parts replicas``) and starts ``--replicas 2`` (one CPU per
+replica) for: the same loop (two cores bound it), the share of chats, one after another,
+whose second turn lands on the first turn's replica (``x-thinkstruct-replica``) and is
+served from its prefix cache (``cached_tokens`` cover the first turn's whole prompt, to
+the cache's block), and a grammar's cold compile on a replica: a request with a schema
+neither the ingress nor any replica has seen, against the same request again (both
+caches hit).
 
 Concurrent conversations (``--parts concurrent``), two replicas, each routing alone on
 the machine (``--routing prefix`` and ``--routing queue``, a fresh service for each side
@@ -167,36 +168,6 @@ def closed_loop(url: str, *, clients: int, seconds: float, max_tokens: int) -> t
     return sum(totals), time.perf_counter() - start, firsts
 
 
-def second_turns(url: str, *, chats: int) -> tuple[int, int]:
-    """(second turns on their first turn's replica, of those served from its prefix cache)."""
-    same = cached = 0
-    with httpx.Client(base_url=url, timeout=300) as client:
-        for i in range(chats):
-            first = [
-                {
-                    "role": "user",
-                    "content": f"Contract {uuid.uuid4().hex[:8]}. {DOCUMENT} Summarise article {i}.",
-                }
-            ]
-            body = {"model": MODEL, "messages": first, "max_tokens": 16, "temperature": 0, **OFF}
-            one = client.post("/v1/chat/completions", json=body)
-            one.raise_for_status()
-            answer = one.json()["choices"][0]["message"]["content"]
-            body["messages"] = [
-                *first,
-                {"role": "assistant", "content": answer},
-                {"role": "user", "content": "Why?"},
-            ]
-            two = client.post("/v1/chat/completions", json=body)
-            two.raise_for_status()
-            if two.headers["x-thinkstruct-replica"] == one.headers["x-thinkstruct-replica"]:
-                same += 1
-                details = two.json()["usage"].get("prompt_tokens_details") or {}
-                if (details.get("cached_tokens") or 0) >= one.json()["usage"]["prompt_tokens"] // 2:
-                    cached += 1
-    return same, cached
-
-
 def cold_compile(url: str, *, tries: int) -> tuple[float, float]:
     """Median seconds of a one-token request with a never-seen schema, and of the same again."""
     cold, warm = [], []
@@ -255,20 +226,19 @@ class Conversation:
         return self.second_cached_tokens >= self.first_prompt_tokens // BLOCK_TOKENS * BLOCK_TOKENS
 
 
-def _conversation(url: str, system: str, question: str, max_tokens: int) -> Conversation:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+def two_turns(client: httpx.Client, messages: list[dict[str, str]], *, max_tokens: int) -> Conversation:
+    """``messages``, answered, then a second turn after the answer."""
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0, **OFF}
-    with httpx.Client(base_url=url, timeout=900) as client:
-        one = client.post("/v1/chat/completions", json=body)
-        one.raise_for_status()
-        answer = one.json()["choices"][0]["message"]["content"]
-        body["messages"] = [
-            *messages,
-            {"role": "assistant", "content": answer},
-            {"role": "user", "content": "Why?"},
-        ]
-        two = client.post("/v1/chat/completions", json=body)
-        two.raise_for_status()
+    one = client.post("/v1/chat/completions", json=body)
+    one.raise_for_status()
+    answer = one.json()["choices"][0]["message"]["content"]
+    body["messages"] = [
+        *messages,
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "Why?"},
+    ]
+    two = client.post("/v1/chat/completions", json=body)
+    two.raise_for_status()
     first, second = one.json()["usage"], two.json()["usage"]
     return Conversation(
         first_replica=one.headers["x-thinkstruct-replica"],
@@ -277,6 +247,32 @@ def _conversation(url: str, system: str, question: str, max_tokens: int) -> Conv
         second_cached_tokens=(second.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
         completion_tokens=first["completion_tokens"] + second["completion_tokens"],
     )
+
+
+def second_turns(url: str, *, chats: int) -> tuple[int, int]:
+    """Chats one after another: (second turns on their first turn's replica, of those
+    that reused its whole prompt)."""
+    with httpx.Client(base_url=url, timeout=300) as client:
+        done = [
+            two_turns(
+                client,
+                [
+                    {
+                        "role": "user",
+                        "content": f"Contract {uuid.uuid4().hex[:8]}. {DOCUMENT} Summarise article {i}.",
+                    }
+                ],
+                max_tokens=16,
+            )
+            for i in range(chats)
+        ]
+    return sum(c.sticky for c in done), sum(c.sticky and c.reused for c in done)
+
+
+def _conversation(url: str, system: str, question: str, max_tokens: int) -> Conversation:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    with httpx.Client(base_url=url, timeout=900) as client:
+        return two_turns(client, messages, max_tokens=max_tokens)
 
 
 def concurrent_conversations(
