@@ -19,7 +19,7 @@ tokens/s, peak RSS, and a verdict per target:
   after the ramp (printed with the ramp too).
 
     python benchmarks/load.py [--clients 64] [--ramp 10] [--duration 60] [--max-batch 64] [--quantize int8-weights]
-        [--prefill-chunk N]
+        [--prefill-chunk N] [--kv-cache-bytes B] [--prefix-cache-bytes B] [--grammar-cache-bytes B]
 """
 
 from __future__ import annotations
@@ -120,6 +120,10 @@ class Result:
     detail: str = ""
     #: When it was sent (``time.monotonic()``).
     sent_at: float = 0.0
+    #: The answer's text (a stream's content deltas joined).
+    content: str = ""
+    #: A refusal's ``Retry-After`` header.
+    retry_after: str | None = None
 
 
 def pick_schemas(count: int) -> list[dict]:
@@ -177,6 +181,10 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
         cmd += ["--prefill-chunk", str(args.prefill_chunk)]
     if args.model:
         cmd += ["--model", args.model]
+    for flag in ("kv_cache_bytes", "prefix_cache_bytes", "grammar_cache_bytes"):
+        value = getattr(args, flag, None)
+        if value:
+            cmd += [f"--{flag.replace('_', '-')}", value]
     return subprocess.Popen(cmd, env=dict(os.environ), stdout=subprocess.DEVNULL)
 
 
@@ -267,6 +275,7 @@ async def streamed(
         if response.status_code != 200:
             await response.aread()
             result.answered = _is_error_object(response.content)
+            result.retry_after = response.headers.get("retry-after")
             result.detail = response.text[:200]
         else:
             done = False
@@ -290,9 +299,10 @@ async def streamed(
                         result.finish = choice["finish_reason"]
             result.answered = done and result.finish is not None
     result.latency = time.perf_counter() - started
+    result.content = "".join(content)
     if schema is not None and result.finish == "stop":
         try:
-            jsonschema.validate(json.loads("".join(content)), schema)
+            jsonschema.validate(json.loads(result.content), schema)
             result.valid = True
         except (ValueError, jsonschema.ValidationError) as e:
             result.valid = False
@@ -499,6 +509,11 @@ def main() -> None:
     parser.add_argument("--prefill-chunk", type=int, default=None, help="default: the server's")
     parser.add_argument("--quantize", default="int8-weights", help="serve's --quantize (its default too)")
     parser.add_argument("--model", default=None)
+    parser.add_argument(
+        "--kv-cache-bytes", default=None, help="serve's --kv-cache-bytes (default: its default)"
+    )
+    parser.add_argument("--prefix-cache-bytes", default=None, help="serve's --prefix-cache-bytes")
+    parser.add_argument("--grammar-cache-bytes", default=None, help="serve's --grammar-cache-bytes")
     args = parser.parse_args()
     sys.exit(asyncio.run(run(args)))
 

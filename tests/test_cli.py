@@ -113,6 +113,28 @@ def test_engine_sizes_must_be_positive(capsys: pytest.CaptureFixture[str]) -> No
         assert flag in capsys.readouterr().err
 
 
+def test_memory_budgets_reach_the_engine_and_the_compiler(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--kv-cache-bytes`` bounds the running requests, ``--prefix-cache-bytes`` the
+    prefix cache (0 keeps none), ``--grammar-cache-bytes`` the compiled grammars; a KV
+    budget of 0 (which once turned the prefix cache off) is refused naming the flag that
+    does that now."""
+    from thinkstruct.cli.parsing import build_parser, engine_spec
+
+    args = build_parser("t").parse_args(
+        ["serve", "--kv-cache-bytes", "512M", "--prefix-cache-bytes", "0", "--grammar-cache-bytes", "64M"]
+    )
+    spec = engine_spec(args)
+    assert (spec.engine.kv_cache_bytes, spec.engine.prefix_cache_bytes) == (512 << 20, 0)
+    assert spec.compiler.cache_bytes == 64 << 20
+    defaults = engine_spec(build_parser("t").parse_args(["serve"]))
+    assert (defaults.engine.kv_cache_bytes, defaults.engine.prefix_cache_bytes) == (2 << 30, 1 << 30)
+    assert defaults.compiler.cache_bytes == 2 << 30
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--kv-cache-bytes", "0"])
+    assert exit_info.value.code == 2
+    assert "--prefix-cache-bytes" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "flags, quantize",
     [

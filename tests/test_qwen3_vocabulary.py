@@ -108,7 +108,7 @@ def test_repository_files_encode_as_tiktoken_does(qwen3_tokenizer: Tokenizer) ->
     files = [
         REPO / "README.md",
         REPO / "docs" / "design.md",
-        REPO / "src" / "thinkstruct" / "engine" / "cpu_kernels.c",
+        REPO / "src" / "thinkstruct" / "engine" / "kernels" / "cpu_kernels.c",
         REPO / "src" / "thinkstruct" / "parsers" / "builtin_chat_templates.py",
         REPO / "src" / "thinkstruct" / "tokenizer.py",
     ]

@@ -1,7 +1,9 @@
 """The scheduler's states, plans and slot layout, as a state machine: whatever requests
 join, start, finish or wait for their grammar, decoding rows hold slots 0..n-1, prefilling
 rows the slots above, a reused prefix comes from a slot (or the prefix cache) that holds
-those very tokens, and carrying out the returned moves leaves every row's KV in its slot."""
+those very tokens, carrying out the returned moves leaves every row's KV in its slot, and
+the rows holding a slot never reserve more keys and values than the budget (the first
+ready request that does not fit waits, and nobody passes it)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from thinkstruct.engine.request import FinishReason
 BLOCK = 4
 #: The start prompts may share (a system prompt).
 SHARED = list(range(100, 112))
+#: The KV budget, in the units the rows' needs are drawn in.
+KV_BYTES = 10
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class Row:
     cached: int = 0
     cached_prompt_tokens: int = 0
     submitted_at: float = 0.0
+    kv_need: int = 1
     finish_reason: FinishReason | None = None
     left: list[int] = field(default_factory=list)
 
@@ -55,7 +60,9 @@ class Row:
 class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.scheduler = Scheduler(max_batch=4, prefill_chunk=8, decode_positions=16, packs_tokens=True)
+        self.scheduler = Scheduler(
+            max_batch=4, prefill_chunk=8, decode_positions=16, packs_tokens=True, kv_bytes=KV_BYTES
+        )
         self.kv: dict[int, int] = {}  # slot -> the row whose KV it holds
         self.rows: list[Row] = []
         self.left: list[Row] = []
@@ -85,11 +92,20 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert layout.held == len(self.scheduler.held)
 
     @rule(
-        shared=st.integers(0, len(SHARED)), tail=st.lists(st.integers(0, 3), max_size=12), ready=st.booleans()
+        shared=st.integers(0, len(SHARED)),
+        tail=st.lists(st.integers(0, 3), max_size=12),
+        ready=st.booleans(),
+        kv_need=st.integers(1, KV_BYTES),
     )
-    def submit(self, shared: int, tail: list[int], ready: bool) -> None:
+    def submit(self, shared: int, tail: list[int], ready: bool, kv_need: int) -> None:
         prompt = SHARED[:shared] + tail or [0]
-        row = Row(name=len(self.rows), request=Request(prompt), pending=list(prompt), grammar_ready=ready)
+        row = Row(
+            name=len(self.rows),
+            request=Request(prompt),
+            pending=list(prompt),
+            grammar_ready=ready,
+            kv_need=kv_need,
+        )
         self.rows.append(row)
         self.scheduler.enqueue(row)  # type: ignore[arg-type]
         assert row.state is (RequestState.WAITING if ready else RequestState.WAITING_FOR_GRAMMAR)
@@ -101,8 +117,16 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule()
     def step(self) -> None:
+        free = 4 - len(self.scheduler.held)
+        reserved = self.scheduler.kv_reserved
         candidates = self.scheduler.admissions()
         assert all(r.grammar_ready and r.state is not RequestState.FINISHED for r in candidates)
+        assert reserved + sum(r.kv_need for r in candidates) <= KV_BYTES
+        ready = [r for r in self.scheduler.queued if r.grammar_ready and r.state is not RequestState.FINISHED]
+        assert candidates == ready[: len(candidates)]  # in queue order, none passed over
+        if len(candidates) < free and len(ready) > len(candidates):
+            waiting = ready[len(candidates)]  # the first left out waits for memory
+            assert reserved + sum(r.kv_need for r in candidates) + waiting.kv_need > KV_BYTES
         self.scheduler.admit(candidates)
         for row in self.scheduler.prefilling:
             if row.cached == 0:
@@ -162,6 +186,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert len(held) <= 4
         for row in self.scheduler.queued:
             assert row.state in (RequestState.WAITING, RequestState.WAITING_FOR_GRAMMAR)
+
+    @invariant()
+    def the_rows_holding_a_slot_reserve_what_they_need_within_the_budget(self) -> None:
+        assert self.scheduler.kv_reserved == sum(r.kv_need for r in self.scheduler.held) <= KV_BYTES
 
     @invariant()
     def finished_rows_left_once(self) -> None:

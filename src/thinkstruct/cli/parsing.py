@@ -116,12 +116,28 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--kv-cache-bytes",
-        type=_byte_size,
-        default=None,
+        type=_kv_cache_size,
+        default=_ENGINE.kv_cache_bytes,
         metavar="BYTES",
-        help="most bytes of finished requests' keys and values kept for requests that start the "
-        "same way, a chat's next turn (e.g. 512M, 2G; 0 keeps none; default "
-        f"{_ENGINE.prefix_cache_bytes >> 20}M)",
+        help="most bytes of keys and values the running requests reserve together: each reserves what "
+        "its prompt and max_tokens can come to when it starts, waits while that does not fit, and a request "
+        "arriving while those running and waiting need twice this gets 429 with Retry-After (e.g. 512M, 2G; "
+        f"default {_ENGINE.kv_cache_bytes >> 20}M). The prefix cache has its own budget, --prefix-cache-bytes",
+    )
+    g.add_argument(
+        "--prefix-cache-bytes",
+        type=_byte_size,
+        default=_ENGINE.prefix_cache_bytes,
+        metavar="BYTES",
+        help="most bytes of finished requests' keys and values kept for requests that start the same way, "
+        f"a chat's next turn (0 keeps none; default {_ENGINE.prefix_cache_bytes >> 20}M)",
+    )
+    g.add_argument(
+        "--grammar-cache-bytes",
+        type=_positive_byte_size,
+        default=_COMPILER.cache_bytes,
+        metavar="BYTES",
+        help=f"most bytes of compiled grammars kept, as measured (default {_COMPILER.cache_bytes >> 20}M)",
     )
     g.add_argument(
         "--speculate",
@@ -356,6 +372,23 @@ def _byte_size(text: str) -> int:
     return value
 
 
+def _positive_byte_size(text: str) -> int:
+    value = _byte_size(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def _kv_cache_size(text: str) -> int:
+    try:
+        return _positive_byte_size(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(
+            f"{e}: it bounds the running requests' keys and values; the prefix cache's budget is "
+            "--prefix-cache-bytes (0 keeps none)"
+        ) from None
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -404,8 +437,6 @@ def engine_spec(args: argparse.Namespace) -> EngineSpec:
     engine: dict[str, Any] = {}
     if args.prefill_chunk is not None:
         engine["prefill_chunk"] = args.prefill_chunk
-    if args.kv_cache_bytes is not None:
-        engine["prefix_cache_bytes"] = args.kv_cache_bytes
     if args.speculate == "off":
         engine["speculation"] = None
     return EngineSpec(
@@ -417,9 +448,16 @@ def engine_spec(args: argparse.Namespace) -> EngineSpec:
             max_batch=args.max_batch,
             max_queue=args.max_queue,
             max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
+            kv_cache_bytes=args.kv_cache_bytes,
+            prefix_cache_bytes=args.prefix_cache_bytes,
             **engine,
         ),
-        compiler=CompilerConfig(backend=args.backend, strict=args.strict, timeout_s=args.compile_timeout),
+        compiler=CompilerConfig(
+            backend=args.backend,
+            strict=args.strict,
+            timeout_s=args.compile_timeout,
+            cache_bytes=args.grammar_cache_bytes,
+        ),
     )
 
 

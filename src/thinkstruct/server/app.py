@@ -86,7 +86,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (401, "Missing or wrong API key"),
         (404, "Unknown model"),
         (413, "Request body too large"),
-        (429, "Queue full; see Retry-After"),
+        (429, "Queue full, or the KV budget held by requests running and waiting; see Retry-After"),
         (503, "Model loading or server stopping"),
     )
 }

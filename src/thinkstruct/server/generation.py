@@ -4,8 +4,9 @@ Everything that can refuse a request happens before anything is generated: the s
 parameters are checked, all ``n`` engine requests are submitted together while their
 grammar compiles (they keep their place in the queue meanwhile; the engine admits them
 once it is ready), and then the compile is awaited: an invalid or unenforceable
-constraint cancels them and is a 400 naming its pointer; a full queue is a 429 with
-``Retry-After`` (the ones already queued are cancelled).
+constraint cancels them and is a 400 naming its pointer; a full queue, or a KV budget
+the requests running and waiting need twice over, is a 429 with ``Retry-After`` (the
+ones already queued are cancelled).
 Whoever stops listening (a client that disconnects, a stream that is closed) cancels the
 engine requests, which frees their batch slots and KV cache within one step.
 """
@@ -261,8 +262,11 @@ def submit_all(
     """Submit every choice (each with its prompt); all or none.
 
     Raises:
-        APIError: 429 with ``Retry-After`` when the queue is full, 503 when the engine is
-            stopping, 400 for a request the engine refuses (it names the problem).
+        APIError: 429 with ``Retry-After`` when the queue is full (``queue_full``) or the
+            requests running and waiting need the KV budget twice over
+            (``kv_cache_full``), 503 when the engine is stopping, 400 for a request the
+            engine refuses (it names the problem: one that needs more keys and values
+            than the KV budget holds names ``max_tokens``).
     """
     from thinkstruct.engine import EngineClosed, EngineOverloaded
 
@@ -280,7 +284,7 @@ def submit_all(
                 429,
                 f"the server is busy ({e})",
                 type="rate_limit_error",
-                code="queue_full",
+                code=e.code,
                 headers={"Retry-After": str(wait)},
             ) from None
         if isinstance(e, EngineClosed):

@@ -4,7 +4,10 @@ Each app has its own registry (tests run several servers in one process). The se
 counts what it sees (requests by endpoint and status, tokens, latencies, compile waits,
 backends chosen); the engine's and the compiler's own counters (queue length, batch
 size, cache hits and misses, compile seconds, timeouts, jump-forward tokens) are read
-from ``engine.stats`` and ``engine.compiler.stats`` at each scrape.
+from ``engine.stats`` and ``engine.compiler.stats`` at each scrape, and each memory
+budget as two gauges labelled by ``budget`` (``kv_cache``: the running requests'
+reserved keys and values; ``prefix_cache``; ``grammar_cache``):
+``thinkstruct_memory_used_bytes`` and ``thinkstruct_memory_allowed_bytes``.
 """
 
 from __future__ import annotations
@@ -143,6 +146,18 @@ _ENGINE_FIELDS = (
     ),
     ("prefix_cache_blocks", "thinkstruct_prefix_cache_blocks", "Token blocks the prefix cache holds", False),
     (
+        "kv_pool_bytes",
+        "thinkstruct_kv_pool_bytes",
+        "Bytes of the KV pools ever used: the memory they take (at most the KV and prefix cache budgets)",
+        False,
+    ),
+    (
+        "kv_refused",
+        "thinkstruct_engine_kv_refused",
+        "Requests refused (429) because the running and waiting ones needed the KV budget twice over",
+        True,
+    ),
+    (
         "prefix_cache_evicted_blocks",
         "thinkstruct_prefix_cache_evicted_blocks",
         "Token blocks the prefix cache evicted to stay within its budget",
@@ -188,6 +203,12 @@ ENGINE_COUNTERS = frozenset({"finished", *(attr for attr, _, _, counter in _ENGI
 # compiler.stats fields exported as gauges; the rest only grow.
 _COMPILER_GAUGES = {"entries", "bytes"}
 
+#: The memory budgets read from engine.stats: (label, field held, field allowed).
+_ENGINE_BUDGETS = (
+    ("kv_cache", "kv_cache_reserved_bytes", "kv_cache_allowed_bytes"),
+    ("prefix_cache", "prefix_cache_bytes", "prefix_cache_allowed_bytes"),
+)
+
 
 class _EngineCollector(Collector):
     """Reads the engine's and the compiler's counters at scrape time."""
@@ -222,13 +243,31 @@ class _EngineCollector(Collector):
             for reason, count in sorted(finished.items()):
                 family.add_metric([str(reason)], float(count))
             yield family
-        for name, value in _numbers(engine.compiler.stats).items():
+        compiler = engine.compiler
+        for name, value in _numbers(compiler.stats).items():
             yield _family(
                 f"thinkstruct_grammar_{name}",
                 f"Grammar compiler: {name}",
                 value,
                 counter=name not in _COMPILER_GAUGES,
             )
+        used = GaugeMetricFamily(
+            "thinkstruct_memory_used_bytes",
+            "Bytes held against each memory budget (kv_cache: what the running requests reserved)",
+            labels=["budget"],
+        )
+        allowed = GaugeMetricFamily(
+            "thinkstruct_memory_allowed_bytes", "Bytes each memory budget allows", labels=["budget"]
+        )
+        budgets = [
+            (label, getattr(stats, held), getattr(stats, most)) for label, held, most in _ENGINE_BUDGETS
+        ]
+        budgets.append(("grammar_cache", compiler.stats.bytes, compiler.config.cache_bytes))
+        for label, held_bytes, allowed_bytes in budgets:
+            used.add_metric([label], float(held_bytes))
+            allowed.add_metric([label], float(allowed_bytes))
+        yield used
+        yield allowed
 
 
 def _numbers(stats: Any) -> dict[str, float]:

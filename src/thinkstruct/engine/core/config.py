@@ -1,22 +1,69 @@
 """How an engine is configured and what it takes: :class:`EngineConfig`, :class:`EngineStats`,
-the two refusals a caller can retry (:class:`EngineOverloaded`, :class:`EngineClosed`) and
-:func:`check_request`, what :meth:`~thinkstruct.engine.core.engine.Engine.submit` refuses,
-checked without an engine."""
+the refusals a caller can retry (:class:`EngineOverloaded`, :class:`KvCacheFull`,
+:class:`EngineClosed`), :class:`KvBudgetExceeded`, and :func:`check_request`, what
+:meth:`~thinkstruct.engine.core.engine.Engine.submit` refuses, checked without an engine."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from thinkstruct.engine.kv.budget import DEFAULT_KV_BYTES, DEFAULT_PREFIX_BYTES
 from thinkstruct.engine.request import FinishReason, GenerationRequest, InvalidSamplingParam
 from thinkstruct.engine.sampling.speculation import SpeculationConfig
 
+_MIB = 1 << 20
+
+#: Most keys and values, in KV budgets, that the requests running and waiting may need
+#: together: a request arriving past that is refused (:class:`KvCacheFull`) rather than
+#: queued, since the ones before it hold the budget and another budget's worth waits
+#: for it.
+KV_DEMAND_BUDGETS = 2
+
 
 class EngineOverloaded(RuntimeError):
-    """The queue is full; try again later (HTTP 429)."""
+    """The queue is full; try again later (HTTP 429).
 
-    def __init__(self, queued: int, retry_after_s: float) -> None:
-        super().__init__(f"the engine has {queued} requests waiting; try again in {retry_after_s:.0f} s")
+    Attributes:
+        retry_after_s: seconds after which a retry may be taken.
+        code: the refusal's name in an API error (``queue_full``).
+    """
+
+    code = "queue_full"
+
+    def __init__(self, queued: int, retry_after_s: float, *, message: str | None = None) -> None:
+        super().__init__(
+            message or f"the engine has {queued} requests waiting; try again in {retry_after_s:.0f} s"
+        )
         self.retry_after_s = retry_after_s
+
+
+class KvCacheFull(EngineOverloaded):
+    """The requests running and waiting already need the keys and values the budget holds
+    and as much again: one more would wait for memory longer than the running ones take
+    to finish; try again later (HTTP 429)."""
+
+    code = "kv_cache_full"
+
+    def __init__(self, *, demand: int, allowed: int, retry_after_s: float) -> None:
+        super().__init__(
+            0,
+            retry_after_s,
+            message=f"the requests running and waiting need {demand / _MIB:.1f} MiB of keys and values against "
+            f"{allowed / _MIB:.1f} MiB allowed to run at once (--kv-cache-bytes); try again in {retry_after_s:.0f} s",
+        )
+
+
+class KvBudgetExceeded(InvalidSamplingParam):
+    """One request needs more keys and values than the running requests' whole budget
+    holds (HTTP 400 naming ``max_tokens``, or the prompt when it alone is too long)."""
+
+    def __init__(self, *, prompt_tokens: int, max_tokens: int, max_positions: int) -> None:
+        field_name = "max_tokens" if prompt_tokens < max_positions else "prompt"
+        super().__init__(
+            field_name,
+            f"the prompt ({prompt_tokens} tokens) and max_tokens ({max_tokens}) need more keys and values than "
+            f"this server's KV budget (--kv-cache-bytes) gives one request: {max_positions} positions in all",
+        )
 
 
 class EngineClosed(RuntimeError):
@@ -46,6 +93,13 @@ class EngineConfig:
             wait for the next step (that row does not sample then) instead of making
             every row of a large batch pay for them.
         idle_poll_s: how long the idle engine thread sleeps between checks.
+        kv_cache_bytes: most bytes of keys and values the running requests reserve
+            together (:mod:`~thinkstruct.engine.kv.budget`): each reserves what its prompt
+            and ``max_tokens`` can come to (within the context) when it takes a slot, and
+            waits in the queue while that does not fit; a request needing more than all
+            of it is refused (:class:`KvBudgetExceeded`), and one arriving while the
+            running and waiting ones need twice the budget is refused with
+            :class:`KvCacheFull`.
         prefix_cache_bytes: most bytes of keys and values of finished requests kept for
             requests that start the same way (:mod:`~thinkstruct.engine.kv.prefix_cache`: a
             chat's next turn, a repeated system prompt); 0 keeps none.
@@ -68,7 +122,8 @@ class EngineConfig:
     prefill_chunk: int = 256
     decode_positions: int = 64
     idle_poll_s: float = 0.05
-    prefix_cache_bytes: int = 1 << 30
+    kv_cache_bytes: int = DEFAULT_KV_BYTES
+    prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES
     check_tries_per_value: int = 8
     check_tries_per_request: int = 32
     masks_during_forward: bool | None = None
@@ -79,6 +134,11 @@ class EngineConfig:
             raise ValueError("max_batch, prefill_chunk and decode_positions must be >= 1 and max_queue >= 0")
         if self.prefix_cache_bytes < 0:
             raise ValueError("prefix_cache_bytes must be >= 0")
+        if self.kv_cache_bytes < 1:
+            raise ValueError(
+                "kv_cache_bytes must be positive: it bounds the running requests' keys and values "
+                "(the prefix cache's budget is prefix_cache_bytes)"
+            )
         if self.check_tries_per_value < 0 or self.check_tries_per_request < 0:
             raise ValueError("check_tries_per_value and check_tries_per_request must be >= 0")
 
@@ -99,6 +159,15 @@ class EngineStats:
     prefix_cache_bytes: int = 0
     prefix_cache_blocks: int = 0
     prefix_cache_evicted_blocks: int = 0
+    #: Bytes the prefix cache may hold (its budget).
+    prefix_cache_allowed_bytes: int = 0
+    #: Bytes of keys and values the running requests reserved, and may reserve together.
+    kv_cache_reserved_bytes: int = 0
+    kv_cache_allowed_bytes: int = 0
+    #: Bytes of the KV pools ever touched: the memory they take (at most both budgets).
+    kv_pool_bytes: int = 0
+    #: Requests refused because the running and waiting ones needed the KV budget twice.
+    kv_refused: int = 0
     #: Draft tokens fed for verification, and of those the ones kept (speculation).
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0

@@ -44,10 +44,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from thinkstruct.engine.core.config import (
+    KV_DEMAND_BUDGETS,
     EngineClosed,
     EngineConfig,
     EngineOverloaded,
     EngineStats,
+    KvBudgetExceeded,
+    KvCacheFull,
     check_request,
     prompt_token_limit,
 )
@@ -65,6 +68,7 @@ from thinkstruct.engine.sampling.speculation import DraftRecord, NgramDrafter
 if TYPE_CHECKING:
     from thinkstruct.engine.core.scheduler import DecodePlan
     from thinkstruct.engine.core.step import Draw, RowOutput, StepResult
+    from thinkstruct.engine.kv.budget import KvBudget
     from thinkstruct.engine.model.loading import LoadedModel
     from thinkstruct.engine.output.checked_answer import SettledToken, Undo
     from thinkstruct.engine.runners.runner import ModelRunner
@@ -118,6 +122,11 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._scheduler: Scheduler | None = None
         self._executor: Executor | None = None
+        #: What keys and values requests may take (the runner's, within the config's).
+        self._kv_budget: KvBudget | None = None
+        #: Bytes of keys and values the requests submitted and not finished need (guarded
+        #: by ``_lock``): what :class:`KvCacheFull` is decided on.
+        self._kv_demand = 0
         self._on_step: Callable[[], None] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -192,11 +201,14 @@ class Engine:
 
         Raises:
             ValueError: the request cannot run (empty or too long prompt, ids outside the
-                vocabulary, a grammar for another tokenizer); the message names the problem.
-            EngineOverloaded: the queue is full.
+                vocabulary, a grammar for another tokenizer, more keys and values than the
+                KV budget holds: :class:`KvBudgetExceeded`); the message names the problem.
+            EngineOverloaded: the queue is full, or the requests running and waiting need
+                the KV budget twice over (:class:`KvCacheFull`).
             EngineClosed: the engine is not running.
         """
         check_request(request, vocab_size=self.tokenizer.vocab_size, max_prompt_tokens=self.max_prompt_tokens)
+        need = self._kv_need(request)
         grammar = request.grammar
         if grammar is not None and not isinstance(grammar, concurrent.futures.Future):
             self._matchers.check_grammar(grammar)
@@ -213,9 +225,39 @@ class Engine:
             queued = len(self._submitted) + self.stats.waiting
             if queued >= self.config.max_queue:
                 raise EngineOverloaded(queued, retry_after_s=self._retry_after_s())
+            allowed = self.stats.kv_cache_allowed_bytes
+            if self._kv_demand + need > KV_DEMAND_BUDGETS * allowed:
+                self.stats.kv_refused += 1
+                raise KvCacheFull(
+                    demand=self._kv_demand + need, allowed=allowed, retry_after_s=self._retry_after_s()
+                )
+            seq.kv_need = need
+            self._kv_demand += need
             self._submitted.append(seq)
             self._wake.notify()
         return handle
+
+    def _kv_need(self, request: GenerationRequest) -> int:
+        """Bytes of keys and values ``request`` reserves: what its prompt and
+        ``max_tokens`` can come to hold, within the context.
+
+        Raises:
+            KvBudgetExceeded: more than the KV budget holds for one request.
+            EngineClosed: the engine has not started.
+        """
+        budget = self._kv_budget
+        if budget is None:
+            raise EngineClosed("the engine is not running")
+        prompt = len(request.prompt_ids)
+        positions = min(prompt + request.sampling.max_tokens, self.context_length)
+        need = budget.need(positions)
+        if need is None:
+            raise KvBudgetExceeded(
+                prompt_tokens=prompt,
+                max_tokens=request.sampling.max_tokens,
+                max_positions=budget.max_positions,
+            )
+        return need
 
     def _prepare(self, seq: Sequence) -> None:
         """A request about to take a slot: build its matcher and checks (its grammar is
@@ -238,29 +280,39 @@ class Engine:
 
     def _main(self, ready: threading.Event, failure: list[BaseException]) -> None:
         try:
+            config = self.config
             runner = self._given_runner or default_runner(
                 self.model.model,
-                slots=self.config.max_batch,
+                slots=config.max_batch,
                 context_length=self.context_length,
                 vocab_size=self.tokenizer.vocab_size,
+                kv_cache_bytes=config.kv_cache_bytes,
+                prefix_cache_bytes=config.prefix_cache_bytes,
             )
+            budget = runner.kv_budget.within(
+                kv_bytes=config.kv_cache_bytes, prefix_bytes=config.prefix_cache_bytes
+            )
+            self._kv_budget = budget
+            self.stats.kv_cache_allowed_bytes = budget.kv_bytes
+            self.stats.prefix_cache_allowed_bytes = budget.prefix_bytes
             self._scheduler = Scheduler(
-                max_batch=self.config.max_batch,
-                prefill_chunk=self.config.prefill_chunk,
-                decode_positions=self.config.decode_positions,
+                max_batch=config.max_batch,
+                prefill_chunk=config.prefill_chunk,
+                decode_positions=config.decode_positions,
                 packs_tokens=runner.packs_tokens,
+                kv_bytes=budget.kv_bytes,
             )
             self._executor = Executor(
                 runner,
-                max_batch=self.config.max_batch,
+                max_batch=config.max_batch,
                 vocab_size=self.tokenizer.vocab_size,
                 context_length=self.context_length,
                 stop_ids=self._stop_ids,
-                prefix_cache_bytes=self.config.prefix_cache_bytes,
-                speculation=self.config.speculation,
+                prefix_cache_bytes=budget.prefix_bytes,
+                speculation=config.speculation,
                 masks_during_forward=spare_core()
-                if self.config.masks_during_forward is None
-                else self.config.masks_during_forward,
+                if config.masks_during_forward is None
+                else config.masks_during_forward,
             )
         except BaseException as e:  # noqa: BLE001 - reported to start()
             failure.append(e)
@@ -306,6 +358,8 @@ class Engine:
         self.stats.running = len(scheduler.decoding)
         self.stats.slots_used = len(held)
         self.stats.kv_tokens = sum(s.cached for s in held)
+        self.stats.kv_cache_reserved_bytes = scheduler.kv_reserved
+        self.stats.kv_pool_bytes = executor.runner.cache_bytes
         if self._on_step is not None:
             self._on_step()
         return True
@@ -458,6 +512,8 @@ class Engine:
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
         seq.end(reason, error)
         if not seq.handle.finished:
+            with self._lock:
+                self._kv_demand -= seq.kv_need
             self._emit_finish(seq)
 
     def _emit_finish(self, seq: Sequence) -> None:
@@ -504,3 +560,4 @@ class Engine:
         if scheduler is not None:
             scheduler.clear()
         self.stats.running = self.stats.slots_used = self.stats.kv_tokens = 0
+        self.stats.kv_cache_reserved_bytes = 0

@@ -6,7 +6,9 @@ engine loop, without touching the model; what it decides is plain data the execu
 carries out:
 
 1. **admission**: queued requests whose grammar is ready take free slots (a request whose
-   grammar is still compiling keeps its place and lets others pass);
+   grammar is still compiling keeps its place and lets others pass) while their keys and
+   values fit the KV budget (:meth:`Scheduler.kv_fits`: each reserves what its prompt and
+   ``max_tokens`` can come to; one that does not fit waits, and nobody passes it);
 2. **prefill plan**: the next prompt chunks, several prompts in one pass of at most
    ``prefill_chunk`` positions, shortest first (one passed over too long goes first), and
    the prompt prefixes a starting prompt takes from another slot or the prefix cache
@@ -24,7 +26,6 @@ carries out:
 from __future__ import annotations
 
 import collections
-import itertools
 import time
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
@@ -130,6 +131,8 @@ class Scheduler:
             :attr:`~thinkstruct.engine.core.config.EngineConfig.prefill_chunk`).
         decode_positions: positions a decoding pass may compute, at least one per row.
         packs_tokens: the runner computes only the tokens fed (else rows x the longest).
+        kv_bytes: most bytes of keys and values the rows holding a slot reserve together
+            (each its ``kv_need``).
         clock: seconds, monotonic (injectable for tests).
     """
 
@@ -140,12 +143,16 @@ class Scheduler:
         prefill_chunk: int,
         decode_positions: int,
         packs_tokens: bool,
+        kv_bytes: int,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.decode_positions = decode_positions
         self.packs_tokens = packs_tokens
+        self.kv_bytes = kv_bytes
+        #: Bytes of keys and values the rows holding a slot reserved (their ``kv_need``).
+        self.kv_reserved = 0
         self._clock = clock
         self._queue: collections.deque[Sequence] = collections.deque()
         #: Rows holding a slot, in slot order: decoding rows, then prefilling ones.
@@ -187,25 +194,53 @@ class Scheduler:
 
     # ---- admission -------------------------------------------------------------------
 
+    def kv_fits(self, seq: Sequence, *, reserved: int | None = None) -> bool:
+        """Whether ``seq``'s keys and values (its ``kv_need``) fit the KV budget beside
+        ``reserved`` bytes (default: what the rows holding a slot reserved). The KV
+        admission check, apart from how many rows a batch takes."""
+        already = self.kv_reserved if reserved is None else reserved
+        return already + seq.kv_need <= self.kv_bytes
+
     def admissions(self) -> list[Sequence]:
         """The queued requests that take a slot now, in queue order: as many as slots are
-        free, passing over those whose grammar is still compiling (and finished ones).
-        The engine prepares them (builds their matchers) and admits those still alive
-        (:meth:`admit`)."""
+        free, passing over those whose grammar is still compiling (and finished ones),
+        while their keys and values fit (:meth:`kv_fits`); the first that does not fit
+        waits for memory and the ones behind it wait too (first come, first served: a
+        long request is never passed over forever). The engine prepares them (builds
+        their matchers) and admits those still alive (:meth:`admit`)."""
         free = self.max_batch - len(self._held)
-        if free <= 0:
-            return []
-        ready = (s for s in self._queue if s.state is not RequestState.FINISHED and s.grammar_ready)
-        return list(itertools.islice(ready, free))
+        chosen: list[Sequence] = []
+        reserved = self.kv_reserved
+        for seq in self._queue:
+            if len(chosen) >= free:
+                break
+            if seq.state is RequestState.FINISHED or not seq.grammar_ready:
+                continue
+            if not self.kv_fits(seq, reserved=reserved):
+                break
+            reserved += seq.kv_need
+            chosen.append(seq)
+        return chosen
 
     def admit(self, rows: list[Sequence]) -> None:
-        """``rows`` (from :meth:`admissions`) take the next free slots, in order, and start
-        prefilling; finished requests leave the queue, and the others wait (for a slot, or
-        for their grammar)."""
+        """``rows`` (from :meth:`admissions`) take the next free slots, in order, reserve
+        their keys and values, and start prefilling; finished requests leave the queue,
+        and the others wait (for a slot, for memory, or for their grammar).
+
+        Raises:
+            RuntimeError: more rows than free slots, or than the KV budget holds.
+        """
         if len(self._held) + len(rows) > self.max_batch:
             raise RuntimeError(
                 f"{len(rows)} rows admitted with {self.max_batch - len(self._held)} slots free"
             )
+        need = sum(seq.kv_need for seq in rows)
+        if self.kv_reserved + need > self.kv_bytes:
+            raise RuntimeError(
+                f"rows needing {need} bytes of keys and values admitted with "
+                f"{self.kv_bytes - self.kv_reserved} left"
+            )
+        self.kv_reserved += need
         admitted = set(map(id, rows))
         kept: collections.deque[Sequence] = collections.deque()
         for seq in self._queue:
@@ -349,6 +384,9 @@ class Scheduler:
         while their slot still holds them); lay the others out as decoding rows in slots
         ``0..n-1``, then the prefilling ones (the rows' ``slot`` is already updated).
 
+        A finished row's reserved keys and values go back to the KV budget (the executor
+        releases its blocks as it carries the layout out, before any pass).
+
         A decoding row that leaves is replaced by the decoding row in the highest slot
         (one move per row that leaves, not one per row after it: moving every later row
         down cost ~3 ms a row, 0.2 s when the first of 64 left). Prefilling rows keep
@@ -362,6 +400,7 @@ class Scheduler:
             for s in self._held
             if s.state is RequestState.FINISHED and s.slot >= 0 and s.cached > 0
         ]
+        self.kv_reserved -= sum(s.kv_need for s in self._held if s.state is RequestState.FINISHED)
         decoding = [s for s in self._held if s.state is RequestState.DECODING]
         prefilling = [s for s in self._held if s.state is RequestState.PREFILLING]
         moves: list[Move] = []
@@ -387,6 +426,7 @@ class Scheduler:
     def clear(self) -> None:
         self._queue.clear()
         self._held = []
+        self.kv_reserved = 0
 
 
 def common_prefix(a: Seq[int], b: Seq[int], limit: int) -> int:

@@ -81,6 +81,9 @@ class Sequence:
         self.pending: list[int] = list(request.prompt_ids)
         self.prompt_tokens = len(request.prompt_ids)
         self.cached_prompt_tokens = 0
+        #: Bytes of keys and values it reserves while it holds a slot (the engine sets it
+        #: at submit from its prompt and ``max_tokens``: what it can come to hold).
+        self.kv_need = 0
         #: Every generated token fed or to be fed (stop tokens excepted), in order: the
         #: output's tokens plus those a checked value still holds back.
         self.generated_ids: list[int] = []

@@ -30,21 +30,25 @@ else the lowest free block, so a prompt's blocks lie in one run and a slot is re
 few runs as it can be (attention prefetches across the jumps, but a run is still faster:
 measured, one thread, 1k positions, shuffled blocks 1.2-1.6x consecutive ones' time).
 
-**Sizing.** The pools reserve room for every slot's whole context and as much again
-for the prefix cache, up to :data:`RESERVE_BYTES` over all layers, as zero pages the
+**Sizing.** The pools hold at most ``capacity_blocks`` blocks: the engine's budgets
+(:class:`~thinkstruct.engine.kv.budget.KvBudget`), the running requests' reservations
+and the prefix cache's, plus one block for a copy on write in progress. They reserve
+that room up front, up to :data:`RESERVE_BYTES` over all layers, as zero pages the
 system maps on first touch (a private anonymous mapping: nothing written), so memory
 grows only with the blocks used: the lowest free block goes first, and
-:attr:`PagedKvCache.nbytes` counts up to the highest block ever used. Past that room they double when no block is
-free (every block keeps its index, so the tables stay valid; the kernels get the new
-buffers on the next pass), copying only the blocks ever used: a doubling stalls every
-row, and doubling from a small start while the prefix cache filled stalled the batch
-for about 12 % of its first 15 s under 8 clients (measured; ``benchmarks/kv_growth.py``).
-A slot's table holds at most ``ceil(context / block_tokens)`` blocks, and the prefix
-cache at most ``max_bytes / block_bytes`` of its own, so the pools never need more than
-``slots * ceil(context / block_tokens) + max_bytes / block_bytes`` blocks (a shared block
-is counted by each holder, held once), plus one for a copy on write in progress: a
-request never finds the pool short mid-way; it grows to what the load needs, as the
-slot buffers did.
+:attr:`PagedKvCache.nbytes` counts up to the highest block ever used. Past that room
+(a budget over :data:`RESERVE_BYTES`) they double when no block is free, up to
+``capacity_blocks`` (every block keeps its index, so the tables stay valid; the kernels
+get the new buffers on the next pass), copying only the blocks ever used: a doubling
+stalls every row, and doubling from a small start while the prefix cache filled stalled
+the batch for about 12 % of its first 15 s under 8 clients (measured;
+``benchmarks/kv_growth.py``). A slot's table holds at most the blocks of what it writes,
+which its request reserved (``ceil((prompt + max_tokens) / block_tokens)``, within the
+context), and the prefix cache at most ``max_bytes / block_bytes`` of its own, so the
+pools never need more than the reservations plus the prefix cache's blocks (a shared
+block is counted by each holder, held once), plus one for a copy on write: a request
+admitted within its reservation never finds the pool short mid-way. A pool with no
+block free at its capacity raises :class:`KvPoolFull` (a reservation was broken).
 
 The cache is the engine thread's alone: no locks.
 """
@@ -66,6 +70,17 @@ INITIAL_BLOCKS_PER_SLOT = 8
 #: Most bytes (all layers' keys and values) of blocks the pools reserve at first, as
 #: untouched zero pages: address space, not memory, until blocks are used.
 RESERVE_BYTES = 4 << 30
+
+
+class KvPoolFull(RuntimeError):
+    """Every block of the pools is in use at their capacity: more was written than the
+    requests reserved (a fault of the engine, never of one request)."""
+
+
+def block_bytes(*, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes: every layer's keys and values of
+    :data:`~thinkstruct.engine.kv.prefix_cache.BLOCK_TOKENS` positions."""
+    return 2 * layers * kv_heads * BLOCK_TOKENS * head_dim * dtype.itemsize
 
 
 def _untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -126,11 +141,16 @@ class PagedKvCache:
         kv_heads, head_dim: the model's key/value heads and their size.
         context_length: most positions a slot holds.
         dtype: storage dtype (the model's activation dtype).
-        initial_blocks: blocks the pools hold at first (default: every slot's context
-            and as much again, within ``reserve_bytes``, at least
-            :data:`INITIAL_BLOCKS_PER_SLOT` a slot).
+        capacity_blocks: most blocks the pools ever hold (``None``: no bound beyond
+            what the slots' tables and held spans refer to).
+        initial_blocks: blocks the pools hold at first (default: ``capacity_blocks``, or
+            without one every slot's context and as much again, within
+            ``reserve_bytes``, at least :data:`INITIAL_BLOCKS_PER_SLOT` a slot).
         reserve_bytes: most bytes of blocks reserved at first (default
             :data:`RESERVE_BYTES`), all layers' keys and values.
+
+    Raises:
+        ValueError: a capacity below one block.
     """
 
     def __init__(
@@ -142,20 +162,26 @@ class PagedKvCache:
         head_dim: int,
         context_length: int,
         dtype: torch.dtype,
+        capacity_blocks: int | None = None,
         initial_blocks: int | None = None,
         reserve_bytes: int = RESERVE_BYTES,
     ) -> None:
+        if capacity_blocks is not None and capacity_blocks < 1:
+            raise ValueError(f"the pools need room for at least one block, got {capacity_blocks}")
         self.block_tokens = BLOCK_TOKENS
         self.slots = slots
         #: Blocks a slot's table has room for (its whole context).
         self.max_blocks = -(-context_length // self.block_tokens)
         #: Bytes one block holds over every layer's keys and values.
-        self.block_bytes = 2 * layers * kv_heads * self.block_tokens * head_dim * dtype.itemsize
+        self.block_bytes = block_bytes(layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype)
+        #: Most blocks the pools ever hold (``None``: unbounded).
+        self.capacity_blocks = capacity_blocks
+        reserve = reserve_bytes // max(self.block_bytes, 1)
         if initial_blocks is None:
-            initial_blocks = max(
-                INITIAL_BLOCKS_PER_SLOT * slots,
-                min(2 * slots * self.max_blocks, reserve_bytes // max(self.block_bytes, 1)),
-            )
+            wanted = 2 * slots * self.max_blocks if capacity_blocks is None else capacity_blocks
+            initial_blocks = max(INITIAL_BLOCKS_PER_SLOT * slots, min(wanted, reserve))
+        if capacity_blocks is not None:
+            initial_blocks = min(initial_blocks, capacity_blocks)
         blocks = max(1, initial_blocks)
         shape = (kv_heads, blocks, self.block_tokens, head_dim)
         #: Per layer ``[kv_heads, num_blocks, block_tokens, head_dim]``.
@@ -337,9 +363,18 @@ class PagedKvCache:
 
     def _allocate(self, after: int | None = None) -> int:
         """A free block, now referenced once: the one after block ``after`` if free, else
-        the lowest free one (the pools double when none is)."""
+        the lowest free one (the pools double when none is, up to their capacity).
+
+        Raises:
+            KvPoolFull: no block free at the pools' capacity.
+        """
         if self._free_count == 0:
-            self._grow(2 * self.num_blocks)
+            capacity = self.capacity_blocks
+            if capacity is not None and self.num_blocks >= capacity:
+                raise KvPoolFull(
+                    f"all {capacity} blocks of the KV pools are in use: more was written than reserved"
+                )
+            self._grow(2 * self.num_blocks if capacity is None else min(2 * self.num_blocks, capacity))
         if after is not None and after + 1 < self.num_blocks and self._refs[after + 1] == 0:
             block = after + 1  # its heap entry is skipped when it comes up
         else:

@@ -1,7 +1,10 @@
 """One batched KV cache used as slots: :class:`SlotCache`.
 
 Each layer keeps preallocated key and value buffers of shape
-``[slots, kv_heads, capacity, head_dim]``. Row ``i`` of a forward pass over slots
+``[slots, kv_heads, capacity + 1, head_dim]``: ``capacity`` positions a slot and one
+scratch position past them, where a pass's padding tokens write their keys and values
+(they are never attended), so the buffers hold what the rows hold and nothing more for
+the padding. Row ``i`` of a forward pass over slots
 ``[lo, hi)`` is slot ``lo + i``; a row's cached tokens are positions ``[0, length)`` of its
 slot, with no holes, so a request joins by writing its own prompt into a free slot (no
 other row is copied or padded) and leaves by giving the slot back. The scheduler keeps
@@ -96,7 +99,8 @@ class _SlotLayer(CacheLayerMixin):
 
 
 class SlotCache(Cache):
-    """Preallocated key/value buffers for ``slots`` rows of up to ``capacity`` tokens.
+    """Preallocated key/value buffers for ``slots`` rows of up to ``capacity`` tokens
+    (and a scratch position each for padding).
 
     Args:
         layers: number of attention layers.
@@ -109,7 +113,7 @@ class SlotCache(Cache):
     def __init__(
         self, *, layers: int, slots: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype
     ) -> None:
-        shape = (slots, kv_heads, capacity, head_dim)
+        shape = (slots, kv_heads, capacity + 1, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
         self.slots = slots
@@ -128,12 +132,16 @@ class SlotCache(Cache):
         per = self.keys[0].numel() * self.keys[0].element_size()
         return 2 * per * len(self.keys)
 
-    def plan(self, lo: int, hi: int, positions: torch.Tensor, span: int) -> None:
+    def plan(self, lo: int, hi: int, positions: torch.Tensor, lengths: torch.Tensor, span: int) -> None:
         """Set where the next forward pass writes: rows ``[lo, hi)``, ``positions [rows, q]``
-        (each new token's position in its slot), attending to ``span`` positions."""
+        (each new token's position in its slot), of which row ``i``'s first
+        ``lengths[i]`` are its tokens (the rest padding: written to the scratch position),
+        attending to ``span`` positions."""
         rows, q = positions.shape
+        padding = torch.arange(q)[None, :] >= lengths[:, None]
+        index = positions.masked_fill(padding, self.capacity)
         self.plan_rows = (lo, hi, span)
-        self.plan_index = positions[:, None, :, None].expand(rows, self.kv_heads, q, self.head_dim)
+        self.plan_index = index[:, None, :, None].expand(rows, self.kv_heads, q, self.head_dim)
 
     def write(
         self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor
@@ -149,13 +157,19 @@ class SlotCache(Cache):
 
     def ensure_capacity(self, needed: int, *, limit: int) -> None:
         """Hold at least ``needed`` tokens per slot: capacity doubles until it does, up to
-        ``limit`` (or ``needed``, if that is more)."""
+        ``limit``.
+
+        Raises:
+            ValueError: ``needed`` is over ``limit``.
+        """
+        if needed > limit:
+            raise ValueError(f"{needed} positions exceed a slot's {limit}")
         capacity = self.capacity
         if needed <= capacity:
             return
         while capacity < needed:
             capacity *= 2
-        self.grow(min(capacity, max(limit, needed)))
+        self.grow(min(capacity, limit))
 
     def grow(self, capacity: int) -> None:
         """Reallocate every buffer to ``capacity`` tokens per slot, keeping what is cached."""
@@ -163,8 +177,8 @@ class SlotCache(Cache):
             return
         for store in (self.keys, self.values):
             for i, old in enumerate(store):
-                new = old.new_zeros((self.slots, self.kv_heads, capacity, self.head_dim))
-                new[:, :, : self.capacity].copy_(old)
+                new = old.new_zeros((self.slots, self.kv_heads, capacity + 1, self.head_dim))
+                new[:, :, : self.capacity].copy_(old[:, :, : self.capacity])
                 store[i] = new
         self.capacity = capacity
 
@@ -177,7 +191,11 @@ class SlotCache(Cache):
 
     def write_span(self, slot: int, start: int, kv: KvSpan, *, limit: int) -> None:
         """Store ``kv`` at positions ``start...`` of ``slot`` (growing the buffers, up to
-        ``limit`` tokens a slot, if they are too short)."""
+        ``limit`` tokens a slot, if they are too short).
+
+        Raises:
+            ValueError: the span ends past ``limit``.
+        """
         stop = start + kv.keys[0].shape[1]
         self.ensure_capacity(stop, limit=limit)
         for store, parts in ((self.keys, kv.keys), (self.values, kv.values)):

@@ -62,8 +62,9 @@ from thinkstruct.engine.kernels.cpu_kernels import (
     RopeLayout,
     cpu_kernels,
 )
-from thinkstruct.engine.kv.blocks import HeldBlocks, PagedKvCache
-from thinkstruct.engine.kv.prefix_cache import HeldKv
+from thinkstruct.engine.kv.blocks import HeldBlocks, PagedKvCache, block_bytes
+from thinkstruct.engine.kv.budget import DEFAULT_KV_BYTES, DEFAULT_PREFIX_BYTES, KvBudget
+from thinkstruct.engine.kv.prefix_cache import BLOCK_TOKENS, HeldKv
 from thinkstruct.engine.runners.architectures import Architecture, architecture_of, text_config
 from thinkstruct.engine.runners.runner import (
     CausalLmRunner,
@@ -250,6 +251,9 @@ class DecoderRunner(CausalLmRunner):
         kernels: run passes on the compiled kernels (:func:`cpu_kernels`) where they
             can: a float32 model whose sizes are multiples of 8, on a machine where they
             build. ``False`` computes with torch operations only.
+        kv_cache_bytes: most bytes of blocks the running requests reserve.
+        prefix_cache_bytes: most bytes of blocks the prefix cache keeps; the pools hold
+            at most both budgets' blocks and one for a copy on write.
 
     Raises:
         ValueError: a model :func:`supports` refuses (names why).
@@ -265,14 +269,28 @@ class DecoderRunner(CausalLmRunner):
         context_length: int,
         vocab_size: int | None = None,
         kernels: bool = True,
+        kv_cache_bytes: int = DEFAULT_KV_BYTES,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES,
     ) -> None:
         entry = architecture_of(model, context_length=context_length)
         if isinstance(entry, str):
             raise ValueError(f"DecoderRunner cannot run this model: {entry}")
         super().__init__(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
+        size = block_bytes(
+            layers=self._layer_count, kv_heads=self._kv_heads, head_dim=self._head_dim, dtype=self._dtype
+        )
+        kv_blocks, prefix_blocks = kv_cache_bytes // size, prefix_cache_bytes // size
+        self.kv_budget = KvBudget(
+            kv_bytes=kv_blocks * size,
+            prefix_bytes=prefix_cache_bytes,
+            unit_tokens=BLOCK_TOKENS,
+            unit_bytes=size,
+            max_positions=min(context_length, kv_blocks * BLOCK_TOKENS),
+        )
         self.cache = PagedKvCache(
             layers=self._layer_count, slots=slots, kv_heads=self._kv_heads, head_dim=self._head_dim,
             context_length=context_length, dtype=self._dtype,
+            capacity_blocks=kv_blocks + prefix_blocks + 1,
         )  # fmt: skip
         #: The registry entry this runner computes.
         self.architecture = entry
@@ -562,11 +580,28 @@ def _padded(packed: torch.Tensor, real: torch.Tensor | None, rows: int, width: i
     return out.view(rows, width, packed.shape[-1])
 
 
-def default_runner(model: Any, *, slots: int, context_length: int, vocab_size: int) -> ModelRunner:
+def default_runner(
+    model: Any,
+    *,
+    slots: int,
+    context_length: int,
+    vocab_size: int,
+    kv_cache_bytes: int = DEFAULT_KV_BYTES,
+    prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES,
+) -> ModelRunner:
     """:class:`DecoderRunner` for the models its architecture registry computes exactly
-    (fewer operations per step), the transformers runner for any other (logging why)."""
+    (fewer operations per step), the transformers runner for any other (logging why);
+    either within the budgets given (:class:`~thinkstruct.engine.kv.budget.KvBudget`)."""
     reason = supports(model, context_length=context_length)
-    if reason is None:
-        return DecoderRunner(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
-    log.info("transformers runner (not the decoder runner: %s)", reason)
-    return TransformersRunner(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
+    kind: type[DecoderRunner] | type[TransformersRunner] = DecoderRunner
+    if reason is not None:
+        log.info("transformers runner (not the decoder runner: %s)", reason)
+        kind = TransformersRunner
+    return kind(
+        model,
+        slots=slots,
+        context_length=context_length,
+        vocab_size=vocab_size,
+        kv_cache_bytes=kv_cache_bytes,
+        prefix_cache_bytes=prefix_cache_bytes,
+    )

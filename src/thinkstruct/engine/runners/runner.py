@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from thinkstruct.engine.kv.budget import DEFAULT_KV_BYTES, DEFAULT_PREFIX_BYTES, KvBudget
 from thinkstruct.engine.kv.prefix_cache import HeldKv, KvSpan
 from thinkstruct.engine.kv.slots import SLOT_ATTENTION, SlotCache
 
@@ -40,11 +41,14 @@ class ModelRunner(abc.ABC):
             its passes hold and however its tokens are cut into passes; a prefix the
             engine copies (from another slot or the prefix cache) is then the same bits
             as computing it again (on other runners, equal within rounding).
+        kv_budget: what its keys and values may take: the running requests'
+            reservations (a request writes only what it reserved) and the prefix cache's.
     """
 
     vocab_size: int
     slots: int
     context_length: int
+    kv_budget: KvBudget
     packs_tokens: bool = False
     batch_invariant: bool = False
 
@@ -126,17 +130,42 @@ class CausalLmRunner(ModelRunner):
 class SlotRunner(CausalLmRunner):
     """What every runner over a transformers model and a :class:`SlotCache` shares: the
     cache sized from the model's config and the checked layout of a pass
-    (:meth:`_begin`). Arguments as for :class:`CausalLmRunner`.
+    (:meth:`_begin`).
+
+    Each slot holds at most an equal share of ``kv_cache_bytes`` (and the context): a
+    request reserves a whole slot's share (its :attr:`kv_budget` unit), so the buffers
+    never grow past the budget. Other arguments as for :class:`CausalLmRunner`;
+    ``prefix_cache_bytes``: the prefix cache's budget (its copies live apart).
     """
 
-    def __init__(self, model: Any, *, slots: int, context_length: int, vocab_size: int | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        *,
+        slots: int,
+        context_length: int,
+        vocab_size: int | None = None,
+        kv_cache_bytes: int = DEFAULT_KV_BYTES,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES,
+    ) -> None:
         super().__init__(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
+        per_token = 2 * self._layer_count * self._kv_heads * self._head_dim * self._dtype.itemsize
+        #: Positions a slot holds at most: its share of the budget, within the context.
+        self.slot_positions = min(context_length, kv_cache_bytes // (slots * per_token))
+        unit = max(self.slot_positions, 1)
+        self.kv_budget = KvBudget(
+            kv_bytes=slots * self.slot_positions * per_token,
+            prefix_bytes=prefix_cache_bytes,
+            unit_tokens=unit,
+            unit_bytes=unit * per_token,
+            max_positions=self.slot_positions,
+        )
         self.cache = SlotCache(
             layers=self._layer_count,
             slots=slots,
             kv_heads=self._kv_heads,
             head_dim=self._head_dim,
-            capacity=min(INITIAL_CAPACITY, context_length),
+            capacity=min(INITIAL_CAPACITY, unit),
             dtype=self._dtype,
         )
 
@@ -156,15 +185,15 @@ class SlotRunner(CausalLmRunner):
     def write_kv(self, slot: int, start: int, kv: HeldKv) -> None:
         if not isinstance(kv, KvSpan):
             raise TypeError(f"the slot cache writes copies (KvSpan), not {type(kv).__name__}")
-        self.cache.write_span(slot, start, kv, limit=self.context_length)
+        self.cache.write_span(slot, start, kv, limit=self.slot_positions)
 
     def _begin(self, first_slot: int, tokens: Sequence[Sequence[int]], starts: Sequence[int]) -> PaddedPass:
         """Check and lay out one pass, grow the cache for it and plan its writes."""
         plan = padded_pass(
             tokens, starts, slots=self.slots, first_slot=first_slot, context=self.context_length
         )
-        self.cache.ensure_capacity(plan.written, limit=self.context_length)
-        self.cache.plan(first_slot, first_slot + plan.ids.shape[0], plan.positions, plan.span)
+        self.cache.ensure_capacity(plan.span, limit=self.slot_positions)
+        self.cache.plan(first_slot, first_slot + plan.ids.shape[0], plan.positions, plan.lengths, plan.span)
         return plan
 
 
@@ -174,11 +203,28 @@ class TransformersRunner(SlotRunner):
     Args:
         model: a transformers ``*ForCausalLM`` in eval mode whose attention layers use the
             attention-function interface (Llama, Mistral, Qwen, SmolLM... do).
-        slots, context_length, vocab_size: as for :class:`SlotRunner`.
+        slots, context_length, vocab_size, kv_cache_bytes, prefix_cache_bytes: as for
+            :class:`SlotRunner`.
     """
 
-    def __init__(self, model: Any, *, slots: int, context_length: int, vocab_size: int | None = None) -> None:
-        super().__init__(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
+    def __init__(
+        self,
+        model: Any,
+        *,
+        slots: int,
+        context_length: int,
+        vocab_size: int | None = None,
+        kv_cache_bytes: int = DEFAULT_KV_BYTES,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES,
+    ) -> None:
+        super().__init__(
+            model,
+            slots=slots,
+            context_length=context_length,
+            vocab_size=vocab_size,
+            kv_cache_bytes=kv_cache_bytes,
+            prefix_cache_bytes=prefix_cache_bytes,
+        )
         self.model = model
         self._base = model.base_model
         model.set_attn_implementation(SLOT_ATTENTION)
@@ -196,7 +242,7 @@ class TransformersRunner(SlotRunner):
     ) -> torch.Tensor:
         plan = self._begin(first_slot, tokens, starts)
         # Padding queries (j >= length_i) compute garbage that is never read, and write
-        # past the row's end, which is never attended.
+        # to the slots' scratch position, which is never attended.
         out = self._base(
             input_ids=plan.ids,
             attention_mask=plan.visible().unsqueeze(1),
@@ -216,17 +262,15 @@ class PaddedPass:
     Attributes:
         ids: ``[rows, width]`` token ids (padding 0).
         positions: ``[rows, width]`` each token's position in its slot (padding continues
-            the row's positions; its keys land past the row's end and are never attended).
+            the row's positions; its keys are never attended).
         lengths: ``[rows]`` tokens each row feeds.
         span: positions attended: the longest row's length after the pass.
-        written: positions a slot must hold for the pass's writes (padding included).
     """
 
     ids: torch.Tensor
     positions: torch.Tensor
     lengths: torch.Tensor
     span: int
-    written: int
 
     def visible(self) -> torch.Tensor:
         """``[rows, width, span]``, True where query ``j`` of row ``i`` may attend: its
@@ -261,7 +305,7 @@ def padded_pass(
     if span > context:
         raise ValueError(f"a row would hold {span} tokens, more than the context of {context}")
     positions = start[:, None] + torch.arange(width)[None, :]
-    return PaddedPass(ids, positions, lengths, span, int(positions.max()) + 1)
+    return PaddedPass(ids, positions, lengths, span)
 
 
 def tail_positions(lengths: torch.Tensor, tail: Sequence[int] | None, *, width: int | None) -> torch.Tensor:
