@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))  # se
 from ray_service import START_S, RayService, metric_values
 from server_harness import serving, start_engine, stop_engine
 
+from thinkstruct.engine.kv.prefix_cache import BLOCK_TOKENS as CACHE_BLOCK
 from thinkstruct.server import ServerSettings
 
 MODEL = "tiny-deepseek-v4"
@@ -192,8 +193,6 @@ def test_concurrent_conversations_sharing_a_system_prompt_keep_their_replicas(se
     each (no 16-token block of its own), then all their second turns at once: each
     second turn goes to its first turn's replica and reuses its whole prompt, and the
     shared prompt did not keep every first turn on one replica."""
-    engine_block = 32  # the replicas' prefix cache keeps whole blocks of 32 tokens
-
     def first_turn(chat_id: int) -> tuple[list[dict[str, str]], httpx.Response]:
         messages = [{"role": "system", "content": DOCUMENT}, *user(f"Chat {chat_id}?")]
         with service.http() as client:
@@ -216,7 +215,7 @@ def test_concurrent_conversations_sharing_a_system_prompt_keep_their_replicas(se
     ]
     assert all(a == b for a, b in where), where
     for (_, one), two in zip(firsts, seconds, strict=True):
-        whole = one.json()["usage"]["prompt_tokens"] // engine_block * engine_block
+        whole = one.json()["usage"]["prompt_tokens"] // CACHE_BLOCK * CACHE_BLOCK
         assert two.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= whole
     assert len({a for a, _ in where}) == 2, where
 
