@@ -324,7 +324,10 @@ def concurrent_part(args: argparse.Namespace) -> None:
     sides = ["prefix", "queue"]
     patterns = [(n, shared) for n in args.conversations for shared in (False, True)]
     totals = {(side, p): PatternTotals([]) for side in sides for p in patterns}
-    print(f"concurrent conversations on 2 replicas, {args.conversation_rounds} rounds, load {_load()}")
+    print(
+        f"concurrent conversations on 2 replicas, {args.conversation_rounds} rounds, load {_load()}",
+        flush=True,
+    )
     for r in range(args.conversation_rounds):
         for side in sides if r % 2 == 0 else sides[::-1]:
             service = Service(side, "--replicas", "2", "--replica-cpus", "1", "--routing", side)
@@ -337,7 +340,9 @@ def concurrent_part(args: argparse.Namespace) -> None:
                     )
                     totals[side, p].add(done, wall)
                     print(
-                        f"  round {r + 1} {side:<6} {p[0]:>3} chats {'shared' if p[1] else 'own':<6} {wall:6.1f} s, load {_load()}"
+                        f"  round {r + 1} {side:<6} {p[0]:>3} chats {'shared' if p[1] else 'own':<6} {wall:6.1f} s: "
+                        f"{PatternTotals(done, wall).line()}; load {_load()}",
+                        flush=True,
                     )
             finally:
                 service.stop()
