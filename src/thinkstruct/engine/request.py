@@ -177,12 +177,18 @@ class ToolCallReading:
         names: the tool each constrained call's begin text names (the structural tag's
             ``begin``), so that a checked keyword a call's arguments fail is reported
             with its tool's name.
+        decides_call: the answer's grammar holds either the calls or another answer (a
+            JSON one, beside ``tool_choice: "auto"``): at the answer's first token the
+            model's own probability of opening a call (a token that begins the syntax's
+            trigger), before the grammar's mask, decides which, as it does in free text
+            (see :func:`~thinkstruct.engine.sampling.call_choice.draws_call`).
     """
 
     syntax: ToolCallSyntax
     schemas: ToolSchemas
     parallel: bool = True
     names: Mapping[str, str] = field(default_factory=dict)
+    decides_call: bool = False
 
 
 @dataclass(kw_only=True)

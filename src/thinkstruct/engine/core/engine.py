@@ -264,6 +264,7 @@ class Engine:
         ready now); a grammar that cannot be used ends it."""
         try:
             seq.matcher = self._matchers.matcher(seq.request)
+            seq.call_opening = self._matchers.call_opening(seq.request)
             seq.checked = self._matchers.checked(seq.request, seq.grammar)
         except Exception as e:  # noqa: BLE001 - a failed compile or a foreign grammar ends this request only
             self._finish(seq, FinishReason.ERROR, f"the grammar is not usable: {e}")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from thinkstruct.engine.core.thinking_budget import thinking_budget_matcher
 from thinkstruct.engine.output.checked_answer import CheckedAnswer
 from thinkstruct.grammar.runtime.end_tag import end_tag_matcher
+from thinkstruct.grammar.runtime.opening_tokens import OpeningTokens, opening_tokens
 
 if TYPE_CHECKING:
     from thinkstruct.engine.output.detokenizer import TokenTexts
@@ -81,6 +82,16 @@ class RequestMatchers:
             banned_ids_while_thinking=self._banned_while_thinking,
             end_tag=self._end_tag,
         )
+
+    def call_opening(self, request: GenerationRequest) -> OpeningTokens | None:
+        """The tokens that open a call where the model chooses between a call and another
+        answer at the answer's first token (``ToolCallReading.decides_call``); ``None``
+        elsewhere."""
+        calls = request.tool_calls
+        if calls is None or not calls.decides_call or request.grammar is None:
+            return None
+        form = calls.syntax.form
+        return None if form is None else opening_tokens(self.tokenizer, form.trigger)
 
     def checked(self, request: GenerationRequest, grammar: CompiledGrammar | None) -> CheckedAnswer | None:
         """The checks of the keywords ``grammar`` (the request's, ready) cannot enforce, fed

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from thinkstruct.engine.output.processor import OutputProcessor
     from thinkstruct.engine.sampling.speculation import NgramDrafter
     from thinkstruct.grammar.base import CompiledGrammar, GrammarMatcher
+    from thinkstruct.grammar.runtime.opening_tokens import OpeningTokens
     from thinkstruct.grammar.runtime.value_checks import CheckFailure
 
 
@@ -71,6 +72,9 @@ class Sequence:
         self.generator: torch.Generator = new_generator(seed)
         #: Set when the request is admitted (its grammar may still be compiling before).
         self.matcher: GrammarMatcher | None = None
+        #: The tokens that open a call, where the answer's first token chooses between a
+        #: call and another answer (set at admission).
+        self.call_opening: OpeningTokens | None = None
         # Bias and the tokens penalties count, only for a request that uses them.
         self.adjustments = (
             LogitAdjustments(self.params, request.prompt_ids) if self.params.adjusts_logits else None
