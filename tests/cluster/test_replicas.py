@@ -193,6 +193,7 @@ def test_concurrent_conversations_sharing_a_system_prompt_keep_their_replicas(se
     each (no 16-token block of its own), then all their second turns at once: each
     second turn goes to its first turn's replica and reuses its whole prompt, and the
     shared prompt did not keep every first turn on one replica."""
+
     def first_turn(chat_id: int) -> tuple[list[dict[str, str]], httpx.Response]:
         messages = [{"role": "system", "content": DOCUMENT}, *user(f"Chat {chat_id}?")]
         with service.http() as client:
