@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import concurrent.futures
 
     from thinkstruct.grammar.base import CompiledGrammar
+    from thinkstruct.grammar.runtime.value_checks import CheckFailure
     from thinkstruct.parsers import ReasoningParser
     from thinkstruct.parsers.tool_calls.syntax import ToolCallSyntax
     from thinkstruct.parsers.tool_calls.types import ToolSchemas
@@ -302,6 +303,9 @@ class Delta:
     finish_reason: FinishReason | None = None
     error: str | None = None
     usage: Usage | None = None
+    #: With ``finish_reason`` error: the checked keyword the answer could not meet (its
+    #: tries ran out), naming the keyword and the JSON pointers; ``None`` for other errors.
+    unmet: CheckFailure | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +320,8 @@ class Completion:
     usage: Usage | None
     logprobs: tuple[TokenLogprob, ...] = ()
     tool_calls: tuple[ToolCall, ...] = ()
+    #: See :attr:`Delta.unmet`.
+    unmet: CheckFailure | None = None
 
 
 def join_deltas(deltas: list[Delta]) -> Completion:
@@ -330,6 +336,7 @@ def join_deltas(deltas: list[Delta]) -> Completion:
         usage=last.usage,
         logprobs=tuple(lp for d in deltas for lp in d.logprobs),
         tool_calls=join_calls(c for d in deltas for c in d.tool_calls),
+        unmet=last.unmet,
     )
 
 

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from thinkstruct.engine.runners.runner import ModelRunner
     from thinkstruct.engine.sampling.logprobs import SampledLogprob
     from thinkstruct.engine.sampling.speculation import SpeculationConfig
+    from thinkstruct.grammar.runtime.value_checks import CheckFailure
 
 log = logging.getLogger("thinkstruct.engine")
 
@@ -61,7 +62,7 @@ class _Row:
     """One row's progress through a pass: the executor's own account of it, returned as a
     :class:`~thinkstruct.engine.core.step.RowOutput`."""
 
-    __slots__ = ("allowed", "cached", "draws", "error", "generated", "pending", "seq", "start")
+    __slots__ = ("allowed", "cached", "draws", "error", "generated", "pending", "seq", "start", "unmet")
 
     def __init__(self, seq: Sequence, fed: int) -> None:
         self.seq = seq
@@ -73,6 +74,7 @@ class _Row:
         self.generated = seq.generated
         self.draws: list[Draw] = []
         self.error: str | None = None
+        self.unmet: CheckFailure | None = None
         #: How many tokens the mask of its next draw allows (filled with the mask, when
         #: the request counts them).
         self.allowed = 0
@@ -94,6 +96,7 @@ class _Row:
             pending=self.pending,
             draws=self.draws,
             error=self.error,
+            unmet=self.unmet,
         )
 
 
@@ -452,7 +455,8 @@ class Executor:
             failure = seq.check_failure if seq.bans.get(row.position) else None
             why = "the grammar allows no next token"
             if failure is not None:
-                why = f"no answer meets the schema here (every allowed token was tried): {failure.describe()}"
+                why = f"the answer could not meet {failure.describe()}: every token allowed here was tried"
+                row.unmet = failure
             row.fail(why)
             return
         matcher = seq.matcher

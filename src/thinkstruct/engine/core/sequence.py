@@ -94,9 +94,13 @@ class Sequence:
         #: The keywords its grammar cannot enforce, checked as values close (set at
         #: admission for a grammar with checks).
         self.checked: CheckedAnswer | None = None
-        #: Tokens forbidden at a position (after a value starting there failed its check).
+        #: Tokens forbidden at a position (after a value starting there failed its check),
+        #: and how many times a failed value was drawn again from there.
         self.bans: dict[int, set[int]] = {}
+        self.tries: dict[int, int] = {}
         self.check_failure: CheckFailure | None = None
+        #: The checked keyword the answer could not meet (it ended out of tries).
+        self.unmet: CheckFailure | None = None
         self.rollbacks = 0
         self.resampled_tokens = 0
         #: Proposes speculative drafts from this request's context (set by the engine).
@@ -155,9 +159,12 @@ class Sequence:
     def stopped_by_string(self) -> bool:
         return self.output.stopped_by_string
 
-    def end(self, reason: FinishReason, error: str | None = None) -> None:
-        """Mark it finished (the first reason stands)."""
+    def end(
+        self, reason: FinishReason, error: str | None = None, *, unmet: CheckFailure | None = None
+    ) -> None:
+        """Mark it finished (the first reason stands; ``unmet``: see :attr:`unmet`)."""
         if self.finish_reason is None:
             self.finish_reason = reason
             self.error = error
+            self.unmet = unmet
         self.state = RequestState.FINISHED
