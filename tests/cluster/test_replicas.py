@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server"))  # se
 from ray_service import NO_EOS, START_S, RayCluster, RayService, metric_values
 from server_harness import serving, start_engine, stop_engine
 
+from thinkstruct.engine.kv.prefix_cache import BLOCK_TOKENS as CACHE_BLOCK
 from thinkstruct.server import ServerSettings
 
 MODEL = "tiny-deepseek-v4"
@@ -194,6 +195,39 @@ def test_a_chats_next_turn_goes_to_its_replica_and_reuses_its_prefix(http: httpx
         cached = two.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert cached >= prompt // 2, (cached, prompt)
         served_first.add(one.headers[HEADER])
+
+
+def test_concurrent_conversations_sharing_a_system_prompt_keep_their_replicas(service: RayService) -> None:
+    """Twelve chats at once, one long system prompt for all and a short first question
+    each (no 16-token block of its own), then all their second turns at once: each
+    second turn goes to its first turn's replica and reuses its whole prompt, and the
+    shared prompt did not keep every first turn on one replica."""
+
+    def first_turn(chat_id: int) -> tuple[list[dict[str, str]], httpx.Response]:
+        messages = [{"role": "system", "content": DOCUMENT}, *user(f"Chat {chat_id}?")]
+        with service.http() as client:
+            return messages, chat(client, messages, max_tokens=16, temperature=0)
+
+    def second_turn(first: tuple[list[dict[str, str]], httpx.Response]) -> httpx.Response:
+        messages, one = first
+        answer = one.json()["choices"][0]["message"]["content"]
+        turn = [*messages, {"role": "assistant", "content": answer}, *user("And then?")]
+        with service.http() as client:
+            return chat(client, turn, temperature=0)
+
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        firsts = list(pool.map(first_turn, range(12)))
+        assert all(one.status_code == 200 for _, one in firsts), [one.text for _, one in firsts]
+        seconds = list(pool.map(second_turn, firsts))
+    assert all(two.status_code == 200 for two in seconds), [two.text for two in seconds]
+    where = [
+        (one.headers[HEADER], two.headers[HEADER]) for (_, one), two in zip(firsts, seconds, strict=True)
+    ]
+    assert all(a == b for a, b in where), where
+    for (_, one), two in zip(firsts, seconds, strict=True):
+        whole = one.json()["usage"]["prompt_tokens"] // CACHE_BLOCK * CACHE_BLOCK
+        assert two.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= whole
+    assert len({a for a, _ in where}) == 2, where
 
 
 def replica_names(http: httpx.Client, *, tries: int) -> set[str]:

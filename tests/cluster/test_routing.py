@@ -1,64 +1,15 @@
-"""The pieces of the replicated service that need no Ray cluster: the prefix index the
-router keeps, the stall watch behind the health check, the replica options, the
-service's totals over the replicas' counters."""
+"""The pieces of the replicated service that need no Ray cluster: the stall watch behind
+the health check, the replica options, the service's totals over the replicas' counters
+(the router's decision: test_prefix_routing.py)."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from thinkstruct.cli import main
 from thinkstruct.server.cluster.replica import ReplicaStalled, StallWatch
-from thinkstruct.server.cluster.router import PrefixIndex, block_keys
 from thinkstruct.server.cluster.service import ClusterOptions
 from thinkstruct.server.cluster.stats_board import StatsBoard
-
-tokens = st.lists(st.integers(min_value=0, max_value=200_000), max_size=80)
-
-
-@given(tokens, tokens)
-def test_block_keys_agree_exactly_on_the_shared_whole_blocks(a: list[int], b: list[int]) -> None:
-    shared = 0
-    while shared < min(len(a), len(b)) and a[shared] == b[shared]:
-        shared += 1
-    ka, kb = block_keys(a, block=4), block_keys(b, block=4)
-    assert (len(ka), len(kb)) == (len(a) // 4, len(b) // 4)
-    agreeing = sum(1 for x, y in zip(ka, kb, strict=False) if x == y)
-    assert agreeing == min(shared // 4, len(ka), len(kb))
-
-
-@given(st.lists(st.tuples(tokens, st.sampled_from("abc")), max_size=12), tokens)
-def test_the_index_names_the_replica_holding_the_longest_prefix(
-    served: list[tuple[list[int], str]], prompt: list[int]
-) -> None:
-    index = PrefixIndex()
-    owner: dict[tuple[int, ...], str] = {}  # a brute-force model: each prefix's last replica
-    for ids, replica in served:
-        index.record(block_keys(ids, block=4), replica)
-        for end in range(4, len(ids) + 1, 4):
-            owner[tuple(ids[:end])] = replica
-    best, depth = index.longest(block_keys(prompt, block=4), among={"a", "b"})
-    held = [end for end in range(4, len(prompt) + 1, 4) if owner.get(tuple(prompt[:end])) in {"a", "b"}]
-    contiguous = 0
-    for end in range(4, len(prompt) + 1, 4):
-        if tuple(prompt[:end]) not in owner:
-            break
-        contiguous = end
-    expected = max((end for end in held if end <= contiguous), default=0)
-    assert depth * 4 == expected
-    assert best == (owner[tuple(prompt[:expected])] if expected else None)
-
-
-def test_a_forgotten_replica_holds_nothing_and_the_index_stays_bounded() -> None:
-    index = PrefixIndex(max_blocks=10)
-    index.record(block_keys(list(range(64)), block=4), "a")
-    assert len(index) == 10  # the oldest blocks went first
-    assert index.longest(block_keys(list(range(64)), block=4), among={"a"}) == (None, 0)
-    index.record(block_keys(list(range(8)), block=4), "b")
-    assert index.longest(block_keys(list(range(8)), block=4), among={"a", "b"}) == ("b", 2)
-    index.forget("b")
-    assert index.longest(block_keys(list(range(8)), block=4), among={"a", "b"}) == (None, 0)
 
 
 class Clock:

@@ -15,6 +15,7 @@ from thinkstruct.engine.core.thinking_budget import DEFAULT_REASONING_SHARE, che
 from thinkstruct.engine.model.loading import DTYPES
 from thinkstruct.grammar.backends import BACKEND_NAMES
 from thinkstruct.grammar.service.config import CompilerConfig, check_backend_name
+from thinkstruct.server.cluster.affinity import LoadBound
 from thinkstruct.server.response_store import StoreLimits
 from thinkstruct.server.settings import ServerSettings
 
@@ -308,6 +309,15 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=1.0,
         metavar="C",
         help="CPUs Ray reserves for each engine replica (fractions allowed; default 1)",
+    )
+    c.add_argument(
+        "--routing",
+        choices=("prefix", "queue"),
+        default="prefix",
+        help="how requests pick a replica: 'prefix' sends a conversation's turns and a shared prefix "
+        "to the replica holding their keys and values, within a load bound (while it has at most "
+        f"{LoadBound.requests} requests in flight more than the least busy replica, or {LoadBound.ratio:g}x "
+        "as many); 'queue': by queue length alone (default prefix)",
     )
     c.add_argument(
         "--stream-interval",

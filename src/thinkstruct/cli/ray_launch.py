@@ -52,6 +52,7 @@ def serve_on_ray(
             scaling_window_s=args.scaling_window,
             ray_address=args.ray_address,
             replica_cpus=args.replica_cpus,
+            routing=args.routing,
             stream_interval_s=args.stream_interval / 1000,
             grace_s=args.grace,
         )

@@ -17,13 +17,14 @@ import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import ray
 from ray import serve
 from ray.serve.config import AutoscalingConfig, HTTPOptions
 from ray.serve.schema import LoggingConfig
 
+from thinkstruct.server.cluster.affinity import LoadBound
 from thinkstruct.server.cluster.ingress import Ingress
 from thinkstruct.server.cluster.ray_settings import ray_serve_env
 from thinkstruct.server.cluster.replica import EngineReplica
@@ -58,8 +59,13 @@ class ClusterOptions:
         ray_address: ``None`` or ``"local"``: start a local Ray instance; else join it.
         replica_cpus: CPUs Ray reserves per engine replica (fractions allowed).
         max_ongoing_requests: requests one replica takes at once (more wait at the router).
-        imbalance: requests a prefix's replica may be busier than the least busy one and
-            still get the prefix's requests.
+        routing: ``"prefix"``: :class:`~.router.PromptPrefixRouter` (a conversation's
+            turns and a shared prefix go where their keys and values are, within the load
+            bound); ``"queue"``: Ray Serve's own choice by queue length alone.
+        imbalance, imbalance_ratio: the prefix router's load bound
+            (:class:`~.affinity.LoadBound`): a prefix's replica still gets its requests
+            while it has at most ``imbalance`` requests in flight more than the least busy
+            replica, or at most ``imbalance_ratio`` times as many.
         health_check_period_s: seconds between Ray Serve's health checks of a replica.
         stall_s: seconds a busy engine may go without a step before its replica counts
             as unhealthy.
@@ -79,7 +85,9 @@ class ClusterOptions:
     ray_address: str | None = None
     replica_cpus: float = 1.0
     max_ongoing_requests: int = 64
-    imbalance: int = 4
+    routing: Literal["prefix", "queue"] = "prefix"
+    imbalance: int = LoadBound.requests
+    imbalance_ratio: float = LoadBound.ratio
     health_check_period_s: float = 2.0
     stall_s: float = 30.0
     stream_interval_s: float = 0.025
@@ -100,6 +108,7 @@ class ClusterOptions:
             raise ValueError("--upscale-delay and --downscale-delay must not be negative")
         if self.scaling_window_s <= 0:
             raise ValueError(f"--scaling-window must be positive, got {self.scaling_window_s:g} s")
+        LoadBound(requests=self.imbalance, ratio=self.imbalance_ratio)
         if self.stream_interval_s < 0:
             raise ValueError(
                 f"--stream-interval must not be negative, got {1000 * self.stream_interval_s:g} ms"
@@ -136,15 +145,21 @@ def application(spec: EngineSpec, settings: ServerSettings, options: ClusterOpti
     )
     # Ray Serve's access log writes a line per request and per streamed call.
     quiet = LoggingConfig(enable_access_log=False)
+    routing: dict[str, Any] = {}  # Ray Serve's default: queue length alone
+    if options.routing == "prefix":
+        routing["request_router_config"] = {
+            "request_router_class": f"{PromptPrefixRouter.__module__}.{PromptPrefixRouter.__qualname__}",
+            "request_router_kwargs": {
+                "imbalance": options.imbalance,
+                "imbalance_ratio": options.imbalance_ratio,
+            },
+        }
     engine = serve.deployment(
         name="engine",
         logging_config=quiet,
         ray_actor_options={"num_cpus": options.replica_cpus},
         max_ongoing_requests=options.max_ongoing_requests,
-        request_router_config={
-            "request_router_class": f"{PromptPrefixRouter.__module__}.{PromptPrefixRouter.__qualname__}",
-            "request_router_kwargs": {"imbalance": options.imbalance},
-        },
+        **routing,
         health_check_period_s=options.health_check_period_s,
         health_check_timeout_s=max(10.0, options.health_check_period_s * 5),
         graceful_shutdown_timeout_s=options.grace_s,
