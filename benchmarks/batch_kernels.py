@@ -68,14 +68,14 @@ PEAK_SOURCE = r"""
 #define FOUT(c) _mm256_cvtss_f32(c)
 #endif
 #if defined(__AVX512VNNI__)
-#define MADD(c) _mm512_dpwssd_epi32(c, p, q)
+#define MADD(c) _mm512_dpwssd_epi32(c, a, b)
 #define ILANES 32
 #define IVEC __m512i
 #define ISET16 _mm512_set1_epi16
 #define ISET32 _mm512_set1_epi32
 #define IOUT(c) _mm_cvtsi128_si32(_mm512_castsi512_si128(c))
 #else
-#define MADD(c) _mm256_add_epi32(c, _mm256_madd_epi16(p, q))
+#define MADD(c) _mm256_add_epi32(c, _mm256_madd_epi16(c, a)) /* the pair products depend on the chain */
 #define ILANES 16
 #define IVEC __m256i
 #define ISET16 _mm256_set1_epi16
@@ -83,28 +83,20 @@ PEAK_SOURCE = r"""
 #define IOUT(c) _mm_cvtsi128_si32(_mm256_castsi256_si128(c))
 #endif
 #define FINIT(k) FSET(0.5f + (k))
-double peak_f32(long iters) {
-    double total = 0;
-    #pragma omp parallel reduction(+:total)
-    {
-        FVEC a = FSET(1.0000001f), b = FSET(0.9999999f);
-        CHAINS(FVEC, FINIT);
-        for (long i = 0; i < iters; i++) { ROUND(FMA); }
-        total += (double)iters * 12 * FLANES + (SUM(FOUT) == 12345.f);
-    }
-    return total;
+/* peak_NAME(iters): the chains of OP over VEC from INIT, then one lane of each kept. */
+#define PEAK(name, VEC, A, B, INIT, OP, LANES, OUT) double name(long iters) { \
+    double total = 0; \
+    _Pragma("omp parallel reduction(+:total)") \
+    { \
+        VEC a = A, b = B; \
+        CHAINS(VEC, INIT); \
+        for (long i = 0; i < iters; i++) { ROUND(OP); } \
+        total += (double)iters * 12 * LANES + (SUM(OUT) == 12345); \
+    } \
+    return total; \
 }
-double peak_i16(long iters) {
-    double total = 0;
-    #pragma omp parallel reduction(+:total)
-    {
-        IVEC p = ISET16(3), q = ISET16(5);
-        CHAINS(IVEC, ISET32);
-        for (long i = 0; i < iters; i++) { ROUND(MADD); }
-        total += (double)iters * 12 * ILANES + (SUM(IOUT) == 12345);
-    }
-    return total;
-}
+PEAK(peak_f32, FVEC, FSET(1.0000001f), FSET(0.9999999f), FINIT, FMA, FLANES, FOUT)
+PEAK(peak_i16, IVEC, ISET16(3), ISET16(5), ISET32, MADD, ILANES, IOUT)
 """
 
 

@@ -8,11 +8,11 @@ budget and ``max_batch``."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_scheduler import Request, Row
 
 from thinkstruct.engine.core.batch_size import TargetedSize
 from thinkstruct.engine.core.scheduler import START_ROWS, PrefillPlan, Scheduler
@@ -95,32 +95,6 @@ def test_under_full_load_the_batch_settles_at_the_target(fixed_s: float, per_row
 # ---- the scheduler's admissions ------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Request:
-    prompt_ids: list[int]
-
-
-@dataclass(eq=False)
-class Row:
-    request: Request
-    pending: list[int]
-    kv_need: int = 1
-    grammar_ready: bool = True
-    state: RequestState = RequestState.WAITING
-    slot: int = -1
-    cached: int = 0
-    cached_prompt_tokens: int = 0
-    submitted_at: float = 0.0
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.request.prompt_ids)
-
-    @property
-    def context(self) -> list[int]:
-        return self.request.prompt_ids
-
-
 def scheduler(*, kv_bytes: int = 1000, max_batch: int = 16) -> Scheduler:
     s = Scheduler(
         max_batch=max_batch,
@@ -132,7 +106,7 @@ def scheduler(*, kv_bytes: int = 1000, max_batch: int = 16) -> Scheduler:
         chunk_target_s=TARGET,
     )
     for i in range(40):
-        s.enqueue(Row(Request([i, i + 1]), [i, i + 1]))  # type: ignore[arg-type]
+        s.enqueue(Row(i, Request([i, i + 1]), [i, i + 1]))  # type: ignore[arg-type]
     return s
 
 
@@ -179,8 +153,8 @@ def test_a_prefill_pass_beside_decoding_rows_follows_the_target() -> None:
         chunk_target_s=TARGET,
     )
     long = list(range(1000, 1600))
-    for prompt in ([1, 2], [3, 4], long):
-        s.enqueue(Row(Request(prompt), list(prompt)))  # type: ignore[arg-type]
+    for i, prompt in enumerate(([1, 2], [3, 4], long)):
+        s.enqueue(Row(i, Request(prompt), list(prompt)))  # type: ignore[arg-type]
     assert admit(s) == 3
 
     def run(plan: PrefillPlan | None) -> int:
