@@ -144,7 +144,13 @@ def run_side(options: str, args: argparse.Namespace) -> dict[tuple[int, str], Ce
         for users in args.users:
             for workload in WORKLOADS:
                 cells[(users, workload)] = asyncio.run(run_cell(url, model, users, workload == "json", args))
-                cells[(users, workload)].batch_limit = batch_limit(url)
+                cell = cells[(users, workload)]
+                cell.batch_limit = batch_limit(url)
+                print(
+                    f"#   {options or '(defaults)'}: {users} users {workload}: {cell.tokens / cell.seconds:.1f} tok/s, "
+                    f"first token p99 {percentile(cell.first_token, 0.99):.2f} s, batch {cell.batch_limit:.0f}",
+                    flush=True,
+                )
                 if cells[(users, workload)].errors:
                     raise RuntimeError(
                         f"{options!r}, {users} users, {workload}: {cells[(users, workload)].errors[0]}"
