@@ -295,8 +295,10 @@ class Engine:
             self._kv_budget = budget
             self.stats.kv_cache_allowed_bytes = budget.kv_bytes
             self.stats.prefix_cache_allowed_bytes = budget.prefix_bytes
+            # A runner holds at most its slots (the default choice may give fewer).
+            max_batch = min(config.max_batch, runner.slots)
             self._scheduler = Scheduler(
-                max_batch=config.max_batch,
+                max_batch=max_batch,
                 prefill_chunk=config.prefill_chunk,
                 decode_positions=config.decode_positions,
                 packs_tokens=runner.packs_tokens,
@@ -307,7 +309,7 @@ class Engine:
             )
             self._executor = Executor(
                 runner,
-                max_batch=config.max_batch,
+                max_batch=max_batch,
                 vocab_size=self.tokenizer.vocab_size,
                 context_length=self.context_length,
                 stop_ids=self._stop_ids,
