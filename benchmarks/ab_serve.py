@@ -1,9 +1,12 @@
-"""Two ``thinkstruct serve`` side by side over HTTP: this tree against another source tree
-(the tree before a change), the same workloads interleaved round by round.
+"""Two ``thinkstruct serve`` over HTTP: this tree against another source tree (the same
+code before a change, say), each side alone on the machine, the sides alternating round
+by round.
 
 Each side is its own process on the embedded model (the other tree's code through
-``PYTHONPATH``, the same virtual environment). Per round and side, with thinking off and
-``max_tokens`` fixed:
+``PYTHONPATH``, the same virtual environment), started for its round after the machine
+is quiet and stopped, with everything it started, before the other side's (``alone.py``);
+after start it answers one JSON request unmeasured (its schema compiled). Per round and
+side, with thinking off and ``max_tokens`` fixed:
 
 - ``1 free`` / ``1 json``: one client sending requests back to back (a chat question;
   the same question answered to a JSON schema);
@@ -20,10 +23,8 @@ nothing.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -33,7 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from serve_process import free_port, start_serve, wait_healthy
+import alone
 
 QUESTION = "Name three primary colors and say which one you like best, in one sentence."
 SCHEMA = {
@@ -103,38 +104,39 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--args", default="", help="serve options of this tree, one string")
     parser.add_argument("--baseline-args", default=None, help="the other tree's (default: --args)")
+    alone.add_arguments(parser)
     options = parser.parse_args()
     this_args = shlex.split(options.args)
     baseline_args = this_args if options.baseline_args is None else shlex.split(options.baseline_args)
     sides = {"this": (None, this_args), "baseline": (options.baseline_src, baseline_args)}
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    urls: dict[str, str] = {}
-    try:
-        for name, (src, args) in sides.items():
-            port = free_port()
-            procs[name] = start_serve(port, *args, pythonpath=src)
-            urls[name] = f"http://127.0.0.1:{port}"
-        for name in sides:
-            wait_healthy(urls[name], procs[name])
-            run(urls[name], 1, True, 1, options.max_tokens)  # warm: compile the schema once
-        cells: dict[tuple[str, str], list[float]] = {}
-        for r in range(options.rounds):
-            order = list(sides) if r % 2 == 0 else list(reversed(sides))
-            for label, clients, json_mode in WORKLOADS:
-                for name in order:
-                    rate = run(urls[name], clients, json_mode, options.requests, options.max_tokens)
+    print(alone.header())
+    cells: dict[tuple[str, str], list[float]] = {}
+    runs: list[alone.Run] = []
+    for r in range(options.rounds):
+        for name in alone.rotation(list(sides), r):
+            src, args = sides[name]
+            port = alone.free_port()
+            env = {"OMP_WAIT_POLICY": "PASSIVE", **({"PYTHONPATH": src} if src is not None else {})}
+            server = alone.Server(
+                name,
+                alone.thinkstruct_serve(*args, port=port),
+                port=port,
+                rule=alone.quiet_rule(options),
+                env=env,
+            )
+            with server:
+                run(server.url, 1, True, 1, options.max_tokens)  # warm: compile the schema once
+                for label, clients, json_mode in WORKLOADS:
+                    rate = run(server.url, clients, json_mode, options.requests, options.max_tokens)
                     cells.setdefault((label, name), []).append(rate)
-            print(f"  round {r + 1} done (load average {os.getloadavg()[0]:.1f})", flush=True)
-    finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            proc.wait(timeout=60)
+            runs.append(server.record)
+        print(alone.round_report(r + 1, runs[-len(sides) :]), flush=True)
     print(f"this tree {this_args or '(defaults)'} vs {options.baseline_src} {baseline_args or '(defaults)'}")
     for label, _, _ in WORKLOADS:
         this = statistics.median(cells[(label, "this")])
         base = statistics.median(cells[(label, "baseline")])
         print(f"{label:7s} this {this:7.1f} tok/s | baseline {base:7.1f} tok/s | ratio {this / base:.2f}")
+    print(alone.summary(runs))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Constrained requests with thinking on and no ``max_reasoning_tokens``: do they answer?
 
 Against a running ``thinkstruct serve`` (the embedded SmolLM2 thinks by default), sends
-the requests of issue 22 item 5 — seven ``json_schema`` questions at ``max_tokens`` 200 and
+thirteen requests — seven ``json_schema`` questions at ``max_tokens`` 200 and
 400, a ``choice`` at 10, a ``regex`` at 30, three tool calls forced by name at 120 — once
 per seed, at the default temperature, 8 at a time, and prints per kind how many ended with
 a valid answer (the schema validates, the choice is an option, the regex full-matches,

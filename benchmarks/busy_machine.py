@@ -57,7 +57,7 @@ class Side:
 
     def __init__(self, label: str, src: Path, threads: int) -> None:
         self.label = label
-        # Idle OpenMP threads sleep on every side, as in the server (an older tree's
+        # Idle OpenMP threads sleep on every side, as in the server (another tree's
         # import may not set it).
         env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": str(threads)}
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")

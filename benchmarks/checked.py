@@ -23,15 +23,21 @@ in SmolLM2's call syntax, checked (strict) and unchecked (lenient): per side, th
 calls whose arguments validate against their tool's schema, over the answers that
 finished with calls.
 
+With ``--sweep``: requests out of tries (a checked keyword that could not be met) per
+case of ``benchmarks/checked_cases.py`` (the checked-keyword tests' schemas and prompts,
+the schemas above asked through the chat template, the tool-call case), ``--seeds``
+seeds each, for this tree and the tree ``--before`` names, each in its own process
+(``benchmarks/checked_sweep.py``).
+
 Prints a table and asserts nothing.
 
     python benchmarks/checked.py [--seeds 5] [--maskbench 8] [--max-tokens 200] [--tool-seeds 8]
+    python benchmarks/checked.py --sweep --before /work/main/src --seeds 30
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -41,11 +47,11 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import jsonschema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from coverage import load_maskbench
+from checked_cases import PAINT, SCHEMA_CASES, schema_question, valid
+from checked_sweep import checked_maskbench
 from forward_baselines import chat_prompt_ids
 from thinkstruct import Constraint
 from thinkstruct.engine import (
@@ -56,67 +62,11 @@ from thinkstruct.engine import (
     SamplingParams,
     load_model,
 )
-from thinkstruct.errors import InvalidConstraint
 from thinkstruct.grammar.service.compiler import GrammarCompiler
 
-COLORS = ["red", "green", "blue"]
-KEYWORD_SCHEMAS: dict[str, dict[str, Any]] = {
-    "uniqueItems": {
-        "type": "array",
-        "items": {"enum": COLORS},
-        "minItems": 3,
-        "maxItems": 3,
-        "uniqueItems": True,
-    },
-    "not const": {
-        "type": "object",
-        "properties": {"color": {"type": "string", "not": {"const": "red"}, "maxLength": 10}},
-        "required": ["color"],
-        "additionalProperties": False,
-    },
-    "format email": {
-        "type": "object",
-        "properties": {"email": {"type": "string", "format": "email", "maxLength": 40}},
-        "required": ["email"],
-        "additionalProperties": False,
-    },
-    "format date": {
-        "type": "object",
-        "properties": {"born": {"type": "string", "format": "date", "maxLength": 12}},
-        "required": ["born"],
-        "additionalProperties": False,
-    },
-    "multipleOf 0.25": {
-        "type": "object",
-        "properties": {"price": {"type": "number", "multipleOf": 0.25, "minimum": 0, "maximum": 100}},
-        "required": ["price"],
-        "additionalProperties": False,
-    },
-    "maxContains": {
-        "type": "array",
-        "items": {"enum": COLORS},
-        "minItems": 3,
-        "maxItems": 4,
-        "contains": {"const": "red"},
-        "maxContains": 1,
-    },
-    "if/then": {
-        "type": "object",
-        "properties": {"kind": {"enum": ["cat", "dog"]}, "sound": {"enum": ["meow", "woof"]}},
-        "required": ["kind", "sound"],
-        "additionalProperties": False,
-        "if": {"properties": {"kind": {"const": "cat"}}},
-        "then": {"properties": {"sound": {"const": "meow"}}},
-        "else": {"properties": {"sound": {"const": "woof"}}},
-    },
-    "propertyNames": {
-        "type": "object",
-        "additionalProperties": {"type": "integer"},
-        "propertyNames": {"pattern": "^[a-z]{1,8}$"},
-        "minProperties": 1,
-        "maxProperties": 3,
-    },
-}
+KEYWORD_SCHEMAS = SCHEMA_CASES
+TOOL_SCHEMAS = PAINT.tools
+TOOL_ASK = PAINT.prompt
 
 
 @dataclass
@@ -133,34 +83,6 @@ class Side:
     clean_tokens: int = 0
     clean_seconds: float = 0.0
     invalid: list[str] = field(default_factory=list)
-
-
-def valid(schema: Any, text: str) -> bool:
-    try:
-        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
-    except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
-        return False
-    return True
-
-
-TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
-    "paint_flag": {
-        "type": "object",
-        "properties": {"stripes": KEYWORD_SCHEMAS["uniqueItems"]},
-        "required": ["stripes"],
-        "additionalProperties": False,
-    },
-    "paint_wall": {
-        "type": "object",
-        "properties": {
-            "color": {"enum": COLORS},
-            "coats": {"type": "integer", "minimum": 1, "maximum": 3, "not": {"const": 1}},
-        },
-        "required": ["color", "coats"],
-        "additionalProperties": False,
-    },
-}
-TOOL_ASK = "Paint a flag with stripes red, red and red, and paint the wall with one coat."
 
 
 def tool_calls(model: Any, compiler: GrammarCompiler, engine: Engine, *, seeds: int, max_tokens: int) -> None:
@@ -238,7 +160,28 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--tool-seeds", type=int, default=8, help="seeds of the tool-call case (0: skip it)")
     parser.add_argument("--only-tools", action="store_true", help="run the tool-call case only")
+    parser.add_argument(
+        "--sweep", action="store_true", help="requests out of tries per case, this tree against --before"
+    )
+    parser.add_argument("--before", type=Path, default=Path("/work/main/src"), help="the other tree's src")
+    parser.add_argument(
+        "--after", type=Path, default=Path(__file__).resolve().parent.parent / "src", help="this tree's src"
+    )
+    parser.add_argument("--chunk", type=int, default=6, help="cases per worker process (--sweep)")
+    parser.add_argument("--only", help="cases whose name holds this (--sweep)")
     options = parser.parse_args()
+    if options.sweep:
+        from checked_sweep import compare
+
+        compare(
+            options.before,
+            after=options.after,
+            seeds=options.seeds,
+            chunk=options.chunk,
+            only=options.only,
+            maskbench=options.maskbench,
+        )
+        return
     model = load_model(progress=False)
     schemas = dict(KEYWORD_SCHEMAS)
     with (
@@ -251,17 +194,8 @@ def main() -> None:
             )
         if options.only_tools:
             return
-        taken = 0
-        for case in load_maskbench():
-            if taken >= options.maskbench:
-                break
-            try:
-                grammar = compiler.compile(Constraint.json_schema(case.schema), strict=True)
-            except InvalidConstraint:
-                continue
-            if grammar.checks is not None:
-                schemas[f"maskbench {case.name}"[:40]] = case.schema
-                taken += 1
+        for case in checked_maskbench(compiler, options.maskbench):
+            schemas[f"maskbench {case.name}"[:40]] = case.schema
         sides = {"checked": Side(), "unchecked": Side()}
         print(
             f"{len(schemas)} schemas x {options.seeds} seeds, temperature 1, max_tokens {options.max_tokens}"
@@ -271,8 +205,7 @@ def main() -> None:
                 "checked": compiler.compile(Constraint.json_schema(schema), strict=True),
                 "unchecked": compiler.compile(Constraint.json_schema(schema), strict=False),
             }
-            question = "Reply with one JSON value for this JSON Schema:\n" + json.dumps(schema)[:1500]
-            ids = chat_prompt_ids(model, question)
+            ids = chat_prompt_ids(model, schema_question(schema))
             per_schema: dict[str, list[tuple[int, float, int]]] = {"checked": [], "unchecked": []}
             for seed in range(options.seeds):
                 for side_name in ("checked", "unchecked") if seed % 2 == 0 else ("unchecked", "checked"):

@@ -1,16 +1,18 @@
 """Replicas on Ray Serve against the single process, over HTTP, on the embedded model.
 
-Starts two services side by side: ``thinkstruct serve`` (one process, no Ray) and
-``thinkstruct serve --ray-address local`` (one engine replica on a local Ray instance,
-Ray's proxy, ingress deployment and DeploymentHandle streaming in the path), and runs
-``--rounds`` rounds of the same closed loop on each (after ``--warmup`` seconds of it,
-not measured), their order alternating round by round: ``--clients`` clients each
+Two sides, each alone on the machine (``alone.py``: started after the machine is quiet,
+stopped with everything it started, its Ray instance included, before the other side
+starts): ``thinkstruct serve`` (one process, no Ray) and ``thinkstruct serve
+--ray-address local`` (one engine replica on a local Ray instance, Ray's proxy, ingress
+deployment and DeploymentHandle streaming in the path). Each of ``--rounds`` rounds starts
+each side in turn, their order alternating round by round, and runs the same closed loop
+on it (after ``--warmup`` seconds of it, not measured): ``--clients`` clients each
 sending streamed chat requests (``--max-tokens``, thinking off) one after another for
-``--seconds``. Reported per side: generated tokens
-per second (``usage.completion_tokens`` summed over the wall time) and the median time to
-first token (the first streamed chunk with text), over all rounds.
+``--seconds``. Reported per side: generated tokens per second
+(``usage.completion_tokens`` summed over the wall time) and the median time to first
+token (the first streamed chunk with text), over all rounds.
 
-Then it stops both and starts ``--replicas 2`` (one CPU per replica) for: the same loop
+Then, alone too, ``--replicas 2`` (one CPU per replica) for: the same loop
 (two cores bound it), the share of chats whose second turn lands on the first turn's
 replica (``x-thinkstruct-replica``) and is served from its prefix cache
 (``cached_tokens`` >= half the first turn's prompt), and a grammar's cold compile on a
@@ -19,7 +21,7 @@ the same request again (both caches hit).
 
     python benchmarks/cluster.py [--rounds 3] [--seconds 20] [--clients 8]
 
-Targets (issue 24): Ray with one replica >= 0.9x the single process's tok/s and <= 15 ms
+Targets: Ray with one replica >= 0.9x the single process's tok/s and <= 15 ms
 added to the median first token; >= 95 % of second turns on their replica's prefix cache.
 """
 
@@ -28,16 +30,18 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import alone
 
 MODEL = "SmolLM2-135M-Instruct"
 OFF = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -45,53 +49,28 @@ DOCUMENT = " ".join(
     f"Article {i}: the lessee shall keep the premises in good repair and pay rent on day {i}."
     for i in range(20)
 )
+ENV = {"OMP_WAIT_POLICY": "PASSIVE", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _service(name: str, *options: str, rule: alone.QuietRule) -> alone.Server:
+    """``thinkstruct serve OPTIONS`` as a side (enter it to start it)."""
+    port = alone.free_port()
+    argv = alone.thinkstruct_serve("--log-level", "warning", *options, port=port)
+    return alone.Server(name, argv, port=port, rule=rule, env=ENV)
 
 
-class Service:
-    def __init__(self, name: str, *options: str) -> None:
-        self.name = name
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        exe = os.path.join(os.path.dirname(sys.executable), "thinkstruct")
-        env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", RAY_USAGE_STATS_ENABLED="0")
-        self.proc = subprocess.Popen(
-            [exe, "serve", "--port", str(self.port), "--log-level", "warning", *options],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    def wait_ready(self, timeout_s: float = 900.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
-            try:
-                body = {
-                    "model": MODEL,
-                    "messages": [{"role": "user", "content": "hi"}],
-                    "max_tokens": 2,
-                    **OFF,
-                }
-                if httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=60).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        raise RuntimeError(f"{self.name} did not become ready")
-
-    def stop(self) -> None:
-        self.proc.terminate()
+def _wait_answering(url: str, timeout_s: float = 900.0) -> None:
+    """Until a chat request answers 200 (a replica answers ``/health`` before its engine does)."""
+    deadline = time.monotonic() + timeout_s
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **OFF}
+    while time.monotonic() < deadline:
         try:
-            self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+            if httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"{url} did not answer a chat request")
 
 
 def _stream(
@@ -230,54 +209,50 @@ def main() -> int:
         default="2",
         help="the 1-replica side's --replica-cpus: its engine's threads (default 2, as the single process)",
     )
+    alone.add_arguments(p)
     args = p.parse_args()
-
-    single = Service("single process")
-    # The replica's engine on as many threads as the single process's (2 here): like with
-    # like. (Before the decoder stack's threads took chunks first come first served, two
-    # threads in a replica measured 0.66x: Ray's threads preempted them at their meeting
-    # points, and one thread was the better choice.)
-    ray1 = Service(
-        "Ray, 1 replica", "--ray-address", "local", "--replicas", "1", "--replica-cpus", args.replica_cpus
+    rule = alone.quiet_rule(args)
+    print(alone.header())
+    # The replica's engine on as many threads as the single process's (2 here): like with like.
+    sides = {
+        "single process": (),
+        "Ray, 1 replica": ("--ray-address", "local", "--replicas", "1", "--replica-cpus", args.replica_cpus),
+    }
+    print(
+        f"{args.clients} clients, {args.max_tokens} tokens per request, {args.rounds} x {args.seconds:.0f} s per side"
     )
-    sides = [single, ray1]
-    try:
-        for s in sides:
-            s.wait_ready()
-        # Warm-up, not measured: a replica answers /health before its first minute is
-        # over (its compile workers and first passes still warming: measured 485 tok/s
-        # and 102 ms in a first 10 s loop, 519 and 72 ms in the next).
-        for s in sides:
-            closed_loop(s.url, clients=args.clients, seconds=args.warmup, max_tokens=args.max_tokens)
-        print(
-            f"{args.clients} clients, {args.max_tokens} tokens per request, {args.rounds} x {args.seconds:.0f} s per side"
-        )
-        results: dict[str, list[tuple[int, float, list[float]]]] = {s.name: [] for s in sides}
-        for r in range(args.rounds):
-            for s in sides if r % 2 == 0 else sides[::-1]:
-                results[s.name].append(
-                    closed_loop(s.url, clients=args.clients, seconds=args.seconds, max_tokens=args.max_tokens)
+    results: dict[str, list[tuple[int, float, list[float]]]] = {name: [] for name in sides}
+    runs: list[alone.Run] = []
+    for r in range(args.rounds):
+        for name in alone.rotation(list(sides), r):
+            with _service(name, *sides[name], rule=rule) as server:
+                _wait_answering(server.url)
+                # Warm-up, not measured: a replica's compile workers and first passes warm
+                # up through its first minute (measured 485 tok/s and 102 ms in a first
+                # 10 s loop, 519 and 72 ms in the next).
+                closed_loop(server.url, clients=args.clients, seconds=args.warmup, max_tokens=args.max_tokens)
+                results[name].append(
+                    closed_loop(
+                        server.url, clients=args.clients, seconds=args.seconds, max_tokens=args.max_tokens
+                    )
                 )
-        rows = {}
-        for name, runs in results.items():
-            rows[name] = _report(
-                name,
-                sum(t for t, _, _ in runs),
-                sum(w for _, w, _ in runs),
-                [f for _, _, fs in runs for f in fs],
-            )
-        a, b = rows[single.name], rows[ray1.name]
-        print(
-            f"  Ray / single: {b['tok_s'] / a['tok_s']:.3f}x tok/s, "
-            f"{b['ttft_median_ms'] - a['ttft_median_ms']:+.1f} ms median TTFT"
+            runs.append(server.record)
+    rows = {}
+    for name, measured in results.items():
+        rows[name] = _report(
+            name,
+            sum(t for t, _, _ in measured),
+            sum(w for _, w, _ in measured),
+            [f for _, _, fs in measured for f in fs],
         )
-    finally:
-        for s in sides:
-            s.stop()
+    a, b = rows["single process"], rows["Ray, 1 replica"]
+    print(
+        f"  Ray / single: {b['tok_s'] / a['tok_s']:.3f}x tok/s, "
+        f"{b['ttft_median_ms'] - a['ttft_median_ms']:+.1f} ms median TTFT"
+    )
 
-    ray2 = Service("Ray, 2 replicas", "--replicas", "2", "--replica-cpus", "1")
-    try:
-        ray2.wait_ready()
+    with _service("Ray, 2 replicas", "--replicas", "2", "--replica-cpus", "1", rule=rule) as ray2:
+        _wait_answering(ray2.url)
         tokens, wall, firsts = closed_loop(
             ray2.url, clients=args.clients, seconds=args.seconds, max_tokens=args.max_tokens
         )
@@ -290,8 +265,8 @@ def main() -> int:
         print(
             f"  new schema (compiled at the ingress and on the replica): {1000 * cold:.0f} ms; same schema again: {1000 * warm:.0f} ms (medians of 5)"
         )
-    finally:
-        ray2.stop()
+    runs.append(ray2.record)
+    print(alone.summary(runs))
     return 0
 
 

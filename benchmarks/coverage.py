@@ -17,8 +17,7 @@ killable worker processes, one time limit per compile), prints per suite and mod
   a strict compile checks keywords no grammar enforces (``compiled.checks``), every
   checked value validates; ``checked`` counts the schemas compiled so.
 
-Instances are serialized compactly (``,``/``:``). Targets (issues "Reasoning-aware grammars",
-"Every answer valid"): auto strict compiles >= 99 % of MaskBench (checked keywords
+Instances are serialized compactly (``,``/``:``). Targets: auto strict compiles >= 99 % of MaskBench (checked keywords
 included) with 0 invalid instances accepted, auto lenient >= 98 %,
 auto's time to first mask p90 <= 10 ms, a cached compile <= 100 us. Nothing here asserts
 on time.

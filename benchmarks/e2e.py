@@ -1,7 +1,9 @@
 """End to end on the embedded SmolLM2-135M-Instruct: the engine against the machine's limit.
 
-One run, sides interleaved (this machine is noisy): for each dtype setting (bf16, and
-dynamic int8 and int8 weights with ``--quantize``),
+Each side alone on the machine: its own process, started after the machine is quiet and
+ended with everything it started before the next (``alone.py``), the sides' order
+rotating round by round. For each dtype setting (bf16, and dynamic int8 and int8 weights
+with ``--quantize``), the sides are
 
 - the engine with 1 and 8 concurrent clients (closed loop: each client sends its next
   request as soon as one finishes), unconstrained and constrained (a JSON schema), in
@@ -14,7 +16,9 @@ dynamic int8 and int8 weights with ``--quantize``),
 - plain transformers ``generate()`` on the same prompts, batch 1 and 8;
 - time to first token of a 50-token prompt with the engine idle;
 - decoding steps saved by jump-forward (tokens the grammar forced);
-- for int8: greedy agreement with bf16 and the valid rate of schema answers.
+- the valid rate of schema answers (the engine's process, first round);
+- greedy agreement of each setting with float32 and of int8 with bf16 (one more process,
+  no timing).
 
 Prints one table per dtype and the ratios the targets are stated in. Never asserts.
 
@@ -30,19 +34,18 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-import jsonschema
+from typing import Any
 
 # Spinning OpenMP workers collapse throughput when anything else shares the cores (the
-# compile workers, other processes); thinkstruct serve sets the same. Before torch loads.
+# compile workers, other processes); thinkstruct serve sets the same. Before torch loads,
+# here and (inherited) in every side's process.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import alone
 from forward_baselines import (
     VARIANTS,
     bare_forward_tokens_per_s,
@@ -51,8 +54,6 @@ from forward_baselines import (
     greedy_agreement,
     runner_loop_tokens_per_s,
 )
-from thinkstruct import Constraint
-from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
 
 PERSON = {
     "type": "object",
@@ -124,16 +125,18 @@ JSON_HINT = " Answer with a JSON object with name, age, city and hobbies."
 
 
 def closed_loop(
-    engine: Engine,
+    engine: Any,
     prompts: list[list[int]],
     *,
     clients: int,
-    grammar,
+    grammar: Any,
     window_s: float,
     side: Side,
     max_tokens: int = 128,
 ) -> None:
     """``clients`` threads sending requests back to back for ``window_s``; tokens/s over the window."""
+    from thinkstruct.engine import GenerationRequest, SamplingParams
+
     stop_at = time.monotonic() + window_s
     counted = [0] * clients
     steps0 = engine.stats.steps
@@ -172,7 +175,9 @@ def closed_loop(
     side.off_forward_s += step_s - (engine.stats.forward_seconds - forward_s0)
 
 
-def idle_ttft(engine: Engine, prompt: list[int], repeats: int = 5) -> float:
+def idle_ttft(engine: Any, prompt: list[int], repeats: int = 5) -> float:
+    from thinkstruct.engine import GenerationRequest, SamplingParams
+
     times = []
     for _ in range(repeats):
         handle = engine.submit(
@@ -182,13 +187,16 @@ def idle_ttft(engine: Engine, prompt: list[int], repeats: int = 5) -> float:
     return statistics.median(times)
 
 
-def valid_rate(engine: Engine, prompts: list[list[int]], grammar) -> tuple[float, float, float]:
+def valid_rate(engine: Any, prompts: list[list[int]], grammar: Any) -> tuple[float, float, float]:
     """Greedy, one pass each: (valid share of the constrained answers that finished with
     ``stop`` — must be 1.0 —, share of constrained answers that finished with ``stop`` (the
     rest hit ``max_tokens``), valid share without a constraint when the prompt asks for the
     same JSON)."""
+    import jsonschema
 
-    def run(g) -> list:
+    from thinkstruct.engine import GenerationRequest, SamplingParams
+
+    def run(g: Any) -> list[Any]:
         handles = [
             engine.submit(
                 GenerationRequest(
@@ -199,7 +207,7 @@ def valid_rate(engine: Engine, prompts: list[list[int]], grammar) -> tuple[float
         ]
         return [h.wait() for h in handles]
 
-    def valid(out) -> bool:
+    def valid(out: Any) -> bool:
         try:
             jsonschema.validate(json.loads(out.content), PERSON)
         except (ValueError, jsonschema.ValidationError):
@@ -216,74 +224,165 @@ def valid_rate(engine: Engine, prompts: list[list[int]], grammar) -> tuple[float
     )
 
 
-def bench_dtype(label: str, args) -> dict[str, float]:
+def _load(label: str) -> Any:
+    from thinkstruct.engine import load_model
+
     dtype, quantize = VARIANTS[label]
-    model = load_model(dtype=dtype, quantize=quantize, progress=False)
-    # The baselines get their own copy: the engine switches its model to slot attention.
-    baseline = load_model(dtype=dtype, quantize=quantize, progress=False)
-    plain_prompts = [chat_prompt_ids(model, q) for q in QUESTIONS]
+    return load_model(dtype=dtype, quantize=quantize, progress=False)
+
+
+def engine_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """The engine's side for one round: the closed loops (1 and 8 clients; free, json and
+    free cut to json's mean length), and in the first round the idle time to first token
+    and the valid rates."""
+    import torch
+
+    from thinkstruct import Constraint
+    from thinkstruct.engine import Engine, EngineConfig
+
+    torch.manual_seed(0)
+    model = _load(job["dtype"])
     json_prompts = [chat_prompt_ids(model, q + JSON_HINT) for q in QUESTIONS]
     engine = Engine(model, config=EngineConfig(max_batch=8)).start()
-    grammar = engine.compiler.compile(Constraint.json_schema(PERSON))
-    sides = {
-        (c, kind): Side(f"engine {kind}, {c} client{'s' if c > 1 else ''}")
-        for c in (1, 8)
-        for kind in ("free", "json", "free-matched")
-    }
-    bare = {1: Side("bare forward, batch 1"), 8: Side("bare forward, batch 8")}
-    gen = {1: Side("transformers generate(), batch 1"), 8: Side("transformers generate(), batch 8")}
-    loop = {1: Side("engine's runner, bare loop, batch 1"), 8: Side("engine's runner, bare loop, batch 8")}
-    fifty = (json_prompts[0] * 4)[:50]
-    ttft = idle_ttft(engine, fifty)
-    for _ in range(args.rounds):
+    try:
+        grammar = engine.compiler.compile(Constraint.json_schema(PERSON))
+        out: dict[str, Any] = {"threads": torch.get_num_threads()}
+        if job["first"]:
+            out["ttft"] = idle_ttft(engine, (json_prompts[0] * 4)[:50])
+        sides = {}
         for c in (1, 8):
             # The same prompts on both sides: only the constraint differs.
-            closed_loop(
-                engine, json_prompts, clients=c, grammar=None, window_s=args.window, side=sides[c, "free"]
-            )
-            closed_loop(
-                engine, json_prompts, clients=c, grammar=grammar, window_s=args.window, side=sides[c, "json"]
-            )
+            for kind, constraint in (("free", None), ("json", grammar)):
+                side = sides[f"{c} {kind}"] = Side(kind)
+                closed_loop(
+                    engine, json_prompts, clients=c, grammar=constraint, window_s=job["window"], side=side
+                )
             # Free answers cut to the constrained ones' mean length: the same prefill per
             # generated token on both sides, so the ratio is the grammar's own cost.
+            side = sides[f"{c} free-matched"] = Side("free-matched")
+            length = max(1, round(sides[f"{c} json"].mean_answer))
             closed_loop(
                 engine,
                 json_prompts,
                 clients=c,
                 grammar=None,
-                window_s=args.window,
-                side=sides[c, "free-matched"],
-                max_tokens=max(1, round(sides[c, "json"].mean_answer)),
+                window_s=job["window"],
+                side=side,
+                max_tokens=length,
             )
-            bare[c].samples.append(bare_forward_tokens_per_s(baseline, plain_prompts[:c], new_tokens=64))
-            gen[c].samples.append(generate_tokens_per_s(baseline, plain_prompts[:c], new_tokens=64))
-            loop[c].samples.append(runner_loop_tokens_per_s(baseline, plain_prompts[:c], new_tokens=64))
-    valid_json, stopped_json, valid_free = valid_rate(engine, json_prompts, grammar)
-    engine.close()
-    print(f"\n## {label}  (SmolLM2-135M-Instruct, {torch.get_num_threads()} threads)")
+        out["sides"] = {key: asdict(side) for key, side in sides.items()}
+        if job["first"]:
+            out["valid"] = valid_rate(engine, json_prompts, grammar)
+        return out
+    finally:
+        engine.close()
+
+
+BASELINES = {
+    "bare": bare_forward_tokens_per_s,
+    "runner": runner_loop_tokens_per_s,
+    "generate": generate_tokens_per_s,
+}
+
+
+def baseline_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """One baseline (``job["kind"]``: bare forward, the engine's runner in a bare loop, or
+    ``generate()``) at batch 1 and 8, 64 new tokens, after a warm-up."""
+    model = _load(job["dtype"])
+    prompts = [chat_prompt_ids(model, q) for q in QUESTIONS]
+    measure = BASELINES[job["kind"]]
+    measure(model, prompts[:1], new_tokens=2)
+    return {str(c): measure(model, prompts[:c], new_tokens=64) for c in (1, 8)}
+
+
+def agreement_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """Greedy agreement, each setting against float32 and each int8 against bf16 (every
+    model in this one process: no timing)."""
+    dtypes = job["dtypes"]
+    loaded = {d: _load(d) for d in dtypes}
+    pairs = [(d, "fp32") for d in dtypes if d != "fp32" and "fp32" in loaded]
+    if "bf16" in loaded:
+        pairs += [(d, "bf16") for d in ("int8", "int8w") if d in loaded]
+    lines = []
+    for candidate, reference in pairs:
+        ref = loaded[reference]
+        prompts = [chat_prompt_ids(ref, q) for q in QUESTIONS]
+        agreement = greedy_agreement(loaded[candidate], ref, prompts, new_tokens=64)
+        lines.append(
+            f"{candidate} vs {reference} greedy agreement, {len(QUESTIONS)} prompts x 64 tokens: {agreement}"
+        )
+    return {"lines": lines}
+
+
+WORKERS = {"engine": engine_worker, "baseline": baseline_worker, "agreement": agreement_worker}
+BASELINE_NAMES = {
+    "bare": "bare forward, batch {c}",
+    "runner": "engine's runner, bare loop, batch {c}",
+    "generate": "transformers generate(), batch {c}",
+}
+
+
+def _merge(into: Side, got: dict[str, Any]) -> None:
+    into.samples += got["samples"]
+    into.ttft += got["ttft"]
+    for name in ("forced", "tokens", "requests", "answer_tokens", "steps", "step_s", "off_forward_s"):
+        setattr(into, name, getattr(into, name) + got[name])
+
+
+def bench_dtype(label: str, args: argparse.Namespace, runs: list[alone.Run]) -> dict[str, float]:
+    sides = {
+        f"{c} {kind}": Side(f"engine {kind}, {c} client{'s' if c > 1 else ''}")
+        for c in (1, 8)
+        for kind in ("free", "json", "free-matched")
+    }
+    baselines = {(kind, c): Side(BASELINE_NAMES[kind].format(c=c)) for kind in BASELINES for c in (1, 8)}
+    rule = alone.quiet_rule(args)
+    first: dict[str, Any] = {}
+    for r in range(args.rounds):
+        for kind in alone.rotation(["engine", *BASELINES], r):
+            argv = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--worker",
+                "engine" if kind == "engine" else "baseline",
+            ]
+            job = {"dtype": label, "kind": kind, "window": args.window, "first": r == 0}
+            result, run = alone.Worker(f"{label} {kind}", argv, rule=rule).run(job)
+            runs.append(run)
+            if kind == "engine":
+                first = first or result
+                for key, got in result["sides"].items():
+                    _merge(sides[key], got)
+            else:
+                for c in (1, 8):
+                    baselines[kind, c].samples.append(result[str(c)])
+        print(alone.round_report(r + 1, runs[-1 - len(BASELINES) :]), flush=True)
+    valid_json, stopped_json, valid_free = first["valid"]
+    print(f"\n## {label}  (SmolLM2-135M-Instruct, {first['threads']} threads)")
     print(f"{'side':42} {'tok/s':>8} {'ttft p50 s':>11}")
-    for side in [*sides.values(), *bare.values(), *loop.values(), *gen.values()]:
+    order = [*sides.values(), *(baselines[k, c] for k in ("bare", "runner", "generate") for c in (1, 8))]
+    for side in order:
         t = f"{statistics.median(side.ttft):.3f}" if side.ttft else "-"
         print(f"{side.name:42} {side.value:8.1f} {t:>11}")
-    json8 = sides[8, "json"]
+    json8, free8, free1 = sides["8 json"], sides["8 free"], sides["1 free"]
     results = {
-        "constrained/unconstrained, 8 clients": json8.value / sides[8, "free"].value,
+        "constrained/unconstrained, 8 clients": json8.value / free8.value,
         "constrained/unconstrained, 8 clients, equal answer lengths": json8.value
-        / sides[8, "free-matched"].value,
+        / sides["8 free-matched"].value,
         "constrained/unconstrained, 8 clients, decoding steps only": json8.decode_tokens_per_s
-        / sides[8, "free"].decode_tokens_per_s,
-        "mean answer tokens, 8 clients, json / free": json8.mean_answer / sides[8, "free"].mean_answer,
-        "engine/bare forward, batch 8 (free)": sides[8, "free"].value / bare[8].value,
-        "engine/bare forward, batch 1 (free)": sides[1, "free"].value / bare[1].value,
-        "engine/its runner's bare loop, batch 8 (free)": sides[8, "free"].value / loop[8].value,
-        "engine/its runner's bare loop, batch 1 (free)": sides[1, "free"].value / loop[1].value,
-        "engine 8 clients vs generate() batch 8": sides[8, "free"].value / gen[8].value,
-        "per step outside the forward pass, ms, 8 clients free": sides[8, "free"].ms_off_forward_per_step,
+        / free8.decode_tokens_per_s,
+        "mean answer tokens, 8 clients, json / free": json8.mean_answer / free8.mean_answer,
+        "engine/bare forward, batch 8 (free)": free8.value / baselines["bare", 8].value,
+        "engine/bare forward, batch 1 (free)": free1.value / baselines["bare", 1].value,
+        "engine/its runner's bare loop, batch 8 (free)": free8.value / baselines["runner", 8].value,
+        "engine/its runner's bare loop, batch 1 (free)": free1.value / baselines["runner", 1].value,
+        "engine 8 clients vs generate() batch 8": free8.value / baselines["generate", 8].value,
+        "per step outside the forward pass, ms, 8 clients free": free8.ms_off_forward_per_step,
         "per step outside the forward pass, ms, 8 clients json": json8.ms_off_forward_per_step,
         "engine 8 clients, tok/s (json)": json8.value,
-        "engine 8 clients, tok/s (free)": sides[8, "free"].value,
-        "engine 1 client, tok/s (free)": sides[1, "free"].value,
-        "idle time to first token, 50-token prompt, s": ttft,
+        "engine 8 clients, tok/s (free)": free8.value,
+        "engine 1 client, tok/s (free)": free1.value,
+        "idle time to first token, 50-token prompt, s": first["ttft"],
         "jump-forward share of json tokens": json8.forced / max(json8.tokens, 1),
         "valid json, constrained, of those ending with stop": valid_json,
         "constrained answers ending with stop (not length)": stopped_json,
@@ -299,27 +398,22 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--window", type=float, default=15.0, help="seconds per closed-loop measurement")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions of every side")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of every side, in rotating order")
     parser.add_argument("--dtypes", nargs="+", default=["int8", "bf16"], choices=sorted(VARIANTS))
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    alone.add_arguments(parser)
     args = parser.parse_args()
-    torch.manual_seed(0)
+    if args.worker:
+        alone.worker_main(WORKERS[args.worker])
+        return
+    print(alone.header())
+    runs: list[alone.Run] = []
     for d in args.dtypes:
-        bench_dtype(d, args)
-    # Greedy agreement, each variant against float32 (the reference precision; bf16 against
-    # float32 is the yardstick for how far int8 is), and each int8 against bf16 when both ran.
-    loaded = {
-        d: load_model(dtype=VARIANTS[d][0], quantize=VARIANTS[d][1], progress=False) for d in args.dtypes
-    }
-    pairs = [(d, "fp32") for d in args.dtypes if d != "fp32" and "fp32" in loaded]
-    if "bf16" in loaded:
-        pairs += [(d, "bf16") for d in ("int8", "int8w") if d in loaded]
-    for candidate, reference in pairs:
-        ref = loaded[reference]
-        prompts = [chat_prompt_ids(ref, q) for q in QUESTIONS]
-        agreement = greedy_agreement(loaded[candidate], ref, prompts, new_tokens=64)
-        print(
-            f"{candidate} vs {reference} greedy agreement, {len(QUESTIONS)} prompts x 64 tokens: {agreement}"
-        )
+        bench_dtype(d, args, runs)
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", "agreement"]
+    agreement, _ = alone.Worker("agreement", argv, rule=alone.UNTIMED).run({"dtypes": args.dtypes})
+    print("\n".join(agreement["lines"]))
+    print(alone.summary(runs))
 
 
 if __name__ == "__main__":

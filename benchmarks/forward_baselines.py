@@ -21,8 +21,10 @@ loop counts the same way); :class:`ForwardTiming` also gives the decode-only rat
 the embedded SmolLM2 (``--variants`` adds ``int8w``, int8 weights, and ``gguf``, the
 file's own Q4_1/Q8_0 blocks: against fp32, the float32 model transformers dequantizes from
 the same file, gguf should be that model up to its int16 activations' rounding and float
-summation order); the sides whose timings are compared are interleaved round by round
-(this machine is noisy) and each cell is the median over rounds. It asserts nothing.
+summation order). Each (variant, side) cell runs alone on the machine: its own process,
+started after the machine is quiet and ended before the next (``alone.py``), the cells'
+order rotating round by round; a cell is the median over rounds. The agreement tables
+(no timing) load every variant in one more process. It asserts nothing.
 
     python benchmarks/forward_baselines.py [--model PATH] [--variants bf16 int8 fp32]
         [--new-tokens 32] [--rounds 3] [--threads N] [--agreement-prompts 16]
@@ -31,7 +33,8 @@ Threads: torch's default (one per core) unless ``--threads``. libgomp's default 
 policy spins; when anything else wants the cores (another process, the engine's grammar
 threads) two spinning OpenMP threads collapse (measured 6-30x slower here on 2 shared
 cores); ``OMP_WAIT_POLICY=PASSIVE`` in the environment before Python starts avoids it.
-The header prints the policy in force.
+The workers run with PASSIVE (as ``thinkstruct serve``) unless the environment sets the
+policy; the header prints the policy in force.
 """
 
 from __future__ import annotations
@@ -40,12 +43,15 @@ import argparse
 import inspect
 import os
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 if TYPE_CHECKING:
     from thinkstruct.engine.model.loading import LoadedModel
@@ -392,52 +398,80 @@ VARIANTS = {
 }
 
 
-def interleaved_table(
-    models: dict[str, LoadedModel], *, batches: Sequence[int] = (1, 8), new_tokens: int = 32, rounds: int = 3
-) -> list[dict[str, Any]]:
-    """Bare forward and ``generate()`` for every model and batch, interleaved round by round.
+def _load(job: dict[str, Any]) -> LoadedModel:
+    from thinkstruct.engine import load_model
 
-    Each round runs every (model, batch) pair, bare then generate, and the order of the
-    two flips every round. Returns one row per (model, batch) with the median tokens/s.
-    """
-    cells: dict[tuple[str, int, str], list[ForwardTiming]] = {}
-    prompt_ids = {
-        label: [chat_prompt_ids(m, q) for q in QUESTIONS[: max(batches)]] for label, m in models.items()
+    if job["threads"]:
+        torch.set_num_threads(job["threads"])
+    dtype, quantize = VARIANTS[job["variant"]]
+    return load_model(job["model"], dtype=dtype, quantize=quantize, progress=False)
+
+
+def timing_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """One side alone: ``job["side"]`` (``bare`` or ``generate``) on ``job["variant"]``,
+    warmed up, then timed once at every batch size in ``job["batches"]``."""
+    run = {"bare": bare_forward, "generate": transformers_generate}[job["side"]]
+    loaded = _load(job)
+    prompts = [chat_prompt_ids(loaded, q) for q in QUESTIONS[: max(job["batches"])]]
+    run(loaded, prompts[:1], new_tokens=2)  # warm-up: first forwards page weights in and pick kernels
+    rows = {}
+    for batch in job["batches"]:
+        timing = run(loaded, prompts[:batch], new_tokens=job["new_tokens"])
+        rows[str(batch)] = {
+            "tokens_per_s": timing.tokens_per_s,
+            "decode_tokens_per_s": timing.decode_tokens_per_s,
+            "prefill_s": timing.prefill_s,
+            "prompt_tokens": sum(len(p) for p in prompts[:batch]),
+        }
+    return {
+        "rows": rows,
+        "name": loaded.name,
+        "load_s": loaded.load_seconds,
+        "threads": torch.get_num_threads(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
     }
-    for label, loaded in models.items():  # warm-up: first forwards page weights in and pick kernels
-        bare_forward(loaded, prompt_ids[label][:1], new_tokens=2)
-        transformers_generate(loaded, prompt_ids[label][:1], new_tokens=2)
-    for r in range(rounds):
-        for label, loaded in models.items():
-            for batch in batches:
-                sides = [("bare", bare_forward), ("generate", transformers_generate)]
-                for side, run in sides if r % 2 == 0 else reversed(sides):
-                    timing = run(loaded, prompt_ids[label][:batch], new_tokens=new_tokens)
-                    cells.setdefault((label, batch, side), []).append(timing)
-    rows = []
-    for label in models:
-        for batch in batches:
-            bare = cells[label, batch, "bare"]
-            gen = cells[label, batch, "generate"]
-            bare_tps = statistics.median(t.tokens_per_s for t in bare)
-            gen_tps = statistics.median(t.tokens_per_s for t in gen)
-            rows.append(
-                {
-                    "variant": label,
-                    "batch": batch,
-                    "prompt_tokens": sum(len(p) for p in prompt_ids[label][:batch]),
-                    "bare_tokens_per_s": bare_tps,
-                    "bare_decode_tokens_per_s": statistics.median(t.decode_tokens_per_s or 0.0 for t in bare),
-                    "bare_prefill_s": statistics.median(t.prefill_s or 0.0 for t in bare),
-                    "generate_tokens_per_s": gen_tps,
-                    "generate_over_bare": gen_tps / bare_tps,
-                    "spread": (min(t.tokens_per_s for t in bare), max(t.tokens_per_s for t in bare)),
-                }
-            )
-    return rows
+
+
+def agreement_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """Greedy agreement and teacher-forced scores between ``job["variants"]`` (no timing:
+    every variant in this one process)."""
+    models = {label: _load({**job, "variant": label}) for label in job["variants"]}
+    first = next(iter(models.values()))
+    prompts = [chat_prompt_ids(first, q) for q in QUESTIONS[: job["prompts"]]]
+    completions = {
+        label: [greedy_completion(m, p, new_tokens=job["tokens"]) for p in prompts]
+        for label, m in models.items()
+    }
+    lines = [
+        f"\n# greedy agreement, {len(prompts)} chat prompts, up to {job['tokens']} tokens or EOS, batch 1"
+    ]
+    order = list(VARIANTS)
+    for reference in order:
+        for candidate in order:
+            if (
+                reference in completions
+                and candidate in completions
+                and order.index(candidate) > order.index(reference)
+            ):
+                lines.append(f"{candidate} vs {reference}: {compare_completions(completions[candidate], completions[reference])}")  # fmt: skip
+    reference = "fp32" if "fp32" in models else order[0]
+    lines.append(f"\n# teacher-forced on {reference}'s answers to the same prompts")
+    for label, loaded in models.items():
+        if label != reference and reference in models:
+            lines.append(f"{label} vs {reference}: {teacher_forced(loaded, models[reference], prompts, completions[reference])}")  # fmt: skip
+    if "int8" in models:
+        kept = models["int8"].float_modules
+        lines.append(f"# int8 keeps {len(kept)} Linear layers in float32 (outlier inputs): {', '.join(kept)}")
+    return {"lines": lines}
+
+
+WORKERS = {"timing": timing_worker, "agreement": agreement_worker}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    import alone
+
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -447,70 +481,76 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--variants", nargs="+", default=["bf16", "int8", "fp32"], choices=sorted(VARIANTS))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--new-tokens", type=int, default=32, help="decode steps per timed run")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of every cell")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every cell, sides in rotating order")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--agreement-prompts", type=int, default=16, help="0 skips the agreement table")
     parser.add_argument("--agreement-tokens", type=int, default=64)
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    alone.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.worker:
+        alone.worker_main(WORKERS[args.worker])
+        return
+    rule = alone.quiet_rule(args)
+    env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
 
-    from thinkstruct.engine.model.loading import load_model
+    def worker(name: str, kind: str) -> alone.Worker:
+        argv = [sys.executable, os.path.abspath(__file__), "--worker", kind]
+        return alone.Worker(name, argv, rule=rule if kind == "timing" else alone.UNTIMED, env=env)
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    models: dict[str, LoadedModel] = {}
-    for label in args.variants:
-        dtype, quantize = VARIANTS[label]
-        models[label] = load_model(args.model, dtype=dtype, quantize=quantize, progress=True)
-    first = next(iter(models.values()))
+    print(alone.header())
+    base = {"model": args.model, "threads": args.threads}
+    cells = [(variant, side) for variant in args.variants for side in ("bare", "generate")]
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {cell: [] for cell in cells}
+    runs = []
+    for r in range(args.rounds):
+        for variant, side in alone.rotation(cells, r):
+            job = {
+                **base,
+                "variant": variant,
+                "side": side,
+                "batches": args.batches,
+                "new_tokens": args.new_tokens,
+            }
+            result, run = worker(f"{variant} {side}", "timing").run(job)
+            results[variant, side].append(result)
+            runs.append(run)
+        print(alone.round_report(r + 1, runs[-len(cells) :]), flush=True)
+    first = results[cells[0]][0]
     print(
-        f"# forward baselines: {first.name}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(default: active)')}, "
-        f"CPU capability {torch.backends.cpu.get_cpu_capability()}"
+        f"# forward baselines: {first['name']}, torch {first['torch']}, {first['threads']} threads, "
+        f"OMP_WAIT_POLICY={env['OMP_WAIT_POLICY']}, CPU capability {first['capability']}"
     )
-    print(f"# load: {', '.join(f'{k} {m.load_seconds:.1f} s' for k, m in models.items())}")
+    loads = ", ".join(f"{v} {results[v, 'bare'][0]['load_s']:.1f} s" for v in args.variants)
+    print(f"# load: {loads}")
     print(
-        f"# {args.new_tokens} new tokens per row, median of {args.rounds} interleaved rounds, tokens/s incl. prefill\n"
+        f"# {args.new_tokens} new tokens per row, median of {args.rounds} rounds (each cell its own process,"
+        " alone), tokens/s incl. prefill\n"
     )
-    rows = interleaved_table(models, batches=args.batches, new_tokens=args.new_tokens, rounds=args.rounds)
     header = f"{'variant':8} {'batch':>5} {'prompt tok':>10} {'bare tok/s':>10} {'(decode)':>9} {'prefill s':>9} {'generate() tok/s':>16} {'gen/bare':>8}"
     print(header)
     print("-" * len(header))
-    for row in rows:
-        print(
-            f"{row['variant']:8} {row['batch']:5d} {row['prompt_tokens']:10d} {row['bare_tokens_per_s']:10.1f} "
-            f"{row['bare_decode_tokens_per_s']:9.1f} {row['bare_prefill_s']:9.3f} "
-            f"{row['generate_tokens_per_s']:16.1f} {row['generate_over_bare']:8.2f}"
-        )
-    if args.agreement_prompts and len(models) > 1:
-        # int8 is quantized from the float32 weights: compare it with fp32 as well as bf16,
-        # and fp32 with bf16 for the divergence that rounding alone gives.
-        prompts = [chat_prompt_ids(first, q) for q in QUESTIONS[: args.agreement_prompts]]
-        completions = {
-            label: [greedy_completion(m, p, new_tokens=args.agreement_tokens) for p in prompts]
-            for label, m in models.items()
+    for variant in args.variants:
+        for batch in map(str, args.batches):
+            bare = [x["rows"][batch] for x in results[variant, "bare"]]
+            gen = [x["rows"][batch] for x in results[variant, "generate"]]
+            bare_tps = statistics.median(t["tokens_per_s"] for t in bare)
+            gen_tps = statistics.median(t["tokens_per_s"] for t in gen)
+            print(
+                f"{variant:8} {batch:>5} {bare[0]['prompt_tokens']:10d} {bare_tps:10.1f} "
+                f"{statistics.median(t['decode_tokens_per_s'] or 0.0 for t in bare):9.1f} "
+                f"{statistics.median(t['prefill_s'] or 0.0 for t in bare):9.3f} {gen_tps:16.1f} {gen_tps / bare_tps:8.2f}"
+            )
+    if args.agreement_prompts and len(args.variants) > 1:
+        job = {
+            **base,
+            "variants": args.variants,
+            "prompts": args.agreement_prompts,
+            "tokens": args.agreement_tokens,
         }
-        print(
-            f"\n# greedy agreement, {len(prompts)} chat prompts, up to {args.agreement_tokens} tokens or EOS, batch 1"
-        )
-        order = list(VARIANTS)
-        for reference in order:
-            for candidate in order:
-                if (
-                    reference in completions
-                    and candidate in completions
-                    and order.index(candidate) > order.index(reference)
-                ):
-                    agreement = compare_completions(completions[candidate], completions[reference])
-                    print(f"{candidate} vs {reference}: {agreement}")
-        reference = "fp32" if "fp32" in models else order[0]
-        print(f"\n# teacher-forced on {reference}'s answers to the same prompts")
-        for label, loaded in models.items():
-            if label != reference:
-                scored = teacher_forced(loaded, models[reference], prompts, completions[reference])
-                print(f"{label} vs {reference}: {scored}")
-        if "int8" in models:
-            kept = models["int8"].float_modules
-            print(f"# int8 keeps {len(kept)} Linear layers in float32 (outlier inputs): {', '.join(kept)}")
+        agreement, _ = worker("agreement", "agreement").run(job)
+        print("\n".join(agreement["lines"]))
+    print(alone.summary(runs))
 
 
 if __name__ == "__main__":

@@ -1,48 +1,49 @@
 """One user on the embedded SmolLM2 (or ``--model``, another GGUF of it: a Q4_K_M that
 llama.cpp's quantizer made, say): its GGUF blocks (``--quantize gguf``) against int8
-weights (``--quantize int8-weights``) and llama.cpp, side by side in one run.
+weights (``--quantize int8-weights``) and llama.cpp, each side alone on the machine.
 
-Three sides, each prompt run on every side in turn (the side that goes first rotates
-prompt by prompt, the machine being shared and noisy), one request at a time, greedy,
-thinking off (SmolLM2 has none):
+Three sides, each in its own process, one at a time (``alone.py``: the machine quiet
+before a side starts, everything a side started ended before the next), their order
+rotating round by round; in every round each side runs every prompt once, one request
+at a time, greedy, up to 128 tokens, thinking off (SmolLM2 has none):
 
-- **gguf**: an engine over the model loaded with ``quantize="gguf"``;
-- **int8**: an engine over the model loaded with ``quantize="int8-weights"``;
-- **llama.cpp**: llama-cpp-python over the same GGUF file, in its own process and
-  virtual environment (``--llama-python``: a Python with ``llama_cpp`` installed, e.g. the
-  portable wheel in ``../shared/wheels``; never a dependency of thinkstruct), as many
-  threads as torch uses here, the JSON side through its JSON-schema grammar.
+- **gguf**: an :class:`~thinkstruct.engine.Engine` (default configuration, as ``serve``
+  runs it) over the model loaded with ``quantize="gguf"``;
+- **int8**: the same over the model loaded with ``quantize="int8-weights"``;
+- **llama.cpp**: llama-cpp-python over the same GGUF file (``llama_cpp_worker.py``, run
+  by ``--llama-python``: a Python with ``llama_cpp`` installed, e.g. the portable wheel in
+  ``../shared/wheels``; never a dependency of thinkstruct), as many threads as torch uses
+  here, the JSON side through its JSON-schema grammar.
 
-Workloads: **free** (short open questions, up to 128 tokens) and **json** (answers to a
-JSON schema, up to 128 tokens). A side's tokens/s is its generated tokens over its wall
-time, prompt processing included; gguf/ceiling is gguf's tokens/s over the steps a second
-its weight bytes allow at the read bandwidth measured before the workloads (so prefill
-and sampling count against it). Also printed: the load average before and after, the
-bytes of weights a decoding step reads for each format, this machine's read bandwidth
-(a 256 MiB sum, best of 8, same threads; the better of before and after) and the ceiling
-they set (bandwidth / bytes).
+Every side gets the same token ids (the chat template rendered once, by a first worker)
+and warms up on a prompt outside the workloads, grammars built before timing; each keeps
+its own reuse of a prompt prefix it has just computed (the engine's prefix cache,
+llama.cpp's KV prefix match). Workloads: **free** (six short open questions) and **json**
+(the same questions answered to a JSON schema). A side's tokens/s is its generated
+tokens over its wall time, prompt processing included, summed over rounds; the spread is
+the lowest and highest round's ratio. gguf/ceiling is gguf's tokens/s over the decoding
+steps a second its weight bytes allow at this machine's read bandwidth (a 256 MiB float32
+sum, best of 8, measured in each thinkstruct worker before and after its workloads, the
+best of all), so prefill and sampling count against it. Also printed per thinkstruct
+side: the bytes of weights a decoding step reads and the engine's forward-pass seconds
+per step over the free workload.
 
-    python benchmarks/gguf_speed.py [--rounds 2] [--llama-python /tmp/llv/bin/python] [--model FILE.gguf]
+    python benchmarks/gguf_speed.py [--rounds 3] [--llama-python /tmp/llv/bin/python] [--model FILE.gguf]
+        [--sides gguf int8 llama.cpp]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from forward_baselines import chat_prompt_ids
-from thinkstruct import Constraint
-from thinkstruct.engine import Engine, GenerationRequest, SamplingParams, load_model
-from thinkstruct.tokenizer import smollm2_gguf_path
+import alone
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -52,6 +53,7 @@ QUESTIONS = [
     "Give me a short recipe for pancakes.",
     "Why do we need sleep?",
 ]
+WARMUP = "Name a color."
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -63,79 +65,42 @@ SCHEMA = {
     "additionalProperties": False,
 }
 MAX_TOKENS = 128
-
-# The llama.cpp side: a process reading one JSON request a line ({"ids", "max_tokens",
-# "schema"}) and answering {"tokens", "seconds"}.
-LLAMA_WORKER = r"""
-import json, sys, time
-from llama_cpp import Llama, LlamaGrammar
-llm = Llama(model_path=sys.argv[1], n_ctx=2048, n_threads=int(sys.argv[2]), n_batch=512, verbose=False)
-grammars = {}
-print(json.dumps({"ready": True}), flush=True)
-for line in sys.stdin:
-    job = json.loads(line)
-    grammar = None
-    if job["schema"] is not None:
-        key = json.dumps(job["schema"], sort_keys=True)
-        if key not in grammars:
-            grammars[key] = LlamaGrammar.from_json_schema(key, verbose=False)
-        grammar = grammars[key]
-    llm.reset()
-    start = time.perf_counter()
-    out = []
-    for token in llm.generate(job["ids"], temp=0.0, top_k=1, grammar=grammar, reset=True):
-        if llm.token_eos() == token or len(out) >= job["max_tokens"]:
-            break
-        out.append(token)
-    print(json.dumps({"tokens": len(out), "seconds": time.perf_counter() - start}), flush=True)
-"""
+QUANTIZE = {"gguf": "gguf", "int8": "int8-weights"}
 
 
-def _run(engine: Engine, ids: list[int], grammar: Any) -> tuple[int, float]:
-    start = time.perf_counter()
-    out = engine.submit(
-        GenerationRequest(
-            prompt_ids=ids, sampling=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0), grammar=grammar
-        )
-    ).wait()
-    return len(out.token_ids), time.perf_counter() - start
+# ---- the workers (each in its own process) --------------------------------------------------------
 
 
-class _LlamaCpp:
-    """The llama.cpp worker process."""
+def prompts_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """The model's path, the token ids of every prompt, and torch's thread count here."""
+    import torch
 
-    def __init__(self, python: str, path: str, threads: int) -> None:
-        self._process = subprocess.Popen(
-            [python, "-c", LLAMA_WORKER, str(path), str(threads)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self._read()
+    from forward_baselines import chat_prompt_ids
+    from thinkstruct.engine import load_model
+    from thinkstruct.tokenizer import smollm2_gguf_path
 
-    def _read(self) -> dict[str, Any]:
-        assert self._process.stdout is not None
-        line = self._process.stdout.readline()
-        if not line:
-            raise RuntimeError("the llama.cpp worker exited")
-        reply: dict[str, Any] = json.loads(line)
-        return reply
-
-    def run(self, ids: list[int], schema: dict[str, Any] | None) -> tuple[int, float]:
-        assert self._process.stdin is not None
-        self._process.stdin.write(json.dumps({"ids": ids, "max_tokens": MAX_TOKENS, "schema": schema}) + "\n")
-        self._process.stdin.flush()
-        reply = self._read()
-        return int(reply["tokens"]), float(reply["seconds"])
-
-    def close(self) -> None:
-        if self._process.stdin is not None:
-            self._process.stdin.close()
-        self._process.wait(timeout=30)
+    if job["threads"]:
+        torch.set_num_threads(job["threads"])
+    path = job["model"] or str(smollm2_gguf_path())
+    model = load_model(path, quantize="gguf", progress=False)
+    return {
+        "model": path,
+        "warmup": chat_prompt_ids(model, WARMUP),
+        "workloads": {
+            "free": [[chat_prompt_ids(model, q), None] for q in QUESTIONS],
+            "json": [
+                [chat_prompt_ids(model, f"Answer as JSON (answer, confidence, keywords): {q}"), SCHEMA]
+                for q in QUESTIONS
+            ],
+        },
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _read_bandwidth() -> float:
     """Bytes per second of a 256 MiB float32 sum on torch's threads (best of 8)."""
+    import torch
+
     data = torch.ones(64 * 1024 * 1024)
     best = float("inf")
     for _ in range(8):
@@ -145,9 +110,11 @@ def _read_bandwidth() -> float:
     return data.numel() * 4 / best
 
 
-def _step_bytes(model: torch.nn.Module) -> int:
+def _step_bytes(model: Any) -> int:
     """Bytes of weights one decoding step reads: every projection's and the output layer's
     stored weights (GGUF blocks, or int8 rows and their scales)."""
+    import torch
+
     total = 0
     for module in model.modules():
         for name in ("packed", "weight_int8", "scale"):
@@ -157,99 +124,155 @@ def _step_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def _step_seconds(models: dict[str, Any], ids: list[int], *, steps: int = 40) -> dict[str, float]:
-    """Each model's decoding step at batch 1 on the engine's runner (the decoder stack and
-    the output layer, no sampling or scheduling): the best of ``steps``, sides interleaved
-    step by step."""
-    from thinkstruct.engine.runners.decoder_runner import DecoderRunner
+def thinkstruct_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """One thinkstruct side: an engine over the model quantized as ``job["quantize"]``."""
+    import torch
 
-    runners = {label: DecoderRunner(m.model, slots=1, context_length=len(ids) + steps + 1) for label, m in models.items()}  # fmt: skip
-    best = dict.fromkeys(models, float("inf"))
-    with torch.inference_mode():
-        for runner in runners.values():
-            runner.forward(0, [ids], [0])
-        for step in range(steps):
-            for label, runner in runners.items():
+    from thinkstruct import Constraint
+    from thinkstruct.engine import Engine, GenerationRequest, SamplingParams, load_model
+
+    if job["threads"]:
+        torch.set_num_threads(job["threads"])
+    model = load_model(job["model"], quantize=job["quantize"], progress=False)
+    engine = Engine(model).start()
+    try:
+        grammar = engine.compiler.compile(Constraint.json_schema(SCHEMA))
+
+        def run(ids: list[int], schema: Any) -> int:
+            sampling = SamplingParams(max_tokens=job["max_tokens"], temperature=0.0)
+            constraint = None if schema is None else grammar
+            request = GenerationRequest(prompt_ids=ids, sampling=sampling, grammar=constraint)
+            return len(engine.submit(request).wait().token_ids)
+
+        run(job["warmup"], None)
+        run(job["warmup"], SCHEMA)
+        bandwidth = _read_bandwidth()
+        results = {}
+        for name, items in job["workloads"].items():
+            steps, forward_s = engine.stats.steps, engine.stats.forward_seconds
+            tokens, seconds = 0, 0.0
+            for ids, schema in items:
                 start = time.perf_counter()
-                runner.forward(0, [[100 + step]], [len(ids) + step])
-                best[label] = min(best[label], time.perf_counter() - start)
-    return best
+                tokens += run(ids, schema)
+                seconds += time.perf_counter() - start
+            results[name] = {
+                "tokens": tokens,
+                "seconds": seconds,
+                "steps": engine.stats.steps - steps,
+                "forward_s": engine.stats.forward_seconds - forward_s,
+            }
+        return {
+            "workloads": results,
+            "bandwidth": max(bandwidth, _read_bandwidth()),
+            "step_bytes": _step_bytes(model.model),
+            "threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(active)"),
+        }
+    finally:
+        engine.close()
+
+
+WORKERS = {"prompts": prompts_worker, "thinkstruct": thinkstruct_worker}
+
+
+# ---- the run ---------------------------------------------------------------------------------------
+
+
+def _worker(side: str, args: argparse.Namespace) -> alone.Worker:
+    rule = alone.quiet_rule(args)
+    if side == "llama.cpp":
+        script = str(Path(__file__).resolve().parent / "llama_cpp_worker.py")
+        return alone.Worker(side, [args.llama_python, script], rule=rule)
+    kind = "prompts" if side == "prompts" else "thinkstruct"
+    rule = alone.UNTIMED if side == "prompts" else rule
+    # OpenMP threads that sleep between steps, as thinkstruct serve runs them (unless set here).
+    env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    return alone.Worker(
+        side, [sys.executable, os.path.abspath(__file__), "--worker", kind], rule=rule, env=env
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    parser.add_argument("--llama-python", default="/tmp/llv/bin/python", help="'' skips llama.cpp")
+    parser.add_argument("--llama-python", default="/tmp/llv/bin/python", help="'' leaves llama.cpp out")
     parser.add_argument(
-        "--model", default=str(smollm2_gguf_path()), help="a GGUF (default: the embedded one)"
+        "--sides",
+        nargs="+",
+        default=[*QUANTIZE, "llama.cpp"],
+        choices=[*QUANTIZE, "llama.cpp"],
+        help="the sides to run (default all; gguf always runs)",
     )
+    parser.add_argument("--model", default=None, help="a GGUF (default: the embedded one)")
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    alone.add_arguments(parser)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(f"# load average before: {os.getloadavg()}, torch threads {torch.get_num_threads()}, "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(active)')}")  # fmt: skip
-    print(f"# {args.model}")
-    models = {"gguf": load_model(args.model, quantize="gguf", progress=False), "int8": load_model(args.model, quantize="int8-weights", progress=False)}  # fmt: skip
-    engines = {label: Engine(m).start() for label, m in models.items()}
-    llama = _LlamaCpp(args.llama_python, args.model, torch.get_num_threads()) if args.llama_python else None
-    first = models["gguf"]
-    try:
-        grammars = {label: e.compiler.compile(Constraint.json_schema(SCHEMA)) for label, e in engines.items()}
-        jobs = {
-            "free": [(chat_prompt_ids(first, q), None) for q in QUESTIONS],
-            "json": [(chat_prompt_ids(first, f"Answer as JSON (answer, confidence, keywords): {q}"), SCHEMA) for q in QUESTIONS],
-        }  # fmt: skip
-        for engine in engines.values():  # warm-up
-            _run(engine, jobs["free"][0][0], None)
-        if llama is not None:
-            llama.run(jobs["free"][0][0], None)
-            llama.run(jobs["json"][0][0], SCHEMA)
-        sides = [*engines, *(["llama.cpp"] if llama is not None else [])]
-        bandwidth = _read_bandwidth()
-        ceiling = bandwidth / _step_bytes(first.model)
-        print(f"# read bandwidth {bandwidth / 1e9:.1f} GB/s: gguf's ceiling {ceiling:.0f} steps/s")
-        print(
-            f"{'workload':<9} "
-            + " ".join(f"{s + ' tok/s':>15}" for s in sides)
-            + "   gguf/int8  gguf/llama.cpp  gguf/ceiling"
+    if args.worker:
+        alone.worker_main(WORKERS[args.worker])
+        return
+    print(alone.header())
+    prompts, _ = _worker("prompts", args).run({"model": args.model, "threads": args.threads})
+    threads = prompts["threads"]
+    print(f"# {prompts['model']}")
+    job = {
+        "model": prompts["model"],
+        "threads": threads,
+        "max_tokens": MAX_TOKENS,
+        "warmup": prompts["warmup"],
+        "workloads": prompts["workloads"],
+    }
+    sides = [s for s in [*QUANTIZE, "llama.cpp"] if s == "gguf" or s in args.sides]
+    if not args.llama_python and "llama.cpp" in sides:
+        sides.remove("llama.cpp")
+    print(f"# {threads} threads a side; {args.rounds} rounds, sides in rotating order, each alone")
+    results: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    runs = []
+    for r in range(args.rounds):
+        for side in alone.rotation(sides, r):
+            result, run = _worker(side, args).run({**job, "quantize": QUANTIZE.get(side)})
+            results[side].append(result)
+            runs.append(run)
+        rates = "  ".join(
+            f"{side} {name} {w['tokens'] / w['seconds']:.1f}"
+            for side in sides
+            for name, w in results[side][-1]["workloads"].items()
         )
-        for name, items in jobs.items():
-            tokens = dict.fromkeys(sides, 0)
-            seconds = dict.fromkeys(sides, 0.0)
-            for r in range(args.rounds):
-                for k, (ids, schema) in enumerate(items):
-                    shift = (r * len(items) + k) % len(sides)
-                    for side in sides[shift:] + sides[:shift]:
-                        if side == "llama.cpp":
-                            assert llama is not None
-                            n, elapsed = llama.run(ids, schema)
-                        else:
-                            n, elapsed = _run(engines[side], ids, None if schema is None else grammars[side])
-                        tokens[side] += n
-                        seconds[side] += elapsed
-            rate = {s: tokens[s] / seconds[s] for s in sides}
-            cells = " ".join(f"{rate[s]:>15.1f}" for s in sides)
-            versus = f"{rate['gguf'] / rate['llama.cpp']:>14.2f}x" if llama is not None else ""
-            print(
-                f"{name:<9} {cells}   {rate['gguf'] / rate['int8']:>8.2f}x {versus} {rate['gguf'] / ceiling:>12.2f}x"
-            )
-        bandwidth = max(bandwidth, _read_bandwidth())
-        step = _step_seconds(models, jobs["free"][0][0])
-        for label, loaded in models.items():
-            size = _step_bytes(loaded.model)
-            print(f"# {label}: {size / 1e6:.1f} MB of weights a step; ceiling {bandwidth / size:.0f} steps/s "
-                  f"at {bandwidth / 1e9:.1f} GB/s read; a decoding step on the runner (best of 40) "
-                  f"{step[label] * 1e3:.2f} ms = {size / bandwidth / step[label]:.2f}x the ceiling")  # fmt: skip
-        print(f"# load average after: {os.getloadavg()}")
-    finally:
-        for engine in engines.values():
-            engine.close()
-        if llama is not None:
-            llama.close()
+        print(f"  round {r + 1} tok/s: {rates}\n{alone.round_report(r + 1, runs[-len(sides) :])}", flush=True)
+    thinkstruct = [res for side in QUANTIZE if side in results for res in results[side]]
+    bandwidth = max(res["bandwidth"] for res in thinkstruct)
+    ceiling = bandwidth / results["gguf"][0]["step_bytes"]
+    print(f"# read bandwidth {bandwidth / 1e9:.1f} GB/s: gguf's ceiling {ceiling:.0f} steps/s")
+    print(
+        f"{'workload':<9} "
+        + " ".join(f"{s + ' tok/s':>15}" for s in sides)
+        + f"   {'gguf/int8':>9} {'gguf/llama.cpp (rounds)':>23} {'gguf/ceiling':>12}"
+    )
+
+    def rounds(side: str, name: str) -> list[tuple[float, float]]:
+        return [(x["workloads"][name]["tokens"], x["workloads"][name]["seconds"]) for x in results[side]]
+
+    for name in job["workloads"]:
+        cells = " ".join(f"{alone.rate(rounds(s, name)):>15.1f}" for s in sides)
+        versus = (
+            alone.ratio(rounds("gguf", name), rounds("llama.cpp", name)) if "llama.cpp" in results else ""
+        )
+        gguf = alone.rate(rounds("gguf", name))
+        over_int8 = f"{gguf / alone.rate(rounds('int8', name)):.2f}x" if "int8" in results else ""
+        print(f"{name:<9} {cells}   {over_int8:>9} {versus:>23} {gguf / ceiling:>12.2f}x")
+    for side in [s for s in QUANTIZE if s in results]:
+        size = results[side][0]["step_bytes"]
+        free = [x["workloads"]["free"] for x in results[side]]
+        step_ms = 1e3 * sum(w["forward_s"] for w in free) / max(1, sum(w["steps"] for w in free))
+        print(
+            f"# {side}: {size / 1e6:.1f} MB of weights a step, ceiling {bandwidth / size:.0f} steps/s at"
+            f" {bandwidth / 1e9:.1f} GB/s; the engine's forward pass {step_ms:.2f} ms a step (free workload,"
+            f" prefill included); OMP_WAIT_POLICY={results[side][0]['omp_wait_policy']}"
+        )
+    print(alone.summary(runs))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

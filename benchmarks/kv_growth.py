@@ -1,5 +1,5 @@
-"""The paged KV cache filling up as under load: pools that double as they run out (the
-old sizing: a small start, every doubling copies the pools and stalls every row) against
+"""The paged KV cache filling up as under load: pools that double as they run out (a
+small start; every doubling copies the pools and stalls every row) against
 pools that reserve their room up front as untouched zero pages (the default), side by
 side, the sides alternating round by round.
 

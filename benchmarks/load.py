@@ -1,6 +1,7 @@
 """Load: many concurrent streaming clients against a real ``thinkstruct serve`` on loopback.
 
-Starts the server as its own process (the embedded SmolLM2 by default), warms it up, then
+Starts the server as its own process once the machine is quiet (``alone.py``; the
+embedded SmolLM2 by default), warms it up, then
 lets ``--clients`` concurrent clients join one by one over ``--ramp`` seconds (a load
 test's spawn rate; 0 starts them all at once) and run for ``--duration`` seconds more. Each client sends one
 request after another, drawn from a fixed mix: JSON-schema answers over 16 real-world
@@ -27,11 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -43,6 +40,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import alone
 from maskbench_sample import load_maskbench
 
 #: What the clients send, by weight.
@@ -154,13 +152,10 @@ def pick_schemas(count: int) -> list[dict]:
     return chosen
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
+def server(args: argparse.Namespace) -> alone.Server:
+    """``thinkstruct serve`` with the options of ``args``, as a side (enter it to start it
+    once the machine is quiet)."""
+    port = alone.free_port()
     cmd = [
         sys.executable,
         "-m",
@@ -185,7 +180,7 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
         value = getattr(args, flag, None)
         if value:
             cmd += [f"--{flag.replace('_', '-')}", value]
-    return subprocess.Popen(cmd, env=dict(os.environ), stdout=subprocess.DEVNULL)
+    return alone.Server("serve", cmd, port=port, rule=alone.quiet_rule(args))
 
 
 def rss_bytes(pid: int) -> tuple[int, int]:
@@ -194,20 +189,6 @@ def rss_bytes(pid: int) -> tuple[int, int]:
     own = proc.memory_info().rss
     children = sum(c.memory_info().rss for c in proc.children(recursive=True) if c.is_running())
     return own, own + children
-
-
-async def wait_healthy(client: httpx.AsyncClient, proc: subprocess.Popen, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}")
-        try:
-            if (await client.get("/health")).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        await asyncio.sleep(0.5)
-    raise RuntimeError("the server did not become healthy")
 
 
 def body_for(kind: str, rng: random.Random, schemas: list[dict], model: str) -> tuple[str, dict, dict | None]:
@@ -374,15 +355,15 @@ def pct(values: list[float], q: float) -> float:
 async def run(args: argparse.Namespace) -> int:
     schemas = pick_schemas(16)
     print(f"{len(schemas)} schemas picked (strict, compile < 1 s)")
-    port = free_port()
-    proc = start_server(args, port)
+    print(alone.header())
+    serve = server(args)
     limits = httpx.Limits(max_connections=args.clients + 8, max_keepalive_connections=args.clients + 8)
     timeout = httpx.Timeout(300.0)
-    try:
-        async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=timeout
-        ) as client:
-            await wait_healthy(client, proc)
+    with serve:
+        proc = serve.proc
+        if proc is None:
+            raise RuntimeError("the server did not start")
+        async with httpx.AsyncClient(base_url=serve.url, limits=limits, timeout=timeout) as client:
             model = (await client.get("/v1/models")).json()["data"][0]["id"]
             warm: list[Result] = []
             warm_until = time.monotonic() + args.warmup
@@ -417,13 +398,7 @@ async def run(args: argparse.Namespace) -> int:
             elapsed = time.monotonic() - started
             rss_after = rss_bytes(proc.pid)
             health = (await client.get("/health")).status_code
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            exit_code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            exit_code = -9
+    exit_code = proc.returncode  # after SIGTERM: 0 when it stopped gracefully
     return report(args, results, elapsed, rss_warm, rss_after, peak, health, exit_code, steady_from)
 
 
@@ -507,13 +482,16 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--max-queue", type=int, default=256)
     parser.add_argument("--prefill-chunk", type=int, default=None, help="default: the server's")
-    parser.add_argument("--quantize", default="int8-weights", help="serve's --quantize (its default too)")
+    parser.add_argument(
+        "--quantize", default="int8-weights", help="serve's --quantize (default int8-weights)"
+    )
     parser.add_argument("--model", default=None)
     parser.add_argument(
         "--kv-cache-bytes", default=None, help="serve's --kv-cache-bytes (default: its default)"
     )
     parser.add_argument("--prefix-cache-bytes", default=None, help="serve's --prefix-cache-bytes")
     parser.add_argument("--grammar-cache-bytes", default=None, help="serve's --grammar-cache-bytes")
+    alone.add_arguments(parser)
     args = parser.parse_args()
     sys.exit(asyncio.run(run(args)))
 

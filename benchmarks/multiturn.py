@@ -1,7 +1,9 @@
 """Multi-turn chat and an agent loop over HTTP: time to first token of each later turn,
 its history taken from the prefix cache, beside a cold prompt of the same length.
 
-Starts ``thinkstruct serve`` (the embedded model) as its own process. Two workloads:
+Starts ``thinkstruct serve`` (the embedded model) as its own process, after the machine is
+quiet (``alone.py``); both sides of the comparison are requests to that one server, since
+its prefix cache is what is measured. Two workloads:
 
 - **chat**: a ~1,500-token document in the first user message, then ``--turns`` questions
   about it; each turn's history is the conversation so far, the model's own answers
@@ -19,7 +21,7 @@ over the previous turn's prompt tokens. Thinking is off (the turn's answers stay
 
     python benchmarks/multiturn.py [--turns 10] [--max-tokens 24]
 
-Targets (issue): later turns' time to first token <= 0.15x a cold prompt of the same
+Targets: later turns' time to first token <= 0.15x a cold prompt of the same
 length; cached tokens >= 90 % of the previous turn's prompt.
 """
 
@@ -33,7 +35,7 @@ from typing import Any
 
 import openai
 
-from serve_process import free_port, start_serve, wait_healthy
+import alone
 
 _FACTS = (
     "The harbour city of Veloria was founded by salt traders in the year {y}.",
@@ -163,13 +165,14 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--workloads", nargs="+", default=["chat", "agent"], choices=["chat", "agent"])
+    alone.add_arguments(parser)
     args = parser.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_serve(port)
-    try:
-        wait_healthy(url, proc)
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
+    print(alone.header())
+    port = alone.free_port()
+    with alone.Server(
+        "serve", alone.thinkstruct_serve(port=port), port=port, rule=alone.quiet_rule(args)
+    ) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=600)
         model = client.models.list().data[0].id
         _ask(client, model, [{"role": "user", "content": "hi"}], 2)  # warm-up
         print(
@@ -185,9 +188,6 @@ def main() -> None:
                 f" {max(ratios):>10.3f} {min(s for _, _, s in rows):>10.1%}"
             )
         print("\n".join(summary))
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 if __name__ == "__main__":

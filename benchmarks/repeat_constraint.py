@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from serve_process import free_port, start_serve, wait_healthy
+import alone
 
 SIZES = (100, 10_000, 100_000)  # enum members: about 1 KB, 130 KB and 1.3 MB of schema
 
@@ -64,14 +64,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=5)
+    alone.add_arguments(parser)
     args = parser.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_serve(port, "--compile-timeout", "5")
-    tag = f"r{os.getpid()}"  # constraints no earlier run cached
-    try:
-        wait_healthy(url, proc)
-        with httpx.Client(base_url=url, timeout=120) as client:
+    print(alone.header())
+    port = alone.free_port()
+    tag = f"r{os.getpid()}"  # constraints no other run of the server has seen
+    serve = alone.thinkstruct_serve("--compile-timeout", "5", port=port)
+    with alone.Server("serve", serve, port=port, rule=alone.quiet_rule(args)) as server:
+        with httpx.Client(base_url=server.url, timeout=120) as client:
             model = client.get("/v1/models").json()["data"][0]["id"]
             print(
                 f"{'case':<20} {'schema':>9} {'first':>14} {'repeat (median)':>16} {'ratio':>7} {'floor':>10}"
@@ -85,15 +85,13 @@ def main() -> None:
                         continue  # small enums compile in time: nothing to remember
                     first, status = _timed(client, body)
                     repeats = [_timed(client, body) for _ in range(args.repeats)]
-                    assert all(s == status for _, s in repeats), (case, status, repeats)
+                    statuses = sorted({s for _, s in repeats} - {status})
                     median = statistics.median(t for t, _ in repeats)
                     print(
                         f"{case:<20} {len(body) / 1024:>7.0f} K {first * 1000:>9.0f} ms {status}"
                         f" {median * 1000:>13.1f} ms {first / median:>6.0f}x {floor * 1000:>7.1f} ms"
+                        + (f"  (repeats answered {statuses} too)" if statuses else "")
                     )
-    finally:
-        proc.terminate()
-        proc.wait(60)
 
 
 if __name__ == "__main__":

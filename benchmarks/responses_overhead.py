@@ -1,7 +1,8 @@
 """The Responses API's translation overhead: time to first token of a ``/v1/responses``
 stream over a ``/v1/chat/completions`` stream of the same request.
 
-Starts ``thinkstruct serve`` (the embedded model) as its own process and sends, one at a
+Starts ``thinkstruct serve`` (the embedded model) as its own process once the machine is
+quiet (``alone.py``; both sides are requests to that one server) and sends, one at a
 time and nothing else running, the same conversation through both endpoints, the two
 sides alternating which goes first round by round. Each request's system prompt carries
 a fresh nonce of the same length, so neither side finds the other's prompt in the prefix
@@ -25,11 +26,14 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from serve_process import free_port, start_serve, wait_healthy
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import alone
 
 QUESTION = "List three things a lighthouse keeper does each night, and say why each matters."
 
@@ -92,13 +96,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3, help="rounds of both sides not counted")
+    alone.add_arguments(parser)
     args = parser.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_serve(port)
-    try:
-        wait_healthy(url, proc)
-        with httpx.Client(base_url=url, timeout=300.0) as http:
+    print(alone.header())
+    port = alone.free_port()
+    with alone.Server(
+        "serve", alone.thinkstruct_serve(port=port), port=port, rule=alone.quiet_rule(args)
+    ) as server:
+        with httpx.Client(base_url=server.url, timeout=300.0) as http:
             model = http.get("/v1/models").json()["data"][0]["id"]
             sides = {"chat": chat_first_token, "responses": responses_first_token}
             times: dict[str, list[float]] = {name: [] for name in sides}
@@ -108,9 +113,6 @@ def main() -> int:
                     elapsed = sides[name](http, model, args.max_tokens)
                     if round_ >= args.warmup:
                         times[name].append(elapsed)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
     chat, responses = (statistics.median(times[name]) for name in ("chat", "responses"))
     for name, values in times.items():
         ordered = sorted(values)
@@ -119,9 +121,7 @@ def main() -> int:
             f"{name:>10}: first token median {statistics.median(values) * 1e3:7.1f} ms, p90 {p90 * 1e3:7.1f} ms ({len(values)} requests)"
         )
     print(f"responses / chat first-token time (medians): {responses / chat:.3f}x (target <= 1.05)")
-    print(
-        f"reproduce: python benchmarks/responses_overhead.py --rounds {args.rounds} --max-tokens {args.max_tokens}"
-    )
+    print(alone.summary([server.record]))
     return 0
 
 

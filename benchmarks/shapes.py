@@ -5,8 +5,10 @@ embeddings, q/k norms) and DeepSeek-R1-Distill-Qwen-1.5B (Qwen2: q/k/v biases, u
 output layer), with Qwen3's real 151,669-token vocabulary for the engine's grammar masks.
 No weights are downloaded: the numbers are speed, not text.
 
-For each model, interleaved round by round (this machine is shared and noisy; each cell is
-the median over rounds):
+For each model, two sides, each alone on the machine: its own process (which builds the
+model from the seed), started after the machine is quiet and ended before the other
+(``alone.py``), the side that goes first alternating round by round; each cell is the
+median over rounds:
 
 - **engine, int8 weights** (what ``serve`` loads): ``clients`` threads each sending
   requests back to back, ``--new-tokens`` per answer, free text and JSON-constrained (a
@@ -19,23 +21,23 @@ the median over rounds):
 - **weight-bytes limit**: the bytes one decoding step reads (every int8 weight, scale,
   bias and norm the stacked pass touches, plus the output layer), divided by the read
   bandwidth measured in the same run (``torch.sum`` over a 1 GiB float32 buffer, the best
-  of five each round, the best round): the most tokens/s one client could get if reading
+  of five in each side's process, the best of all): the most tokens/s one client could get if reading
   the weights were all a step did; ``clients`` times that for a batch (one read serves
   every row).
 
 It prints a table and asserts nothing.
 
-    OMP_WAIT_POLICY=PASSIVE python benchmarks/shapes.py [--models qwen3-0.6b r1-distill-qwen-1.5b]
+    python benchmarks/shapes.py [--models qwen3-0.6b r1-distill-qwen-1.5b]
         [--new-tokens 64] [--rounds 3] [--clients 1 8] [--masks-during-forward auto|on|off]
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import inspect
 import os
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,7 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import alone
 
 #: The real shapes (from each model's config.json), random weights.
 SHAPES: dict[str, Callable[[], Any]] = {}
@@ -107,6 +111,8 @@ class Cell:
 
 def read_bandwidth_gb_s() -> float:
     """GB/s reading a 1 GiB float32 buffer with ``torch.sum`` (all threads), best of five."""
+    import torch
+
     buffer = torch.ones(1 << 28)
     best = float("inf")
     for _ in range(5):
@@ -137,6 +143,7 @@ def step_bytes(model: Any) -> int:
 def transformers_bare_loop(model: Any, prompts: Sequence[Sequence[int]], *, new_tokens: int) -> float:
     """Tokens/s of transformers' own modules: one prefill of equal-length prompts, then
     greedy argmax steps with ``DynamicCache``."""
+    import torch
     from transformers import DynamicCache
 
     # transformers 5.x renames past_key_values to cache; pass whichever forward takes.
@@ -186,77 +193,131 @@ def engine_closed_loop(
     return sum(counted) / elapsed, statistics.mean(answers)
 
 
-def build(name: str) -> tuple[Any, Any]:
-    """The bf16 model (transformers' side) and its int8-weight float32 copy (the engine's)."""
+def build(name: str) -> Any:
+    """The bf16 model, seeded: transformers' side, and what the engine's is quantized from."""
+    import torch
     from transformers import AutoModelForCausalLM
-
-    from thinkstruct.engine.weights.int8_weights import quantize_int8_weights
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        bf16 = AutoModelForCausalLM.from_config(SHAPES[name](), dtype=torch.bfloat16).eval()
-    int8 = copy.deepcopy(bf16)
-    quantize_int8_weights(int8)  # each Linear's rows from its bf16 weight, widened
-    return bf16, int8.float()  # embeddings and norms float32: the engine's activations
+        return AutoModelForCausalLM.from_config(SHAPES[name](), dtype=torch.bfloat16).eval()
 
 
-def bench(name: str, args: argparse.Namespace) -> list[tuple[str, str]]:
+def int8_weights(bf16: Any) -> Any:
+    """``bf16`` turned into the engine's model in place: int8 weights, each Linear's rows
+    from its bf16 weight, widened; embeddings and norms float32 (the engine's activations)."""
+    from thinkstruct.engine.weights.int8_weights import quantize_int8_weights
+
+    quantize_int8_weights(bf16)
+    return bf16.float()
+
+
+def _prompts() -> list[list[int]]:
+    from thinkstruct.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.qwen3()
+    return [
+        tokenizer.hf.encode(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n") for q in QUESTIONS
+    ]
+
+
+def engine_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """The engine's side: int8 weights, every client count, free and JSON."""
+    import torch
+
     from thinkstruct import Constraint
-    from thinkstruct.engine import Engine, EngineConfig
-    from thinkstruct.engine.model.loading import LoadedModel
+    from thinkstruct.engine import Engine, EngineConfig, LoadedModel
     from thinkstruct.engine.runners.decoder_runner import supports
     from thinkstruct.parsers.reasoning_families import get_reasoning_family
     from thinkstruct.tokenizer import Tokenizer
 
     built = time.perf_counter()
-    bf16, int8 = build(name)
-    tokenizer = Tokenizer.qwen3()
-    prompts = [
-        tokenizer.hf.encode(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n") for q in QUESTIONS
-    ]
+    name = job["model"]
+    bf16 = build(name)
+    parameters = sum(p.numel() for p in bf16.parameters())
+    int8 = int8_weights(bf16)
     context = 1024
     loaded = LoadedModel(
-        model=int8, tokenizer=tokenizer, family=get_reasoning_family("qwen3"), name=name, path=Path(name),
+        model=int8, tokenizer=Tokenizer.qwen3(), family=get_reasoning_family("qwen3"), name=name, path=Path(name),
         dtype=torch.float32, quantize="int8-weights", context_length=context, chat_template=None,
         completion_template=None,
     )  # fmt: skip
+    out: dict[str, Any] = {
+        "parameters": parameters,
+        "built_s": time.perf_counter() - built,
+        "runner": supports(int8, context_length=context),
+        "step_bytes": step_bytes(int8),
+        "bandwidth": read_bandwidth_gb_s(),
+    }
+    prompts = _prompts()
+    clients = job["clients"]
+    config = EngineConfig(max_batch=max(clients), masks_during_forward=job["masks_during_forward"])
+    engine = Engine(loaded, config=config).start()
+    try:
+        grammar = engine.compiler.compile(Constraint.json_schema(LONG_JSON))
+        for c in clients:  # warm-up: first passes allocate the cache and compile the grammar's paths
+            for constraint in (None, grammar):
+                engine_closed_loop(engine, prompts, clients=c, grammar=constraint, new_tokens=4, requests=1)
+        for c in clients:
+            for kind, constraint in (("free", None), ("json", grammar)):
+                out[f"{kind} {c}"] = engine_closed_loop(
+                    engine, prompts, clients=c, grammar=constraint, new_tokens=job["new_tokens"],
+                    requests=job["requests"],
+                )  # fmt: skip
+    finally:
+        engine.close()
+    out["bandwidth"] = max(out["bandwidth"], read_bandwidth_gb_s())
+    return out
+
+
+def transformers_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """transformers' side: the bf16 model's bare loop at every client count."""
+    bf16 = build(job["model"])
+    prompts = _prompts()
+    out: dict[str, Any] = {"bandwidth": read_bandwidth_gb_s()}
+    for c in job["clients"]:
+        transformers_bare_loop(bf16, prompts[:c], new_tokens=4)  # warm-up
+    for c in job["clients"]:
+        out[f"bf16 {c}"] = transformers_bare_loop(bf16, prompts[:c], new_tokens=job["new_tokens"])
+    out["bandwidth"] = max(out["bandwidth"], read_bandwidth_gb_s())
+    return out
+
+
+WORKERS = {"engine": engine_worker, "transformers": transformers_worker}
+
+
+def bench(name: str, args: argparse.Namespace, runs: list[alone.Run]) -> list[tuple[str, str]]:
     clients = sorted(set(args.clients))
-    reason = supports(int8, context_length=context)
     during = {"auto": None, "on": True, "off": False}[args.masks_during_forward]
-    engine = Engine(loaded, config=EngineConfig(max_batch=max(clients), masks_during_forward=during)).start()
-    grammar = engine.compiler.compile(Constraint.json_schema(LONG_JSON))
-    per_step = step_bytes(int8)
+    job = {"model": name, "clients": clients, "new_tokens": args.new_tokens, "requests": args.requests,
+           "masks_during_forward": during}  # fmt: skip
+    cells: dict[str, Cell] = {}
+    engine: dict[str, Any] = {}
+    bandwidth = 0.0  # the best of every process's measurement: the limit is not flattered
+    for round_ in range(args.rounds):
+        for side in alone.rotation(list(WORKERS), round_):
+            argv = [sys.executable, os.path.abspath(__file__), "--worker", side]
+            result, run = alone.Worker(f"{name} {side}", argv, rule=alone.quiet_rule(args)).run(job)
+            runs.append(run)
+            bandwidth = max(bandwidth, result["bandwidth"])
+            for c in clients:
+                if side == "engine":
+                    engine = result
+                    for kind in ("free", "json"):
+                        rate, length = result[f"{kind} {c}"]
+                        cell = cells.setdefault(f"engine {kind} {c}", Cell())
+                        cell.samples.append(rate)
+                        cell.lengths.append(length)
+                else:
+                    cells.setdefault(f"bf16 {c}", Cell()).samples.append(result[f"bf16 {c}"])
+        print(alone.round_report(round_ + 1, runs[-len(WORKERS) :]), flush=True)
+    per_step = engine["step_bytes"]
+    runner = engine["runner"] or "DecoderRunner (int8 weights: the stacked pass)"
     print(
-        f"\n{name}: {sum(p.numel() for p in bf16.parameters()) / 1e6:.0f} M parameters, built in "
-        f"{time.perf_counter() - built:.0f} s; engine runner: "
-        f"{'DecoderRunner (int8 weights: the stacked pass)' if reason is None else reason}; a decoding step reads "
-        f"{per_step / 1e6:.0f} MB of weights",
+        f"\n{name}: {engine['parameters'] / 1e6:.0f} M parameters, built in {engine['built_s']:.0f} s;"
+        f" engine runner: {runner}; a decoding step reads {per_step / 1e6:.0f} MB of weights",
         flush=True,
     )
-    # Warm up both sides (first passes allocate the cache and compile the grammar's paths).
-    for c in clients:
-        for constraint in (None, grammar):
-            engine_closed_loop(engine, prompts, clients=c, grammar=constraint, new_tokens=4, requests=1)
-        transformers_bare_loop(bf16, prompts[:c], new_tokens=4)
-    cells: dict[str, Cell] = {}
-    bandwidth = 0.0  # the best of every round's measurement: the limit is not flattered
-    for round_ in range(args.rounds):
-        bandwidth = max(bandwidth, read_bandwidth_gb_s())
-        for c in clients:
-            sides = (("free", None), ("json", grammar))
-            for kind, constraint in sides if round_ % 2 == 0 else sides[::-1]:
-                rate, length = engine_closed_loop(
-                    engine, prompts, clients=c, grammar=constraint, new_tokens=args.new_tokens,
-                    requests=args.requests,
-                )  # fmt: skip
-                cell = cells.setdefault(f"engine {kind} {c}", Cell())
-                cell.samples.append(rate)
-                cell.lengths.append(length)
-            rate = transformers_bare_loop(bf16, prompts[:c], new_tokens=args.new_tokens)
-            cells.setdefault(f"bf16 {c}", Cell()).samples.append(rate)
-            load = os.getloadavg()[0]
-            print(f"  round {round_ + 1}: {c} client(s) done (load average {load:.1f})", flush=True)
-    engine.close()
     limit = bandwidth * 1e9 / per_step
     print(f"  read bandwidth {bandwidth:.1f} GB/s: the limit is {limit:.1f} tok/s a client", flush=True)
     rows = []
@@ -288,21 +349,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="auto",
         help="EngineConfig.masks_during_forward (auto: where a core is left over)",
     )
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    alone.add_arguments(parser)
     args = parser.parse_args(argv)
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}, "
-        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
-        flush=True,
-    )
-    rows = []
+    if args.worker:
+        alone.worker_main(WORKERS[args.worker])
+        return
+    # Sleeping OpenMP threads in every side's process (as thinkstruct serve), unless set.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    print(alone.header())
+    print(f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} in each side's process", flush=True)
+    rows: list[tuple[str, str]] = []
+    runs: list[alone.Run] = []
     for name in args.models:
-        rows += bench(name, args)  # each model's rows as soon as they are measured, then all
+        rows += bench(name, args, runs)  # each model's rows as soon as they are measured, then all
         for label, text in rows[-len(args.clients) :]:
             print(f"{label:32s} {text}", flush=True)
     print()
     for label, text in rows:
         print(f"{label:32s} {text}")
+    print(alone.summary(runs))
 
 
 if __name__ == "__main__":

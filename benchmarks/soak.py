@@ -31,8 +31,6 @@ import argparse
 import asyncio
 import random
 import re
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -42,17 +40,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from load import (
-    QUESTIONS,
-    Result,
-    free_port,
-    pct,
-    pick_schemas,
-    rss_bytes,
-    start_server,
-    streamed,
-    wait_healthy,
-)
+import alone
+from load import QUESTIONS, Result, pct, pick_schemas, rss_bytes, server, streamed
 
 #: What the clients send, by weight.
 MIX = {"schema": 40, "chat": 30, "turn": 30}
@@ -141,16 +130,18 @@ async def client_loop(
 async def run(args: argparse.Namespace) -> int:
     schemas = pick_schemas(16)
     print(f"{len(schemas)} schemas picked (strict, compile < 1 s)")
-    port = free_port()
-    proc = start_server(args, port)
+    print(alone.header())
+    serve = server(args)
     limits = httpx.Limits(max_connections=args.clients + 8, max_keepalive_connections=args.clients + 8)
     samples: list[Sample] = []
     results: list[Result] = []
-    try:
+    with serve:
+        proc = serve.proc
+        if proc is None:
+            raise RuntimeError("the server did not start")
         async with httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{port}", limits=limits, timeout=httpx.Timeout(300.0)
+            base_url=serve.url, limits=limits, timeout=httpx.Timeout(300.0)
         ) as client:
-            await wait_healthy(client, proc)
             model = (await client.get("/v1/models")).json()["data"][0]["id"]
             warm: list[Result] = []
             warm_until = time.monotonic() + args.warmup
@@ -176,13 +167,7 @@ async def run(args: argparse.Namespace) -> int:
             )
             elapsed = time.monotonic() - started
             health = (await client.get("/health")).status_code
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            exit_code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            exit_code = -9
+    exit_code = proc.returncode  # after SIGTERM: 0 when it stopped gracefully
     return report(args, results, samples, elapsed, health, exit_code)
 
 
@@ -291,6 +276,7 @@ def main() -> None:
     parser.add_argument("--kv-cache-bytes", default="384M")
     parser.add_argument("--prefix-cache-bytes", default="256M")
     parser.add_argument("--grammar-cache-bytes", default="128M")
+    alone.add_arguments(parser)
     args = parser.parse_args()
     sys.exit(asyncio.run(run(args)))
 

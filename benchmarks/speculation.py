@@ -1,9 +1,12 @@
 """Speculative decoding (n-gram drafts) on and off, one request at a time, side by side.
 
-Two engines over the same loaded model (the embedded SmolLM2, by default with the
-quantization ``thinkstruct serve`` picks for it: its GGUF blocks; ``--quantize
-int8-weights`` for int8 weights), one with speculation, one without; each prompt runs on
-both, the side that goes first alternating prompt by prompt. Thinking off, greedy.
+Two sides, each an engine in its own process over the embedded SmolLM2 (by default with
+the quantization ``thinkstruct serve`` picks for it: its GGUF blocks; ``--quantize
+int8-weights`` for int8 weights), one with speculation, one without, each alone on the
+machine (``alone.py``: started after the machine is quiet, ended with everything it
+started before the other side starts), the side that goes first alternating round by
+round. In a round a side runs every workload below once, after a warm-up. Thinking off,
+greedy, no prefix cache.
 
 Workloads:
 
@@ -28,14 +31,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from thinkstruct import Constraint
-from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
-from thinkstruct.engine.sampling.speculation import SpeculationConfig
-from thinkstruct.parsers import render_chat
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import alone
 
 RECORDS = [
     (
@@ -95,6 +100,8 @@ QUESTIONS = [
 
 
 def _prompt(model: Any, text: str) -> list[int]:
+    from thinkstruct.parsers import render_chat
+
     rendered = render_chat(
         [{"role": "user", "content": text}],
         family=model.family,
@@ -106,6 +113,8 @@ def _prompt(model: Any, text: str) -> list[int]:
 
 
 def _jobs(model: Any, compiler: Any) -> dict[str, list[tuple[list[int], Any, int]]]:
+    from thinkstruct import Constraint
+
     extraction = []
     for record, props in RECORDS:
         schema = {
@@ -120,30 +129,47 @@ def _jobs(model: Any, compiler: Any) -> dict[str, list[tuple[list[int], Any, int
     return {"extraction": extraction, "free": free}
 
 
-def _run(engine: Engine, ids: list[int], grammar: Any, max_tokens: int) -> tuple[float, tuple[int, ...]]:
-    start = time.perf_counter()
-    out = engine.submit(
-        GenerationRequest(
-            prompt_ids=ids, sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0), grammar=grammar
-        )
-    ).wait()
-    return time.perf_counter() - start, tuple(out.token_ids)
+def _worker(job: dict[str, Any]) -> dict[str, Any]:
+    """One side: an engine with speculation (``job["config"]``: its fields) or without
+    (``None``). Per workload: each request's (seconds, tokens) and the engine's counters."""
+    from thinkstruct.engine import Engine, EngineConfig, GenerationRequest, SamplingParams, load_model
+    from thinkstruct.engine.sampling.speculation import SpeculationConfig
 
+    model = load_model(quantize=job["quantize"], progress=False)
+    speculation = None if job["config"] is None else SpeculationConfig(**job["config"])
+    engine = Engine(model, config=EngineConfig(speculation=speculation, prefix_cache_bytes=0)).start()
 
-def _run_many(engine: Engine, items: list[tuple[list[int], Any, int]]) -> tuple[float, list[tuple[int, ...]]]:
-    start = time.perf_counter()
-    handles = [
-        engine.submit(
-            GenerationRequest(
-                prompt_ids=ids,
-                sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                grammar=grammar,
-            )
-        )
-        for ids, grammar, max_tokens in items
-    ]
-    outs = [tuple(h.wait().token_ids) for h in handles]
-    return time.perf_counter() - start, outs
+    def submit(ids: list[int], grammar: Any, max_tokens: int) -> Any:
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        return engine.submit(GenerationRequest(prompt_ids=ids, sampling=sampling, grammar=grammar))
+
+    try:
+        jobs = _jobs(model, engine.compiler)
+        submit(jobs["free"][0][0], None, 4).wait()  # warm-up: kernels, first passes
+        out: dict[str, Any] = {"quantize": model.quantize, "config": str(speculation)}
+        batch = [jobs["extraction"][k % len(jobs["extraction"])] for k in range(8)]
+        for name, items in (*jobs.items(), ("8 clients", batch)):
+            stats = engine.stats
+            before = (stats.draft_tokens, stats.accepted_draft_tokens, stats.steps, stats.step_seconds)
+            if name == "8 clients":
+                start = time.perf_counter()
+                handles = [submit(*item) for item in items]
+                answers = [list(h.wait().token_ids) for h in handles]
+                requests = [(time.perf_counter() - start, sum(map(len, answers)))]
+            else:
+                requests, answers = [], []
+                for item in items:
+                    start = time.perf_counter()
+                    answers.append(list(submit(*item).wait().token_ids))
+                    requests.append((time.perf_counter() - start, len(answers[-1])))
+            after = (stats.draft_tokens, stats.accepted_draft_tokens, stats.steps, stats.step_seconds)
+            drafted, kept, steps, step_s = (b - a for a, b in zip(before, after, strict=True))
+            out[name] = {"requests": requests, "answers": answers, "drafted": drafted, "kept": kept,
+                         "passes": [steps, step_s]}  # fmt: skip
+        out["sample"] = model.tokenizer.decode(out["extraction"]["answers"][0])
+        return out
+    finally:
+        engine.close()
 
 
 def _bound(seconds: dict[str, float], passes: dict[str, tuple[int, float]]) -> str:
@@ -173,76 +199,61 @@ def main() -> None:
         default={},
         help='SpeculationConfig fields for the "on" side as JSON, e.g. \'{"position_cost": 0.2}\'',
     )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    alone.add_arguments(parser)
     args = parser.parse_args()
-    model = load_model(quantize=args.quantize, progress=False)
-    config = SpeculationConfig(**args.config)
-    print(f"SmolLM2-135M-Instruct, quantize={model.quantize}, {config}")
-    on = Engine(model, config=EngineConfig(speculation=config, prefix_cache_bytes=0)).start()
-    off = Engine(
-        model, config=EngineConfig(speculation=None, prefix_cache_bytes=0), compiler=on.compiler
-    ).start()
-    sides = [("on", on), ("off", off)]
-    try:
-        jobs = _jobs(model, on.compiler)
-        for engine in (on, off):  # warm-up: kernels, first passes
-            _run(engine, jobs["free"][0][0], None, 4)
-        print(
-            f"{'workload':<11} {'tokens':>7} {'on tok/s':>9} {'off tok/s':>10} {'on/off':>7} {'accepted':>9} {'same':>5}"
+    if args.worker:
+        alone.worker_main(_worker)
+        return
+    print(alone.header())
+    configs = {"on": args.config, "off": None}
+    results: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+    runs = []
+    env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}  # as thinkstruct serve
+    for r in range(args.rounds):
+        for side in alone.rotation(list(configs), r):
+            argv = [sys.executable, os.path.abspath(__file__), "--worker"]
+            worker = alone.Worker(side, argv, rule=alone.quiet_rule(args), env=env)
+            result, run = worker.run({"quantize": args.quantize, "config": configs[side]})
+            results[side].append(result)
+            runs.append(run)
+        print(alone.round_report(r + 1, runs[-len(configs) :]), flush=True)
+    first = results["on"][0]
+    print(f"SmolLM2-135M-Instruct, quantize={first['quantize']}, {first['config']}")
+    print(
+        f"{'workload':<11} {'tokens':>7} {'on tok/s':>9} {'off tok/s':>10} {'on/off':>7} {'accepted':>9} {'same':>5}"
+    )
+    for name in ("extraction", "free", "8 clients"):
+        on = [x[name] for x in results["on"]]
+        off = [x[name] for x in results["off"]]
+        seconds = {
+            side: sum(s for w in rounds for s, _ in w["requests"])
+            for side, rounds in (("on", on), ("off", off))
+        }
+        tokens = sum(n for w in on for _, n in w["requests"])
+        same = all(a["answers"] == b["answers"] for a, b in zip(on, off, strict=True))
+        ratios = [
+            b[0] / a[0]
+            for x, y in zip(on, off, strict=True)
+            for a, b in zip(x["requests"], y["requests"], strict=True)
+        ]
+        drafted, kept = sum(w["drafted"] for w in on), sum(w["kept"] for w in on)
+        accepted = f"{kept / max(drafted, 1):>8.0%}" if name != "8 clients" else ""
+        per_request = (
+            f"   (per request: median {statistics.median(ratios):.2f}x)" if name != "8 clients" else ""
         )
-        for name, items in jobs.items():
-            seconds = {"on": 0.0, "off": 0.0}
-            tokens = 0
-            same = True
-            drafted0, kept0 = on.stats.draft_tokens, on.stats.accepted_draft_tokens
-            passes0 = {side: (e.stats.steps, e.stats.step_seconds) for side, e in sides}
-            ratios = []
-            for r in range(args.rounds):
-                for k, (ids, grammar, max_tokens) in enumerate(items):
-                    order = sides if (r + k) % 2 == 0 else sides[::-1]
-                    got = {}
-                    for side, engine in order:
-                        elapsed, out = _run(engine, ids, grammar, max_tokens)
-                        seconds[side] += elapsed
-                        got[side] = (elapsed, out)
-                    same &= got["on"][1] == got["off"][1]
-                    tokens += len(got["on"][1])
-                    ratios.append(got["off"][0] / got["on"][0])
-            drafted = on.stats.draft_tokens - drafted0
-            kept = on.stats.accepted_draft_tokens - kept0
-            print(
-                f"{name:<11} {tokens:>7} {tokens / seconds['on']:>9.1f} {tokens / seconds['off']:>10.1f}"
-                f" {seconds['off'] / seconds['on']:>6.2f}x {kept / max(drafted, 1):>8.0%} {same!s:>5}"
-                f"   (per request: median {statistics.median(ratios):.2f}x)"
-            )
+        print(
+            f"{name:<11} {tokens:>7} {tokens / seconds['on']:>9.1f} {tokens / seconds['off']:>10.1f}"
+            f" {seconds['off'] / seconds['on']:>6.2f}x {accepted:>9} {same!s:>5}{per_request}"
+        )
+        if name != "8 clients":
             passes = {
-                side: (e.stats.steps - passes0[side][0], e.stats.step_seconds - passes0[side][1])
-                for side, e in sides
+                side: (sum(w["passes"][0] for w in rounds), sum(w["passes"][1] for w in rounds))
+                for side, rounds in (("on", on), ("off", off))
             }
             print("  " + _bound(seconds, passes))
-        seconds = {"on": 0.0, "off": 0.0}
-        same = True
-        batch = [jobs["extraction"][k % len(jobs["extraction"])] for k in range(8)]
-        for r in range(args.rounds):
-            order = sides if r % 2 == 0 else sides[::-1]
-            got = {}
-            for side, engine in order:
-                elapsed, outs = _run_many(engine, batch)
-                seconds[side] += elapsed
-                got[side] = outs
-            same &= got["on"] == got["off"]
-        tokens = args.rounds * sum(len(t) for t in got["on"])
-        print(
-            f"{'8 clients':<11} {tokens:>7} {tokens / seconds['on']:>9.1f} {tokens / seconds['off']:>10.1f}"
-            f" {seconds['off'] / seconds['on']:>6.2f}x {'':>9} {same!s:>5}"
-        )
-        sample_ids, sample_grammar, _ = jobs["extraction"][0]
-        print(
-            "extraction answer:",
-            json.dumps(model.tokenizer.decode(list(_run(on, sample_ids, sample_grammar, 200)[1]))),
-        )
-    finally:
-        on.close()
-        off.close()
+    print("extraction answer:", json.dumps(first["sample"]))
+    print(alone.summary(runs))
 
 
 if __name__ == "__main__":

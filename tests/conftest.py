@@ -43,6 +43,7 @@ RAY_FILES = ("tests/cluster/test_replicas.py", "tests/cluster/test_autoscaling.p
 #: when the other worker had nothing left).
 SLOW_FILES = (
     *RAY_FILES,  # two local Ray clusters, one after the other on one worker: about 5 minutes
+    "tests/integrations/test_vllm_server.py",  # vLLM's server starting: 1-2 minutes, then five requests
     "tests/engine/test_models.py",
     "tests/grammar/test_conformance.py",
     "tests/server/test_serve_cli.py",

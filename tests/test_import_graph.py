@@ -46,6 +46,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("engine", ("engine",), ("engine.core",)),
     ("server", ("server",), ("engine", "facade")),
     ("cli", ("cli",), ("server",)),
+    # ``make vllm-serve``'s launcher: a model's directory and family for vLLM's server.
+    ("vllm_serve", ("vllm_serve",), ("engine.model",)),
 )
 
 

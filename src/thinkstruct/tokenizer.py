@@ -197,6 +197,18 @@ class Tokenizer:
         self._text_backend = backend
         return backend.encode(text, add_special_tokens=False)
 
+    def single_ids(self, texts: Iterable[str]) -> tuple[int, ...]:
+        """The ids, ascending, of those ``texts`` that are one token of the vocabulary
+        each (a family's protocol tokens; texts spelled in several tokens are left out)."""
+        hf = self.hf
+        unk = getattr(hf, "unk_token_id", None)
+        found = set()
+        for text in texts:
+            token_id = hf.convert_tokens_to_ids(text)
+            if isinstance(token_id, int) and token_id != unk and hf.convert_ids_to_tokens(token_id) == text:
+                found.add(token_id)
+        return tuple(sorted(found))
+
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.hf.decode(list(ids), skip_special_tokens=False))
 

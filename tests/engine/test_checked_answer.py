@@ -4,36 +4,27 @@ error naming the keyword and the JSON pointer."""
 
 from __future__ import annotations
 
-import json
+import sys
+from pathlib import Path
 
-import jsonschema
 import pytest
 
 from thinkstruct import Constraint
 from thinkstruct.engine import Engine, EngineConfig, FinishReason, GenerationRequest, SamplingParams
 from thinkstruct.grammar.service.compiler import GrammarCompiler
 
-UNIQUE = {
-    "type": "array",
-    "items": {"enum": ["red", "green", "blue"]},
-    "minItems": 3,
-    "maxItems": 3,
-    "uniqueItems": True,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from checked_cases import UNIQUE as UNIQUE_CASE  # the benchmark's cases
+from checked_cases import UNMEETABLE, valid
+
+UNIQUE = UNIQUE_CASE.schema
 
 
 @pytest.fixture(scope="module")
 def compiler(smollm2):
     with GrammarCompiler(smollm2.tokenizer) as c:
         yield c
-
-
-def _valid(schema: dict, text: str) -> bool:
-    try:
-        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
-    except (ValueError, jsonschema.ValidationError):
-        return False
-    return True
 
 
 def _run_seeds(
@@ -59,31 +50,33 @@ def _run_seeds(
 def test_unique_items_over_a_small_enum_only_valid_answers_come_back(smollm2, compiler) -> None:
     grammar = compiler.compile(Constraint.json_schema(UNIQUE), strict=True)
     assert grammar.checks is not None  # uniqueItems is checked, not held by the grammar
-    ids = smollm2.tokenizer.encode("Give JSON. Colors: red, red, red.")
+    ids = smollm2.tokenizer.encode(UNIQUE_CASE.prompt)
     rollbacks = 0
-    outs = _run_seeds(smollm2, compiler, ids, 6, max_tokens=80, grammar=grammar)
+    outs = _run_seeds(smollm2, compiler, ids, 6, max_tokens=UNIQUE_CASE.max_tokens, grammar=grammar)
     for out in outs:
         assert out.usage is not None
         rollbacks += out.usage.check_rollbacks
-        if out.finish_reason is FinishReason.STOP:
-            assert _valid(UNIQUE, out.content), out.content  # streamed text is the final text
-        else:
-            assert out.finish_reason is FinishReason.ERROR and "uniqueItems" in (out.error or ""), out
+        assert out.finish_reason is FinishReason.STOP, out.error  # never out of tries
+        assert valid(UNIQUE, out.content), out.content  # streamed text is the final text
     assert rollbacks > 0
-    assert any(o.finish_reason is FinishReason.STOP for o in outs)
 
 
 def test_a_keyword_no_answer_can_meet_ends_with_the_keyword_and_pointer(smollm2, compiler) -> None:
-    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"const": "x"}, "minItems": 2,
-              "maxItems": 2, "uniqueItems": True}}, "required": ["tags"], "additionalProperties": False}  # fmt: skip
-    grammar = compiler.compile(Constraint.json_schema(schema), strict=True)
-    ids = smollm2.tokenizer.encode("Give JSON.")
+    grammar = compiler.compile(Constraint.json_schema(UNMEETABLE.schema), strict=True)
+    ids = smollm2.tokenizer.encode(UNMEETABLE.prompt)
     with Engine(smollm2, config=EngineConfig(max_batch=2), compiler=compiler) as engine:
         out = engine.submit(
-            GenerationRequest(prompt_ids=ids, sampling=SamplingParams(max_tokens=60, seed=1), grammar=grammar)
+            GenerationRequest(
+                prompt_ids=ids,
+                sampling=SamplingParams(max_tokens=UNMEETABLE.max_tokens, seed=1),
+                grammar=grammar,
+            )
         ).wait()
+        unmet = dict(engine.stats.checks_unmet)
     assert out.finish_reason is FinishReason.ERROR
     assert "uniqueItems" in (out.error or "") and "/tags" in (out.error or ""), out.error
+    assert out.unmet is not None and (out.unmet.keyword, out.unmet.pointer) == ("uniqueItems", "/tags")
+    assert unmet == {"uniqueItems": 1}
     assert '"x"' not in out.content  # the value that failed was never sent
 
 
@@ -118,7 +111,7 @@ def test_the_thought_is_never_checked_nor_taken_back(smollm2, compiler) -> None:
         assert out.usage is not None and out.reasoning
         assert out.usage.reasoning_tokens >= 10  # the budget, then the end tag: all thought
         if out.finish_reason is FinishReason.STOP:
-            assert _valid(UNIQUE, out.content), out.content
+            assert valid(UNIQUE, out.content), out.content
 
 
 def test_a_failed_string_is_drawn_again_from_its_first_word_not_its_quote(smollm2, compiler) -> None:
@@ -144,5 +137,5 @@ def test_a_failed_string_is_drawn_again_from_its_first_word_not_its_quote(smollm
     assert all(s.undo is None for s in settled[:-1])
     undo = settled[-1].undo
     assert undo is not None and undo.possible
-    assert undo.banned == tokenizer.encode("red")[0]
+    assert undo.banned == {tokenizer.encode("red")[0]}  # not a const: no other token fails the same way
     assert undo.tokens == 2  # 'red' and '"}' go; ' "' stays

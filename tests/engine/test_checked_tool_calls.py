@@ -7,6 +7,8 @@ thought before the calls is never checked nor taken back."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -24,33 +26,13 @@ from thinkstruct.parsers.tool_calls import ToolCallParser, get_tool_call_syntax,
 from thinkstruct.parsers.tool_calls.types import ToolSchemas
 from thinkstruct.server.tools import ToolPlan
 
-#: One coat is what "with one coat" asks for, and what the schema forbids. (A forbidden
-#: string would often fail for good: a value's first token is then often the bare quote,
-#: and banning it leaves only whitespace there.)
-WALL = {
-    "type": "object",
-    "properties": {
-        "color": {"enum": ["red", "green", "blue"]},
-        "coats": {"type": "integer", "minimum": 1, "maximum": 3, "not": {"const": 1}},
-    },
-    "required": ["color", "coats"],
-    "additionalProperties": False,
-}
-FLAG = {
-    "type": "object",
-    "properties": {
-        "stripes": {
-            "type": "array",
-            "items": {"enum": ["red", "green", "blue"]},
-            "minItems": 3,
-            "maxItems": 3,
-            "uniqueItems": True,
-        }
-    },
-    "required": ["stripes"],
-    "additionalProperties": False,
-}
-SCHEMAS = {"paint_flag": FLAG, "paint_wall": WALL}
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from checked_cases import PAINT  # the benchmark's cases
+
+#: A flag of three different stripes, and a wall with more than one coat, asked for what
+#: breaks both.
+SCHEMAS = PAINT.tools
 TOOLS = [
     {
         "type": "function",
@@ -58,7 +40,7 @@ TOOLS = [
     }
     for name, schema in SCHEMAS.items()
 ]
-ASK = "Paint a flag with stripes red, red and red, and paint the wall with one coat."
+ASK = PAINT.prompt
 
 
 @pytest.fixture(scope="module")

@@ -566,6 +566,31 @@ def capability_table() -> str:
     return "\n".join(lines)
 
 
+def vllm_keyword_table() -> str:
+    """A Markdown table of what strict mode does with each keyword some backend leaves to
+    checks, in thinkstruct's engine and inside vLLM (``thinkstruct.grammar.schema.dead_ends``):
+    docs/keyword_support.md holds it verbatim, and a test fails when the two disagree."""
+    from thinkstruct.grammar.backends import backend_classes
+    from thinkstruct.grammar.schema.dead_ends import RULES
+
+    keywords = sorted({k for cls in backend_classes() for k in cls.inexact_keywords})
+    lines = [
+        "| keyword | thinkstruct's engine | inside vLLM |",
+        "|---|---|---|",
+    ]
+    for keyword in keywords:
+        rule = RULES.get(keyword)
+        inside = (
+            f"enforced at its value's closing token where {rule.when}; elsewhere a 400 naming its pointer"
+            if rule is not None
+            else "a 400 naming its pointer"
+        )
+        lines.append(
+            f"| `{keyword}` | checked as its value closes; a failing value is drawn again | {inside} |"
+        )
+    return "\n".join(lines)
+
+
 # ---- command line ---------------------------------------------------------------------
 
 
@@ -661,6 +686,8 @@ def _main(argv: list[str] | None = None) -> int:
             args.times.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
     if args.report or not (args.run or args.update):
         print(capability_table())
+        print()
+        print(vllm_keyword_table())
         print()
         print(counts_table(doc))
         print()

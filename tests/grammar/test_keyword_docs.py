@@ -10,7 +10,7 @@ from thinkstruct.grammar.base import NO_BACKEND_ENFORCES
 from thinkstruct.grammar.constraint import ConstraintKind
 from thinkstruct.grammar.service import auto
 
-from .conformance_support import capability_table
+from .conformance_support import capability_table, vllm_keyword_table
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "keyword_support.md"
 
@@ -19,6 +19,13 @@ def test_the_doc_holds_the_registry_table() -> None:
     assert capability_table() in DOC.read_text(encoding="utf-8"), (
         "docs/keyword_support.md is out of date with the backend registry; paste the table "
         "printed by `python -m tests.grammar.conformance_support --report`"
+    )
+
+
+def test_the_doc_holds_the_vllm_table() -> None:
+    assert vllm_keyword_table() in DOC.read_text(encoding="utf-8"), (
+        "docs/keyword_support.md is out of date with thinkstruct.grammar.schema.dead_ends; paste the "
+        "table printed by `python -m tests.grammar.conformance_support --report`"
     )
 
 

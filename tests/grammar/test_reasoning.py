@@ -106,6 +106,8 @@ class ReasoningMachine(RuleBasedStateMachine):
         assert self.g.state == state
         assert self.g.is_thinking == (state == -1)
         assert self.g.is_terminated() == (self.n == len(self.script))
+        # The answer's first token comes next exactly after the tag's last.
+        assert self.g.at_answer_start() == (state == 0)
 
     @precondition(lambda self: hasattr(self, "g"))
     @invariant()
@@ -160,7 +162,9 @@ def test_end_tag_never_reaches_the_inner_grammar(backend: str, tokenizer: Tokeni
 
 def test_reasoning_off_starts_in_the_answer(backend: str, tokenizer: Tokenizer) -> None:
     g = compiled_for(tokenizer, backend).matcher(reasoning=False)
+    assert g.at_answer_start()
     assert g.accept_tokens(tokenizer.encode('{"ok":true}')) == len(tokenizer.encode('{"ok":true}'))
+    assert not g.at_answer_start()
     assert not g.accept_token(tokenizer.think_end_ids[0])
 
 

@@ -41,6 +41,7 @@ def test_rollback_restores_mask_and_acceptance(
     assert g.accept_tokens(ids[prefix : prefix + k]) == k
     g.rollback(k)
     assert not g.is_terminated()
+    assert g.at_answer_start() == (prefix == 0)
     assert torch.equal(mask_of(g, tokenizer.vocab_size), before)
     # The rest is accepted exactly as by a matcher that never rolled back.
     assert g.accept_tokens(ids[prefix:]) == len(ids) - prefix

@@ -17,6 +17,7 @@ from thinkstruct.grammar.constraint import escape_pointer
 from thinkstruct.grammar.runtime.tag_checks import first_failed_check
 from thinkstruct.grammar.runtime.value_checks import CheckFailure, ValueChecker
 from thinkstruct.grammar.schema.checks import CheckPlan, Location, Wildcard, plan_checks
+from thinkstruct.grammar.schema.prefix_checks import prefix_rules
 
 #: Schemas whose checked keywords sit at several depths, behind references and patterns.
 SCHEMAS: list[dict[str, Any]] = [
@@ -86,34 +87,56 @@ def _matches(doc: Any, location: Location) -> list[str]:
     return [pointer for pointer, _ in found]
 
 
-def _post_order(doc: Any, pointer: str = "") -> list[tuple[str, Any]]:
-    """Every value with its pointer in the order their texts close."""
-    out: list[tuple[str, Any]] = []
-    if isinstance(doc, list):
-        for i, v in enumerate(doc):
-            out += _post_order(v, f"{pointer}/{i}")
-    elif isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _post_order(v, f"{pointer}/{escape_pointer(k)}")
-    out.append((pointer, doc))
-    return out
-
-
 def _first_invalid(plan: CheckPlan, doc: Any) -> str | None:
-    """The pointer of the first value, in closing order, that fails a check at it; an
-    array checked for ``uniqueItems`` fails at its first item that repeats an earlier one."""
-    invalid: set[str] = set()
+    """The pointer of the first part, in closing order, that fails a check: a value that
+    fails a check at it; an item of an array checked for ``uniqueItems`` that repeats an
+    earlier one, or that is one match too many for ``maxContains``; a member whose key
+    breaks the object's ``propertyNames`` (a key closes before its value)."""
+    invalid: set[tuple[str, str]] = set()
     unique = jsonschema.Draft202012Validator({"uniqueItems": True})
     for index, check in enumerate(plan.checks):
+        rules = prefix_rules(plan, index)
+        assert not rules.unevaluated  # none in SCHEMAS: the model leaves it out
         for pointer in _matches(doc, check.location):
             value = _post_value(doc, pointer)
             if plan.first_error(index, value) is not None:
-                invalid.add(pointer)
-            if f"{check.schema_pointer}/uniqueItems" in check.keywords and isinstance(value, list):
+                invalid.add(("value", pointer))
+            if rules.unique and isinstance(value, list):
                 repeat = next((i for i in range(1, len(value)) if not unique.is_valid(value[: i + 1])), None)
                 if repeat is not None:
-                    invalid.add(f"{pointer}/{repeat}")
-    return next((p for p, _ in _post_order(doc) if p in invalid), None)
+                    invalid.add(("value", f"{pointer}/{repeat}"))
+            for rule in rules.contains:
+                if isinstance(value, list) and rule.maximum is not None and rule.max_items is None:
+                    hits = [i for i, item in enumerate(value) if plan.valid_at(rule.subschema, item)]
+                    if len(hits) > rule.maximum:
+                        invalid.add(("value", f"{pointer}/{hits[rule.maximum]}"))
+            if rules.names and isinstance(value, dict):
+                invalid |= {
+                    ("key", f"{pointer}/{escape_pointer(k)}")
+                    for k in value
+                    if not plan.valid_at(rules.names, k)
+                }
+    return next((p for kind, p, _ in _closing_order(doc) if (kind, p) in invalid), None)
+
+
+def _closing_order(doc: Any, pointer: str = "") -> list[tuple[str, str, Any]]:
+    """Every key and value with its pointer (a key: its member's) in the order their
+    texts close."""
+    out: list[tuple[str, str, Any]] = []
+    if isinstance(doc, list):
+        for i, v in enumerate(doc):
+            out += _closing_order(v, f"{pointer}/{i}")
+    elif isinstance(doc, dict):
+        for k, v in doc.items():
+            out.append(("key", f"{pointer}/{escape_pointer(k)}", k))
+            out += _closing_order(v, f"{pointer}/{escape_pointer(k)}")
+    out.append(("value", pointer, doc))
+    return out
+
+
+def _post_order(doc: Any) -> list[tuple[str, Any]]:
+    """Every value with its pointer in the order their texts close."""
+    return [(p, v) for kind, p, v in _closing_order(doc) if kind == "value"]
 
 
 def _post_value(doc: Any, pointer: str) -> Any:
@@ -154,11 +177,18 @@ def test_any_split_gives_the_documents_verdict_and_the_failed_values_start(
     expected = _first_invalid(plan, doc)
     assert (failure.value_pointer if failure else None) == expected
     if failure is not None:
-        # The reported start is where the text of the failed value begins, or of the
-        # member of it the error is about (then only that member is drawn again).
-        part, _ = json.JSONDecoder().raw_decode(text[: failure.end], failure.start)
-        assert part in (_post_value(doc, failure.value_pointer), _post_value(doc, failure.pointer))
-        assert text[failure.start] in '{["-0123456789tfn'
+        # The reported start is where the text of the failed part begins: the value, the
+        # member of it the error is about (then only that member is drawn again), a key,
+        # or the closing bracket where another item or member would mend it.
+        if text[failure.start] in "]}":
+            assert failure.end == failure.start + 1
+            assert failure.keyword in ("contains", "minContains", "required", "minProperties", "minItems")
+        else:
+            part, _ = json.JSONDecoder().raw_decode(text[: failure.end], failure.start)
+            if failure.keyword == "propertyNames" and failure.value_pointer != failure.pointer:
+                assert escape_pointer(part) == failure.value_pointer.rpartition("/")[2]
+            else:
+                assert part in (_post_value(doc, failure.value_pointer), _post_value(doc, failure.pointer))
     # Checking every keyword of the schema is validating the document.
     everything = frozenset(k for k in _all_keywords(schema))
     full = plan_checks(schema, inexact=everything)
@@ -323,7 +353,9 @@ def test_a_failure_about_a_member_starts_at_that_member() -> None:
     assert failure is not None
     assert text[failure.start :].startswith("4, ")
     assert (failure.value_pointer, failure.pointer, failure.keyword) == ("", "/legs", "const")
-    # A key that breaks propertyNames: the whole object is the part (the key is not a value).
+    # A key that breaks propertyNames: the failure starts at that key, as it closes.
     names = plan_checks({"propertyNames": {"pattern": "^[a-z]+$"}}, inexact=frozenset({"propertyNames"}))
-    failure = first_failed_check(names, '{"ok": 1, "Bad": 2}')
-    assert failure is not None and failure.start == 0
+    text = '{"ok": 1, "Bad": 2}'
+    failure = first_failed_check(names, text)
+    assert failure is not None and text[failure.start : failure.end] == '"Bad"'
+    assert (failure.value_pointer, failure.pointer) == ("/Bad", "")

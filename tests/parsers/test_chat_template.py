@@ -171,6 +171,42 @@ def test_builtin_templates_agree_with_their_family(family: str, switch_on: bool)
     assert result.reasoning == ("Two plus two." if answer != "Four." else "")
 
 
+#: Tag families that end a thought at a tool-call start.
+CALLING_TAG_FAMILIES = [
+    name
+    for name, spec in sorted(reasoning_families().items())
+    if spec.format is ReasoningFormat.TAGS and spec.tool_call_start is not None
+]
+
+
+@pytest.mark.parametrize("family", CALLING_TAG_FAMILIES)
+def test_under_a_grammar_only_the_end_tag_ends_a_thought(family: str) -> None:
+    """A call start written inside a thought ends it for free text, and stays in it where
+    a grammar's reasoning wrapper reads the thought (``calls_end_thought=False``), in one
+    piece and fed a character at a time."""
+    spec = reasoning_families()[family]
+    on = (
+        {}
+        if spec.switch is None
+        else {spec.switch.kwarg: True if spec.switch.style.value == "bool" else "high"}
+    )
+    prompt = render_chat(CHAT, family=family, chat_template_kwargs=on)
+    assert prompt.reasoning_enabled
+    opening = "" if prompt.starts_in_thought else spec.think_start
+    thought = f"Plan {spec.tool_call_start} then stop."
+    output = f"{opening}{thought}{spec.think_end}Four."
+    free = prompt.reasoning_parser().parse(output)
+    assert free.content.startswith(spec.tool_call_start)
+    held = prompt.reasoning_parser(calls_end_thought=False)
+    assert held.parse(output) == ParseResult(thought, "Four.")
+    streamed = prompt.reasoning_parser(calls_end_thought=False)
+    pieces = [streamed.feed(c) for c in output] + [streamed.finish()]
+    assert ParseResult("".join(p.reasoning for p in pieces), "".join(p.content for p in pieces)) == (
+        thought,
+        "Four.",
+    )
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize(
     "kwargs",

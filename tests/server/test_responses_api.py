@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -208,10 +209,12 @@ def test_reasoning_effort_turns_the_thought_off_or_sets_its_budget(
     assert extension(wins)["max_reasoning_tokens"] == 5
 
 
-@pytest.mark.slow
-def test_an_agents_sdk_agent_with_a_tool_and_an_output_type_runs(
-    smol_server: RunningServer, smol_model: str
-) -> None:
+def run_weather_agent(
+    server: RunningServer, *, instructions: str, settings: dict[str, Any], max_turns: int = 10
+) -> tuple[Any, list[str]]:
+    """An Agents SDK agent with a function tool (``get_temperature``, always 18) and the
+    ``Weather`` output type, run against ``server`` with ``ModelSettings(**settings)``: its
+    final output and the cities the tool was called for."""
     from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)
@@ -223,22 +226,71 @@ def test_an_agents_sdk_agent_with_a_tool_and_an_output_type_runs(
         asked.append(city)
         return 18
 
-    client = smol_server.async_openai()
     agent = Agent(
         name="weather",
+        instructions=instructions,
+        tools=[get_temperature],
+        output_type=Weather,
+        model=OpenAIResponsesModel(model=str(server.state.model_name), openai_client=server.async_openai()),
+        model_settings=ModelSettings(**settings),
+    )
+    result = asyncio.run(Runner.run(agent, "What is the temperature in Paris?", max_turns=max_turns))
+    return result.final_output, asked
+
+
+@pytest.mark.slow
+def test_an_agents_sdk_agent_with_a_tool_and_an_output_type_runs(smol_server: RunningServer) -> None:
+    output, asked = run_weather_agent(
+        smol_server,
         # SmolLM2 under tools and an output type tends to call again after a result; the
         # instructions say when to stop, as they would for any small model.
         instructions="Call get_temperature once. When its result is in, reply with a JSON object with the city "
         "and its temperature.",
-        tools=[get_temperature],
-        output_type=Weather,
-        model=OpenAIResponsesModel(model=smol_model, openai_client=client),
-        model_settings=ModelSettings(temperature=0.0, max_tokens=300),
+        settings={"temperature": 0.0, "max_tokens": 300},
+        max_turns=6,
     )
-    result = asyncio.run(Runner.run(agent, "What is the temperature in Paris?", max_turns=6))
-    assert isinstance(result.final_output, Weather)
+    assert isinstance(output, Weather)
     # Every call the model made ran the tool, whose arguments the grammar held.
     assert all(isinstance(city, str) for city in asked)
+
+
+#: Seeds of the agent at default settings, and the final output (city, temperature) each
+#: one ends with on the test engine (the embedded model, int8 weights).
+AGENT_SEEDS: dict[int, tuple[str, int]] = {
+    0: ("city", 14416),
+    3: ("Paris", 15),
+    6: ("paris", 396),
+    7: ("Paris", 213),
+    9: ("Paris", 30),
+}
+
+
+@pytest.fixture(scope="module")
+def default_server(smol_engine: Any) -> Iterator[RunningServer]:
+    """The embedded model behind the server's default settings (``default_max_tokens``
+    512, temperature 1, the default thinking share), as ``thinkstruct serve`` runs it."""
+    with serving(smol_engine, ServerSettings()) as server:
+        yield server
+
+
+@pytest.mark.slow
+def test_an_agents_sdk_agent_at_default_settings_finishes(default_server: RunningServer) -> None:
+    """No temperature, no max_tokens, a plain instruction: the model chooses between a call
+    and the JSON answer by its own odds, and every seeded run ends with a valid output; a
+    seed run twice ends the same."""
+    plain = "You answer questions about the weather."
+    outcomes: dict[int, tuple[str, int]] = {}
+    for seed in AGENT_SEEDS:
+        output, asked = run_weather_agent(
+            default_server, instructions=plain, settings={"extra_body": {"seed": seed}}
+        )
+        assert isinstance(output, Weather), (seed, output)
+        assert all(isinstance(city, str) for city in asked)
+        outcomes[seed] = (output.city, output.temperature)
+    assert outcomes == AGENT_SEEDS
+    first = min(AGENT_SEEDS)
+    again, _ = run_weather_agent(default_server, instructions=plain, settings={"extra_body": {"seed": first}})
+    assert (again.city, again.temperature) == AGENT_SEEDS[first]
 
 
 # ---- malformed requests (tiny model) ----------------------------------------------------------

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import concurrent.futures
 
     from thinkstruct.grammar.base import CompiledGrammar
+    from thinkstruct.grammar.runtime.value_checks import CheckFailure
     from thinkstruct.parsers import ReasoningParser
     from thinkstruct.parsers.tool_calls.syntax import ToolCallSyntax
     from thinkstruct.parsers.tool_calls.types import ToolSchemas
@@ -177,12 +178,18 @@ class ToolCallReading:
         names: the tool each constrained call's begin text names (the structural tag's
             ``begin``), so that a checked keyword a call's arguments fail is reported
             with its tool's name.
+        decides_call: the answer's grammar holds either the calls or another answer (a
+            JSON one, beside ``tool_choice: "auto"``): at the answer's first token the
+            model's own probability of opening a call (a token that begins the syntax's
+            trigger), before the grammar's mask, decides which, as it does in free text
+            (see :func:`~thinkstruct.engine.sampling.call_choice.draws_call`).
     """
 
     syntax: ToolCallSyntax
     schemas: ToolSchemas
     parallel: bool = True
     names: Mapping[str, str] = field(default_factory=dict)
+    decides_call: bool = False
 
 
 @dataclass(kw_only=True)
@@ -296,6 +303,9 @@ class Delta:
     finish_reason: FinishReason | None = None
     error: str | None = None
     usage: Usage | None = None
+    #: With ``finish_reason`` error: the checked keyword the answer could not meet (its
+    #: tries ran out), naming the keyword and the JSON pointers; ``None`` for other errors.
+    unmet: CheckFailure | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +320,8 @@ class Completion:
     usage: Usage | None
     logprobs: tuple[TokenLogprob, ...] = ()
     tool_calls: tuple[ToolCall, ...] = ()
+    #: See :attr:`Delta.unmet`.
+    unmet: CheckFailure | None = None
 
 
 def join_deltas(deltas: list[Delta]) -> Completion:
@@ -324,6 +336,7 @@ def join_deltas(deltas: list[Delta]) -> Completion:
         usage=last.usage,
         logprobs=tuple(lp for d in deltas for lp in d.logprobs),
         tool_calls=join_calls(c for d in deltas for c in d.tool_calls),
+        unmet=last.unmet,
     )
 
 

@@ -303,12 +303,22 @@ class ChatPrompt:
     starts_in_thought: bool = False
 
     def reasoning_parser(
-        self, *, stream_reasoning: bool = True, force_reasoning: bool | None = None
+        self,
+        *,
+        stream_reasoning: bool = True,
+        force_reasoning: bool | None = None,
+        calls_end_thought: bool = True,
     ) -> ReasoningParser:
         """The reasoning parser for this request's output, built from the same decision
-        (``force_reasoning`` defaults to :attr:`starts_in_thought`)."""
+        (``force_reasoning`` defaults to :attr:`starts_in_thought`). ``calls_end_thought``
+        false: only the end tag ends a thought, as under a grammar, whose reasoning wrapper
+        keeps a tool-call start written inside the thought in the thought (the family's
+        ``tool_call_start`` is text there, several tokens, that no ban keeps out)."""
+        family = self.family
+        if not calls_end_thought and family.tool_call_start is not None:
+            family = dataclasses.replace(family, tool_call_start=None, tool_call_syntax=None)
         return ReasoningParser(
-            self.family,
+            family,
             enabled=self.reasoning_enabled,
             force_reasoning=self.starts_in_thought if force_reasoning is None else force_reasoning,
             stream_reasoning=stream_reasoning,

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from thinkstruct.server.body import read_model
 from thinkstruct.server.constraints import requested_constraint
 from thinkstruct.server.errors import SERVER, APIError
-from thinkstruct.server.generation import collect, finish_reason_name, merged
+from thinkstruct.server.generation import choice_error, collect, finish_reason_name, merged
 from thinkstruct.server.intake import GenerationSpec, Started, sampling_of, start_generation
 from thinkstruct.server.logprobs import chat_logprobs
 from thinkstruct.server.prompts import ChatSource
@@ -39,7 +39,6 @@ from thinkstruct.server.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatDelta,
-    ChoiceError,
     GenerationInfo,
 )
 from thinkstruct.server.reasoning_budget import length_part
@@ -125,7 +124,7 @@ def _choice(index: int, result: Completion, *, reasoning: bool, split: bool) -> 
             tool_calls=calls,
         ),
         finish_reason=reason,
-        error=ChoiceError(message=result.error) if result.error else None,
+        error=choice_error(index, result),
         length_part=length_part(reason, result.usage, reasoning=reasoning, split=split),
     )
 
@@ -171,7 +170,7 @@ async def _events(
                 yield chunk([ChatChunkChoice(index=index, delta=text, logprobs=logprobs)])
             if delta.finish_reason is not None:
                 usages[index] = delta.usage
-                error = ChoiceError(message=delta.error) if delta.error else None
+                error = choice_error(index, delta)
                 reason = finished_with(finish_reason_name(delta.finish_reason), len(ids[index]))
                 cut = length_part(reason, delta.usage, reasoning=started.reasoning, split=started.split)
                 yield chunk(

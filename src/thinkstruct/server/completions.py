@@ -24,12 +24,11 @@ from starlette.responses import JSONResponse, Response
 from thinkstruct.server.body import read_model
 from thinkstruct.server.constraints import requested_constraint
 from thinkstruct.server.errors import SERVER, APIError
-from thinkstruct.server.generation import collect, finish_reason_name, merged
+from thinkstruct.server.generation import choice_error, collect, finish_reason_name, merged
 from thinkstruct.server.intake import GenerationSpec, Started, sampling_of, start_generation
 from thinkstruct.server.logprobs import LegacyLogprobs
 from thinkstruct.server.prompts import Prompt, TextSource
 from thinkstruct.server.protocol import (
-    ChoiceError,
     CompletionRequest,
     GenerationInfo,
     TextChoice,
@@ -85,7 +84,7 @@ async def completions(request: Request, state: ServerState) -> Response:
             index=i,
             text=echoes[i] + result.reasoning + result.content,
             finish_reason=finish_reason_name(result.finish_reason),
-            error=ChoiceError(message=result.error) if result.error else None,
+            error=choice_error(i, result),
             logprobs=None if logprobs is None else logprobs[i].render(result.logprobs),
         )
         for i, result in enumerate(results)
@@ -138,7 +137,7 @@ async def _events(
             if text or pieces or delta.finish_reason is not None:
                 if delta.finish_reason is not None:
                     usages[index] = delta.usage
-                error = ChoiceError(message=delta.error) if delta.error else None
+                error = choice_error(index, delta)
                 yield chunk(
                     [
                         TextChoice(

@@ -11,7 +11,7 @@ in the server's log and never in the response.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,6 +19,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from thinkstruct.errors import CompileTimeout, InvalidConstraint, UnsupportedConstraint
+
+if TYPE_CHECKING:
+    from thinkstruct.grammar.runtime.value_checks import CheckFailure
 
 log = logging.getLogger("thinkstruct.server")
 
@@ -28,6 +31,8 @@ NOT_FOUND = "not_found_error"
 RATE_LIMIT = "rate_limit_error"
 UNAVAILABLE = "service_unavailable_error"
 SERVER = "server_error"
+#: The model could not write an answer that meets a checked keyword (its tries ran out).
+UNMET = "unmet_constraint_error"
 
 
 class APIError(Exception):
@@ -88,6 +93,26 @@ class APIError(Exception):
         """The error answered on ``path`` (in Anthropic's shape on its API's paths)."""
         body = self.anthropic_body() if speaks_anthropic(path) else self.body()
         return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def unmet_constraint(choice: int, failure: CheckFailure) -> APIError:
+    """A 422 ``constraint_unmet``: choice ``choice``'s answer could not be made to meet a
+    checked keyword (every try of the failed part broke it again). The object names the
+    keyword (``keyword``), where in the answer (``pointer``, a JSON pointer; ``where``,
+    the document when it is a tool call's arguments) and in the schema
+    (``schema_pointer``)."""
+    return APIError(
+        422,
+        f"choice {choice}: the model could not write an answer that meets {failure.describe()}",
+        type=UNMET,
+        code="constraint_unmet",
+        extra={
+            "keyword": failure.keyword,
+            "pointer": failure.pointer,
+            "schema_pointer": failure.schema_pointer,
+            "where": failure.where or None,
+        },
+    )
 
 
 #: Paths whose errors take Anthropic's shape.

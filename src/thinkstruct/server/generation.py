@@ -29,9 +29,11 @@ from thinkstruct.server.errors import (
     APIError,
     bad_request,
     constraint_error,
+    unmet_constraint,
 )
 from thinkstruct.server.metrics import ServerMetrics
 from thinkstruct.server.prompts import Prompt
+from thinkstruct.server.protocol import ChoiceError
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -332,7 +334,9 @@ async def collect(
     engine requests are then cancelled).
 
     Raises:
-        APIError: 500 ``generation_failed`` when a choice failed while generating (its
+        APIError: 422 ``constraint_unmet`` when a choice's answer could not be made to
+            meet a checked keyword (:func:`~thinkstruct.server.errors.unmet_constraint`);
+            500 ``generation_failed`` when a choice failed otherwise while generating (its
             grammar rejected a sampled token, its own sampling raised): an answer with a
             missing or cut-off choice is not what was asked for, and the official clients
             retry a 5xx by themselves. Other requests in the batch are not affected.
@@ -354,6 +358,8 @@ async def collect(
     for result in results:
         metrics.observe_finished(result.usage, started=submitted.started)
     for index, result in enumerate(results):
+        if result.unmet is not None:
+            raise unmet_constraint(index, result.unmet)
         if finish_reason_name(result.finish_reason) == "error":
             raise APIError(
                 500,
@@ -409,6 +415,16 @@ async def merged(submitted: Submitted, *, metrics: ServerMetrics) -> AsyncIterat
                 task.cancel()
     finally:
         submitted.cancel()
+
+
+def choice_error(index: int, result: Delta | Completion) -> ChoiceError | None:
+    """What a choice that ended in an error says beside its ``finish_reason`` (in a
+    stream: the 422's error object, where its answer could not meet a checked keyword),
+    or ``None``."""
+    if result.unmet is not None:
+        error = unmet_constraint(index, result.unmet)
+        return ChoiceError(message=error.message, type=error.type, code=error.code, **error.extra)
+    return ChoiceError(message=result.error) if result.error else None
 
 
 def finish_reason_name(finish_reason: object) -> str | None:

@@ -228,11 +228,13 @@ async def _start(state: ServerState, spec: GenerationSpec) -> Started:
                 [sampling_params(spec.sampling, max_tokens=max_tokens, choice=c) for c in range(spec.n)],
                 pending=pending,
                 reasoning=reasoning,
-                reasoning_parser=functools.partial(chat_prompt_.reasoning_parser, stream_reasoning=True)
+                reasoning_parser=functools.partial(
+                    chat_prompt_.reasoning_parser, stream_reasoning=True, calls_end_thought=requested is None
+                )
                 if chat_prompt_ is not None and spec.separate_reasoning
                 else None,
                 max_reasoning_tokens=budget,
-                tool_calls=spec.tools.reading(),
+                tool_calls=spec.tools.reading(spec.constraint),
                 count_allowed_tokens=spec.count_allowed_tokens,
             )
         ]

@@ -33,7 +33,7 @@ from thinkstruct.parsers.tool_calls.types import ToolCallDelta
 from thinkstruct.server.body import read_model
 from thinkstruct.server.constraints import schema_constraint
 from thinkstruct.server.effort import Effort
-from thinkstruct.server.errors import APIError, bad_request
+from thinkstruct.server.errors import APIError, bad_request, unmet_constraint
 from thinkstruct.server.generation import Sampling, collect, finish_reason_name, merged
 from thinkstruct.server.intake import GenerationSpec, Started, start_generation
 from thinkstruct.server.messages_protocol import (
@@ -487,6 +487,9 @@ async def _events(
             for chunk in blocks.finish():
                 yield chunk
             finish = finish_reason_name(delta.finish_reason)
+            if delta.unmet is not None:
+                yield named_event("error", unmet_constraint(0, delta.unmet).anthropic_body())
+                return
             if delta.error or finish == "abort":
                 error = APIError(500, delta.error or "the request was aborted", type="server_error")
                 yield named_event("error", error.anthropic_body())

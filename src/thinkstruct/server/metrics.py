@@ -209,9 +209,30 @@ _ENGINE_FIELDS = (
     ),
 )
 
+#: The engine's counters by label: (field, metric name, documentation, label).
+_ENGINE_LABELLED = (
+    (
+        "finished",
+        "thinkstruct_engine_finished",
+        "Engine requests finished, by finish reason",
+        "finish_reason",
+    ),
+    (
+        "checks_unmet",
+        "thinkstruct_engine_checks_unmet",
+        "Requests that ended because their answer could not meet a checked keyword (422 constraint_unmet), by keyword",
+        "keyword",
+    ),
+)
+
 #: The engine's fields exported as counters (they only grow): a cluster's service totals
 #: keep a removed replica's counts in these (``cluster/stats_board.py``).
-ENGINE_COUNTERS = frozenset({"finished", *(attr for attr, _, _, counter in _ENGINE_FIELDS if counter)})
+ENGINE_COUNTERS = frozenset(
+    {
+        *(attr for attr, _, _, _ in _ENGINE_LABELLED),
+        *(attr for attr, _, _, counter in _ENGINE_FIELDS if counter),
+    }
+)
 
 # compiler.stats fields exported as gauges; the rest only grow.
 _COMPILER_GAUGES = {"entries", "bytes"}
@@ -246,16 +267,13 @@ class _EngineCollector(Collector):
             value = getattr(stats, attr, None)
             if isinstance(value, (int, float)):
                 yield _family(name, doc, float(value), counter=counter)
-        finished = getattr(stats, "finished", None)
-        if isinstance(finished, dict):
-            family = CounterMetricFamily(
-                "thinkstruct_engine_finished",
-                "Engine requests finished, by finish reason",
-                labels=["finish_reason"],
-            )
-            for reason, count in sorted(finished.items()):
-                family.add_metric([str(reason)], float(count))
-            yield family
+        for attr, name, doc, label in _ENGINE_LABELLED:
+            counts = getattr(stats, attr, None)
+            if isinstance(counts, dict):
+                family = CounterMetricFamily(name, doc, labels=[label])
+                for key, count in sorted(counts.items()):
+                    family.add_metric([str(key)], float(count))
+                yield family
         compiler = engine.compiler
         for name, value in _numbers(compiler.stats).items():
             yield _family(

@@ -452,9 +452,18 @@ class CompletionLogprobs(BaseModel):
 
 
 class ChoiceError(BaseModel):
-    """Why a choice ended with ``finish_reason: "error"`` (a thinkstruct addition)."""
+    """Why a choice ended with ``finish_reason: "error"`` (a thinkstruct addition): the
+    message; for an answer that could not meet a checked keyword, also the error object's
+    ``type``, ``code``, ``keyword``, ``pointer``, ``schema_pointer`` and ``where`` (as the
+    422 of a request not streamed has them)."""
 
     message: str
+    type: str | None = None
+    code: str | None = None
+    keyword: str | None = None
+    pointer: str | None = None
+    schema_pointer: str | None = None
+    where: str | None = None
 
 
 class AssistantMessage(BaseModel):

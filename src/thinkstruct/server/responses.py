@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 
 from thinkstruct.server.body import read_model
 from thinkstruct.server.constraints import RequestedConstraint, schema_constraint
-from thinkstruct.server.errors import APIError, bad_request
+from thinkstruct.server.errors import APIError, bad_request, unmet_constraint
 from thinkstruct.server.generation import Sampling, collect, finish_reason_name, merged
 from thinkstruct.server.intake import GenerationSpec, Started, start_generation
 from thinkstruct.server.prompts import ChatSource
@@ -56,6 +56,7 @@ from thinkstruct.server.tools import tool_plan, whole_calls
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
 
+    from thinkstruct.engine import Delta
     from thinkstruct.engine import Usage as EngineUsage
     from thinkstruct.parsers import ReasoningFamily
     from thinkstruct.server.protocol import Usage
@@ -315,6 +316,15 @@ def _shell(body: ResponsesRequest, response_id: str, model: str) -> ResponseObje
     )
 
 
+def _failure(delta: Delta, reason: str | None) -> ResponseError | None:
+    """A streamed response's error, where its answer ended in one (``constraint_unmet``:
+    it could not meet a checked keyword), or was aborted."""
+    if delta.unmet is not None:
+        return ResponseError(code="constraint_unmet", message=unmet_constraint(0, delta.unmet).message)
+    failed = delta.error or ("the request was aborted" if reason == "abort" else None)
+    return ResponseError(code="generation_failed", message=failed) if failed else None
+
+
 def _final(
     shell: ResponseObject,
     output: list[OutputItem],
@@ -322,7 +332,7 @@ def _final(
     usages: Sequence[EngineUsage | None],
     *,
     cut: bool,
-    error: str | None = None,
+    error: ResponseError | None = None,
 ) -> ResponseObject:
     status: ResponseStatus = "failed" if error else ("incomplete" if cut else "completed")
     return shell.model_copy(
@@ -333,7 +343,7 @@ def _final(
             "incomplete_details": IncompleteDetails(reason="max_output_tokens")
             if cut and not error
             else None,
-            "error": ResponseError(code="generation_failed", message=error) if error else None,
+            "error": error,
             "thinkstruct": started.info(usages),
         }
     )
@@ -400,7 +410,7 @@ async def _events(
                 continue
             usage = delta.usage
             reason = finish_reason_name(delta.finish_reason)
-            failed = delta.error or ("the request was aborted" if reason == "abort" else None)
+            failed = _failure(delta, reason)
             cut = reason == "length"
             for chunk in builder.finish(status="incomplete" if cut or failed else "completed"):
                 yield chunk

@@ -66,6 +66,11 @@ Choice = Literal["none", "auto", "required"]
 #: either the calls or that JSON).
 _JSON_KINDS = (ConstraintKind.JSON_SCHEMA, ConstraintKind.JSON_OBJECT)
 
+#: The characters a JSON text may begin with: a call trigger that begins with one (Llama
+#: 3's ``{"name": ``, Mistral's ``[TOOL_CALLS]``) cannot be told apart from the JSON
+#: answer by the first token, so there the grammar alone chooses.
+_JSON_OPENERS = frozenset('{["-0123456789tfn \t\n\r')
+
 
 @dataclass(frozen=True, slots=True)
 class ToolPlan:
@@ -94,8 +99,11 @@ class ToolPlan:
     syntax: ToolCallSyntax | None = None
     strict: bool | None = None
 
-    def reading(self) -> ToolCallReading | None:
-        """How the engine reads the answer's calls (``None`` when calls are not parsed)."""
+    def reading(self, requested: RequestedConstraint | None = None) -> ToolCallReading | None:
+        """How the engine reads the answer's calls (``None`` when calls are not parsed),
+        ``requested`` the request's own constraint: beside ``"auto"`` the answer is the calls
+        or that (JSON) answer, and the model's own odds of opening a call choose which
+        (``ToolCallReading.decides_call``)."""
         if self.syntax is None:
             return None
         form = self.syntax.form
@@ -104,7 +112,16 @@ class ToolPlan:
             if form is None or self.choice == "none"
             else {form.tag(name, {}, max_whitespace=None)["begin"]: name for name in self.allowed}
         )
-        return ToolCallReading(syntax=self.syntax, schemas=self.schemas, parallel=self.parallel, names=names)
+        return ToolCallReading(
+            syntax=self.syntax,
+            schemas=self.schemas,
+            parallel=self.parallel,
+            names=names,
+            decides_call=form is not None
+            and self.choice == "auto"
+            and requested is not None
+            and form.trigger[0] not in _JSON_OPENERS,
+        )
 
     def constraint(
         self,
@@ -141,7 +158,9 @@ class ToolPlan:
         )
         strict = self.strict
         if requested is not None:
-            answer = {"type": "json_schema", "json_schema": requested.constraint.document}
+            answer: dict[str, Any] = {"type": "json_schema", "json_schema": requested.constraint.document}
+            if max_whitespace is not None:
+                answer["max_whitespace_cnt"] = max_whitespace
             tag = {"type": "structural_tag", "format": {"type": "or", "elements": [tag["format"], answer]}}
             strict = requested.strict if strict is None else strict
         return RequestedConstraint(

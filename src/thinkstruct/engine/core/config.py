@@ -194,6 +194,9 @@ class EngineStats:
     #: Values generated again after failing a checked keyword, and the tokens taken back.
     check_rollbacks: int = 0
     resampled_tokens: int = 0
+    #: Requests that ended because a checked keyword could not be met (out of tries), by
+    #: keyword.
+    checks_unmet: dict[str, int] = field(default_factory=dict)
     finished: dict[str, int] = field(default_factory=lambda: {r.value: 0 for r in FinishReason})
     #: Seconds of the last decoding step, and of all of them; of those, in the forward pass
     #: and waiting for / applying grammar masks after it (the rest: sampling, grammars,

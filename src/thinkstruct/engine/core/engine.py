@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     from thinkstruct.engine.model.loading import LoadedModel
     from thinkstruct.engine.output.checked_answer import SettledToken, Undo
     from thinkstruct.engine.runners.runner import ModelRunner
+    from thinkstruct.grammar.runtime.value_checks import CheckFailure
     from thinkstruct.grammar.service.compiler import GrammarCompiler
 
 log = logging.getLogger("thinkstruct.engine")
@@ -264,6 +265,7 @@ class Engine:
         ready now); a grammar that cannot be used ends it."""
         try:
             seq.matcher = self._matchers.matcher(seq.request)
+            seq.call_opening = self._matchers.call_opening(seq.request)
             seq.checked = self._matchers.checked(seq.request, seq.grammar)
         except Exception as e:  # noqa: BLE001 - a failed compile or a foreign grammar ends this request only
             self._finish(seq, FinishReason.ERROR, f"the grammar is not usable: {e}")
@@ -442,6 +444,7 @@ class Engine:
         """One row's draws, in order, until the row ends or takes a value back (a draft
         may have drawn past a stop string: those draws are dropped); then its error."""
         seq = row.seq
+        rollbacks = seq.rollbacks
         try:
             for draw in row.draws:
                 if not self._record(seq, draw):
@@ -449,8 +452,15 @@ class Engine:
         except Exception as e:  # this request's own output path failed
             log.exception("request %s failed", seq.request.request_id)
             self._finish(seq, FinishReason.ERROR, f"internal error in this request: {e}")
-        if row.error is not None:
-            self._finish(seq, FinishReason.ERROR, row.error)
+        if row.error is None:
+            return
+        if row.unmet is not None and seq.checked is not None and seq.finish_reason is None:
+            # Every token allowed where a failed part was taken back to was tried: back
+            # off further (unless a draw of this pass took that place back already).
+            if seq.rollbacks == rollbacks:
+                self._undo(seq, seq.checked.back_off(row.unmet, tries=self._tries(seq)))
+            return
+        self._finish(seq, FinishReason.ERROR, row.error, unmet=row.unmet)
 
     def _record(self, seq: Sequence, draw: Draw) -> bool:
         """Tokens a row settled (sampled, then forced): its output processor turns them
@@ -468,7 +478,11 @@ class Engine:
                 seq.handle.emit(delta)
         else:
             settled = seq.checked.settle(
-                tokens, forced=draw.forced, logprob=draw.logprob, allowed=draw.allowed
+                tokens,
+                forced=draw.forced,
+                logprob=draw.logprob,
+                allowed=draw.allowed,
+                tries=self._tries(seq),
             )
             if settled.undo is not None:
                 self._undo(seq, settled.undo)
@@ -489,39 +503,73 @@ class Engine:
             if delta is not None:
                 seq.handle.emit(delta)
 
+    @staticmethod
+    def _tries(seq: Sequence) -> Callable[[int], int]:
+        """How many times the position ``back`` generated tokens before ``seq``'s end was
+        drawn again."""
+        return lambda back: seq.tries.get(seq.position - back, 0)
+
     def _undo(self, seq: Sequence, undo: Undo) -> None:
-        """Take back a value that failed its check: the grammar, the generated tokens
-        and the KV return to its first drawn token, which is banned there; the row draws
-        again at the next step. Out of tries (or nothing left to change), the request
-        ends with an error naming the keyword and the JSON pointer."""
+        """Take back a part of the answer that failed its check: the grammar, the
+        generated tokens and the KV return to the drawn token ``undo`` names, which is
+        banned there with every token that would fail the same way; bans further on
+        belong to text taken back, and go. The row draws again at the next step. A
+        position out of tries (``check_tries_per_value``) backs off to an earlier drawn
+        token; out of tries in all (``check_tries_per_request``, or nothing left to
+        change), the request ends with an error naming the keyword and the JSON pointer."""
         seq.check_failure = undo.failure
         position = seq.position - undo.tokens
-        tries = len(seq.bans.get(position, ()))
         config = self.config
+        checked, matcher = seq.checked, seq.matcher
         if (
             not undo.possible
-            or seq.matcher is None
-            or tries >= config.check_tries_per_value
+            or matcher is None
+            or checked is None
             or seq.rollbacks >= config.check_tries_per_request
         ):
-            self._finish(seq, FinishReason.ERROR, f"the answer could not meet {undo.failure.describe()}")
+            self._finish(
+                seq,
+                FinishReason.ERROR,
+                f"the answer could not meet {undo.failure.describe()}",
+                unmet=undo.failure,
+            )
             return
-        seq.matcher.rollback(undo.grammar_tokens)
-        taken = seq.generated_ids[len(seq.generated_ids) - undo.tokens :]
-        del seq.generated_ids[len(seq.generated_ids) - undo.tokens :]
+        matcher.rollback(undo.grammar_tokens)
+        self._take_back(seq, undo.tokens)
+        if seq.tries.get(position, 0) >= config.check_tries_per_value:
+            self._undo(seq, checked.back_off(undo.failure, tries=self._tries(seq)))
+            return
+        seq.bans.setdefault(position, set()).update(undo.banned)
+        seq.tries[position] = seq.tries.get(position, 0) + 1
+        seq.rollbacks += 1
+        self.stats.check_rollbacks += 1
+
+    def _take_back(self, seq: Sequence, tokens: int) -> None:
+        """The last ``tokens`` generated tokens go, with the KV after them and the bans at
+        later positions (the grammar is rolled back by the caller)."""
+        seq.resampled_tokens += tokens
+        self.stats.resampled_tokens += tokens
+        taken = seq.generated_ids[len(seq.generated_ids) - tokens :]
+        del seq.generated_ids[len(seq.generated_ids) - tokens :]
         if seq.adjustments is not None:
             seq.adjustments.remove(taken)
+        position = seq.position
         # Feed the last kept token again: its logits are where the next draw comes from.
         seq.cached = position - 1
         seq.pending = [seq.context[position - 1]]
-        seq.bans.setdefault(position, set()).add(undo.banned)
-        seq.rollbacks += 1
-        seq.resampled_tokens += undo.tokens
-        self.stats.check_rollbacks += 1
-        self.stats.resampled_tokens += undo.tokens
+        for later in [p for p in seq.bans if p > position]:
+            del seq.bans[later]
+            seq.tries.pop(later, None)
 
-    def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
-        seq.end(reason, error)
+    def _finish(
+        self,
+        seq: Sequence,
+        reason: FinishReason,
+        error: str | None = None,
+        *,
+        unmet: CheckFailure | None = None,
+    ) -> None:
+        seq.end(reason, error, unmet=unmet)
         if not seq.handle.finished:
             with self._lock:
                 self._kv_demand -= seq.kv_need
@@ -543,10 +591,14 @@ class Engine:
                 backend=seq.backend,
                 check_rollbacks=seq.rollbacks,
                 resampled_tokens=seq.resampled_tokens,
+                unmet=seq.unmet,
             )
         except Exception as e:  # noqa: BLE001 - the parser or detokenizer failed at the very end
             delta = Delta(finish_reason=FinishReason.ERROR, error=f"internal error finishing: {e}")
         self.stats.finished[delta.finish_reason.value if delta.finish_reason else "error"] += 1
+        if delta.unmet is not None:
+            unmet = self.stats.checks_unmet
+            unmet[delta.unmet.keyword] = unmet.get(delta.unmet.keyword, 0) + 1
         seq.handle.emit(delta)
 
     def _drop_cancelled(self) -> None:

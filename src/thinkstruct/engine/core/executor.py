@@ -32,6 +32,7 @@ from thinkstruct.engine.core.scheduler import common_prefix
 from thinkstruct.engine.core.step import Draw, RowOutput, StepResult
 from thinkstruct.engine.kernels.cpu_kernels import cpu_kernels
 from thinkstruct.engine.kv.prefix_cache import PrefixCache
+from thinkstruct.engine.sampling.call_choice import draws_call, restrict_row
 from thinkstruct.engine.sampling.logit_adjustments import adjust_logits
 from thinkstruct.engine.sampling.logprobs import LogprobTable
 from thinkstruct.engine.sampling.sampler import sample
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from thinkstruct.engine.runners.runner import ModelRunner
     from thinkstruct.engine.sampling.logprobs import SampledLogprob
     from thinkstruct.engine.sampling.speculation import SpeculationConfig
+    from thinkstruct.grammar.runtime.value_checks import CheckFailure
 
 log = logging.getLogger("thinkstruct.engine")
 
@@ -60,7 +62,7 @@ class _Row:
     """One row's progress through a pass: the executor's own account of it, returned as a
     :class:`~thinkstruct.engine.core.step.RowOutput`."""
 
-    __slots__ = ("allowed", "cached", "draws", "error", "generated", "pending", "seq", "start")
+    __slots__ = ("allowed", "cached", "draws", "error", "generated", "pending", "seq", "start", "unmet")
 
     def __init__(self, seq: Sequence, fed: int) -> None:
         self.seq = seq
@@ -72,6 +74,7 @@ class _Row:
         self.generated = seq.generated
         self.draws: list[Draw] = []
         self.error: str | None = None
+        self.unmet: CheckFailure | None = None
         #: How many tokens the mask of its next draw allows (filled with the mask, when
         #: the request counts them).
         self.allowed = 0
@@ -93,6 +96,7 @@ class _Row:
             pending=self.pending,
             draws=self.draws,
             error=self.error,
+            unmet=self.unmet,
         )
 
 
@@ -203,6 +207,7 @@ class Executor:
                     self._fill_one(joining[j], masks, j)
                 live = [j for j in constrained if joining[j].error is None]
                 if live:
+                    self._choose_calls(joining, logits, masks, live)
                     _apply_rows(logits, masks, live)
             self._sample(joining, logits)
         return StepResult(
@@ -244,6 +249,7 @@ class Executor:
                 self._fill_rows(rows, constrained, masks)
             live = [i for i in constrained if rows[i].error is None]
             if live:
+                self._choose_calls(rows, logits, masks, live)
                 _apply_rows(logits, masks, live)
         masked = time.perf_counter()
         if len(ready) == len(rows):
@@ -347,6 +353,7 @@ class Executor:
                     self._fill_one(rows[still[k]], masks, k)
                 live = [k for k in constrained if rows[still[k]].error is None]
                 if live:
+                    self._choose_calls([rows[i] for i in still], view, masks, live)
                     _apply_rows(view, masks, live)
             self._sample([rows[i] for i in still], view)
             active = [i for i in still if at[i] < len(drafts[i])]
@@ -370,6 +377,26 @@ class Executor:
                 row.allowed = allowed_count(masks[index], self.vocab_size)
         except Exception as e:  # noqa: BLE001 - this request fails with the message, the batch goes on
             row.fail(f"the grammar failed to compute its mask: {e}")
+
+    def _choose_calls(
+        self, rows: list[_Row], logits: torch.Tensor, masks: torch.Tensor, live: list[int]
+    ) -> None:
+        """Where a row's answer starts and may be a call or another answer, let the model's
+        own odds of opening a call choose, and narrow its mask row to the choice
+        (:mod:`~thinkstruct.engine.sampling.call_choice`); ``rows[k]``, ``logits[k]`` and
+        ``masks[k]`` are one row's, before the masks are applied."""
+        for k in live:
+            row = rows[k]
+            seq = row.seq
+            opening = seq.call_opening
+            if opening is None or seq.matcher is None or not seq.matcher.at_answer_start():
+                continue
+            call = draws_call(
+                logits[k], opening, params=seq.params, generator=seq.generator, adjustments=seq.adjustments
+            )
+            restrict_row(masks, k, opening, call=call)
+            if seq.counts_allowed:
+                row.allowed = allowed_count(masks[k], self.vocab_size)
 
     # ---- sampling and the grammar ----------------------------------------------------
 
@@ -428,7 +455,8 @@ class Executor:
             failure = seq.check_failure if seq.bans.get(row.position) else None
             why = "the grammar allows no next token"
             if failure is not None:
-                why = f"no answer meets the schema here (every allowed token was tried): {failure.describe()}"
+                why = f"the answer could not meet {failure.describe()}: every token allowed here was tried"
+                row.unmet = failure
             row.fail(why)
             return
         matcher = seq.matcher

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from thinkstruct.engine.core.thinking_budget import thinking_budget_matcher
 from thinkstruct.engine.output.checked_answer import CheckedAnswer
 from thinkstruct.grammar.runtime.end_tag import end_tag_matcher
+from thinkstruct.grammar.runtime.opening_tokens import OpeningTokens, opening_tokens
 
 if TYPE_CHECKING:
     from thinkstruct.engine.output.detokenizer import TokenTexts
@@ -43,9 +44,7 @@ class RequestMatchers:
         self._end_tag = family.think_end
         #: The family's end-of-thought tag, matched in token bytes.
         self.end_tag = end_tag_matcher(tokenizer, family.think_end)
-        self._banned_while_thinking = tuple(
-            sorted({i for text in family.banned_while_thinking for i in _single_id(tokenizer, text)})
-        )
+        self._banned_while_thinking = tokenizer.single_ids(family.banned_while_thinking)
 
     def check_grammar(self, grammar: CompiledGrammar) -> None:
         """Raises:
@@ -82,6 +81,16 @@ class RequestMatchers:
             end_tag=self._end_tag,
         )
 
+    def call_opening(self, request: GenerationRequest) -> OpeningTokens | None:
+        """The tokens that open a call where the model chooses between a call and another
+        answer at the answer's first token (``ToolCallReading.decides_call``); ``None``
+        elsewhere."""
+        calls = request.tool_calls
+        if calls is None or not calls.decides_call or request.grammar is None:
+            return None
+        form = calls.syntax.form
+        return None if form is None else opening_tokens(self.tokenizer, form.trigger)
+
     def checked(self, request: GenerationRequest, grammar: CompiledGrammar | None) -> CheckedAnswer | None:
         """The checks of the keywords ``grammar`` (the request's, ready) cannot enforce, fed
         the answer as it is generated; ``None`` where it has none."""
@@ -96,13 +105,3 @@ class RequestMatchers:
             stop_ids=self._stop_ids,
             names=None if calls is None else calls.names,
         )
-
-
-def _single_id(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
-    """The id of ``text`` if it is one token of the vocabulary, else nothing."""
-    hf = tokenizer.hf
-    token_id = hf.convert_tokens_to_ids(text)
-    unk = getattr(hf, "unk_token_id", None)
-    if isinstance(token_id, int) and token_id != unk and hf.convert_ids_to_tokens(token_id) == text:
-        return (token_id,)
-    return ()

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from thinkstruct.engine.output.processor import OutputProcessor
     from thinkstruct.engine.sampling.speculation import NgramDrafter
     from thinkstruct.grammar.base import CompiledGrammar, GrammarMatcher
+    from thinkstruct.grammar.runtime.opening_tokens import OpeningTokens
     from thinkstruct.grammar.runtime.value_checks import CheckFailure
 
 
@@ -71,6 +72,9 @@ class Sequence:
         self.generator: torch.Generator = new_generator(seed)
         #: Set when the request is admitted (its grammar may still be compiling before).
         self.matcher: GrammarMatcher | None = None
+        #: The tokens that open a call, where the answer's first token chooses between a
+        #: call and another answer (set at admission).
+        self.call_opening: OpeningTokens | None = None
         # Bias and the tokens penalties count, only for a request that uses them.
         self.adjustments = (
             LogitAdjustments(self.params, request.prompt_ids) if self.params.adjusts_logits else None
@@ -90,9 +94,13 @@ class Sequence:
         #: The keywords its grammar cannot enforce, checked as values close (set at
         #: admission for a grammar with checks).
         self.checked: CheckedAnswer | None = None
-        #: Tokens forbidden at a position (after a value starting there failed its check).
+        #: Tokens forbidden at a position (after a value starting there failed its check),
+        #: and how many times a failed value was drawn again from there.
         self.bans: dict[int, set[int]] = {}
+        self.tries: dict[int, int] = {}
         self.check_failure: CheckFailure | None = None
+        #: The checked keyword the answer could not meet (it ended out of tries).
+        self.unmet: CheckFailure | None = None
         self.rollbacks = 0
         self.resampled_tokens = 0
         #: Proposes speculative drafts from this request's context (set by the engine).
@@ -151,9 +159,12 @@ class Sequence:
     def stopped_by_string(self) -> bool:
         return self.output.stopped_by_string
 
-    def end(self, reason: FinishReason, error: str | None = None) -> None:
-        """Mark it finished (the first reason stands)."""
+    def end(
+        self, reason: FinishReason, error: str | None = None, *, unmet: CheckFailure | None = None
+    ) -> None:
+        """Mark it finished (the first reason stands; ``unmet``: see :attr:`unmet`)."""
         if self.finish_reason is None:
             self.finish_reason = reason
             self.error = error
+            self.unmet = unmet
         self.state = RequestState.FINISHED

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from thinkstruct.engine.core.sequence import Sequence
     from thinkstruct.engine.sampling.logprobs import SampledLogprob
+    from thinkstruct.grammar.runtime.value_checks import CheckFailure
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,8 @@ class RowOutput:
             forced tokens did not all fit the pass).
         error: its own path failed (its grammar's mask or advance, its sampling): it
             ends with this error, after ``draws``.
+        unmet: with ``error``, the checked keyword it could not meet (every token its
+            grammar allows at its position was tried for a failed value).
     """
 
     seq: Sequence
@@ -67,6 +70,7 @@ class RowOutput:
     pending: list[int]
     draws: list[Draw]
     error: str | None = None
+    unmet: CheckFailure | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,13 +12,21 @@ this keeps back the tokens of an open value that holds checked keywords, so the 
 never sees text that is later undone, and says what to undo when a value fails:
 
 - the thought is never checked nor held (the checker starts with the answer);
-- when a value fails, the tokens from the first sampled token of the failed part that
-  *says something* to the end are undone (the failed part: the value, or the member its
-  error is about, as ``legs`` when ``then`` fails on it), and that token is banned at
-  its position, so the next draw there differs. A token that only opens the value (whitespace, ``"``,
-  ``[``, ``{``, as ``' "'`` before ``red``) is kept: every other value would open the
-  same way, and banning it would leave little but whitespace to draw there. Tokens the
-  grammar forced are never the banned one (they would come again);
+- when a value fails, the tokens from a sampled token of the failed part that *says
+  something* to the end are undone, and that token is banned at its position with
+  every token that would fail the same way (:mod:`.token_bans`), so the next draw
+  there differs. The failed part is the least that can mend the failure (the value, the
+  member its error is about, an item or key a container's prefix breaks, the closing
+  bracket of a container that wants more; see
+  :mod:`~thinkstruct.grammar.runtime.value_checks`). A part that must be one of some
+  values is drawn again from the token where its text stops leading to one of them;
+  a key, a closing bracket or a separator from its first drawn token; any other part from its last drawn token,
+  then earlier ones (:data:`LATER_TRIES` each), then its first. A token that only opens
+  the value (whitespace, ``"``, ``[``, ``{``, as ``' "'`` before ``red``) is kept: every
+  other value would open the same way, and banning it would leave little but
+  whitespace to draw there. Tokens the grammar forced are never the banned one (they
+  would come again). Where every token the grammar allows at the position returned to
+  was tried, :meth:`CheckedAnswer.back_off` undoes further;
 - at the end of the answer (a stop token) a number at the root closes and is checked.
 
 Units: token counts; the checker's offsets are characters of the answer text.
@@ -31,11 +39,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from thinkstruct.engine.output.processor import ThoughtTracker
+from thinkstruct.engine.output.token_bans import STRUCTURAL, Targets, TokenBans
 from thinkstruct.engine.sampling.logprobs import SampledLogprob
 from thinkstruct.grammar.runtime.tag_checks import AnswerChecker, answer_checker
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from thinkstruct.engine.output.detokenizer import TokenTexts
     from thinkstruct.grammar.runtime.end_tag import EndTagMatcher
@@ -45,6 +54,10 @@ if TYPE_CHECKING:
 
 #: Characters that only open a value: a token's text made of them alone says nothing yet.
 _OPENING = ' \t\n\r"[{'
+_WHITESPACE = " \t\n\r"
+#: Tries at a failed part's later drawn token before an earlier one is drawn again (the
+#: part's first drawn token has the engine's ``check_tries_per_value``).
+LATER_TRIES = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,20 +87,20 @@ class Undo:
             counted), counted from the last one settled.
         grammar_tokens: tokens to roll the grammar back (every token it accepted since,
             a stop token included).
-        banned: the token to forbid at the position the undo returns to (the failed
-            value's first sampled token).
+        banned: the tokens to forbid at the position the undo returns to (the failed
+            part's first sampled token, and those that would fail the same way there).
         failure: what failed, for the error when the tries run out.
     """
 
     tokens: int
     grammar_tokens: int
-    banned: int
+    banned: frozenset[int]
     failure: CheckFailure
 
     @property
     def possible(self) -> bool:
         """Whether the value can be tried again (some of it was drawn, none of it sent)."""
-        return self.banned >= 0
+        return bool(self.banned)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +139,7 @@ class CheckedAnswer:
         self._plan = plan
         self._names = names
         self._texts = texts
+        self._bans = TokenBans.of(texts)
         self._thought = ThoughtTracker(end_tag, thinking=thinking)
         self._stop_ids = stop_ids
         self._checker: AnswerChecker | None = None
@@ -138,10 +152,18 @@ class CheckedAnswer:
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
     def settle(
-        self, tokens: list[int], *, forced: int, logprob: SampledLogprob | None, allowed: int
+        self,
+        tokens: list[int],
+        *,
+        forced: int,
+        logprob: SampledLogprob | None,
+        allowed: int,
+        tries: Callable[[int], int] = lambda back: 0,
     ) -> Settled:
         """Take a group of settled tokens (the first sampled unless all were forced, the
-        last ``forced`` forced; a stop token only last)."""
+        last ``forced`` forced; a stop token only last). ``tries(n)``: how many times the
+        position ``n`` generated tokens back (counted from the last of ``tokens``) was
+        drawn again already."""
         release: list[SettledToken] = []
         for k, token in enumerate(tokens):
             sampled = k < len(tokens) - forced
@@ -149,7 +171,7 @@ class CheckedAnswer:
             if token in self._stop_ids:
                 failure = self._checker.finish() if self._checker is not None else None
                 if failure is not None:
-                    return self._undo(failure, after=tokens[k:])
+                    return Settled(release=[], undo=self._undo(failure, after=tokens[k:], tries=tries))
                 release.extend(self._held)
                 self._held.clear()
                 continue
@@ -158,9 +180,16 @@ class CheckedAnswer:
                 continue
             failure = self._feed(settled)
             if failure is not None:
-                return self._undo(failure, after=tokens[k + 1 :])
+                return Settled(release=[], undo=self._undo(failure, after=tokens[k + 1 :], tries=tries))
         release.extend(self._release())
         return Settled(release=release, undo=None)
+
+    def back_off(self, failure: CheckFailure, *, tries: Callable[[int], int]) -> Undo:
+        """Where the part of ``failure`` was taken back to, every token the grammar allows
+        was tried (a dead end: ``2024-02-3`` with ``0`` and ``1`` banned): undo further, to
+        the part's last drawn token still kept, or the last drawn before it
+        (``tries`` as in :meth:`settle`)."""
+        return self._undo(failure, after=[], tries=tries)
 
     def release_all(self) -> list[SettledToken]:
         """Everything still held (the answer ends: cut short, or failed for good)."""
@@ -191,41 +220,100 @@ class CheckedAnswer:
         out, self._held = self._held[:cut], self._held[cut:]
         return out
 
-    def _undo(self, failure: CheckFailure, *, after: list[int]) -> Settled:
-        """Undo back to the failed value's first sampled token; ``after``: the group's
-        tokens the grammar accepted after the last one fed (the stop token that closed
-        the answer, or forced tokens)."""
+    def _undo(self, failure: CheckFailure, *, after: list[int], tries: Callable[[int], int]) -> Undo:
+        """Undo back to a drawn token of the failed part (:meth:`_points`: the first
+        tried fewer than :data:`LATER_TRIES` times, else the part's first, whose tries
+        the engine bounds); ``after``: the group's tokens the grammar
+        accepted after the last one fed (the stop token that closed the answer, or forced
+        tokens)."""
         checker = self._checker
         if checker is None:
             raise RuntimeError("a value failed before the answer started")
-        span = checker.pieces_since(failure.start)
-        fed = self._fed[len(self._fed) - span :]
-        texts = self._texts_fed[len(self._texts_fed) - span :]
-        drawn = [i for i, t in enumerate(fed) if t.sampled]
-
-        def says_something(i: int) -> bool:  # its text from the failed part's start on
-            start, text = texts[i]
-            return bool(text[max(0, failure.start - start) :].strip(_OPENING))
-
-        first = next((i for i in drawn if says_something(i)), drawn[0] if drawn else None)
-        if first is not None:
-            pieces = span - first
-        else:  # the grammar forced the whole value: undo to the last token drawn before it
-            before = self._fed[: len(self._fed) - span]
-            last = next((i for i in range(len(before) - 1, -1, -1) if before[i].sampled), None)
-            pieces = len(self._fed) - last if last is not None else len(self._fed) + 1
-        if pieces > len(self._held):
+        visible = sum(1 for t in after if t not in self._stop_ids)
+        points = [
+            p for p in self._points(failure, checker.pieces_since(failure.start)) if p <= len(self._held)
+        ]
+        if not points:
             # Part of it already reached the caller (or nothing was drawn): no new try.
-            return Settled(release=[], undo=Undo(tokens=0, grammar_tokens=0, banned=-1, failure=failure))
-        banned = self._fed[-pieces].token
+            return Undo(tokens=0, grammar_tokens=0, banned=frozenset(), failure=failure)
+        pieces = next((p for p in points[:-1] if tries(p + visible) < LATER_TRIES), points[-1])
+        banned = {self._fed[-pieces].token} | self._same_failures(failure, pieces)
         checker.rollback(pieces)
         del self._fed[-pieces:]
         del self._texts_fed[-pieces:]
         del self._held[-pieces:]
         self._decoder.setstate(self._decoders[-pieces])
         del self._decoders[-pieces:]
-        visible = sum(1 for t in after if t not in self._stop_ids)
-        undo = Undo(
-            tokens=pieces + visible, grammar_tokens=pieces + len(after), banned=banned, failure=failure
+        return Undo(
+            tokens=pieces + visible,
+            grammar_tokens=pieces + len(after),
+            banned=frozenset(banned),
+            failure=failure,
         )
-        return Settled(release=[], undo=undo)
+
+    def _points(self, failure: CheckFailure, span: int) -> list[int]:
+        """Where the failed part may be drawn again from, best first, each as the number
+        of fed tokens to undo: its drawn tokens that say something (a token that only
+        opens it, as ``' "'`` before ``red``, is kept: every other value would open the
+        same way). A part that must be one of a few values, or a closing bracket or
+        separator, is drawn again from its first such token; any other from its last,
+        then each one before it (the least that can mend it first: ``9.7`` of ``9.74``
+        still becomes a multiple of 0.25). A part the grammar forced whole: the last
+        token drawn before it."""
+        fed = self._fed[len(self._fed) - span :]
+        texts = self._texts_fed[len(self._texts_fed) - span :]
+
+        def part(i: int) -> str:  # its text inside the failed part
+            start, text = texts[i]
+            return text[max(0, failure.start - start) : max(0, failure.end - start)]
+
+        sayers = [i for i, t in enumerate(fed) if t.sampled and part(i).strip(_OPENING)]
+        if not sayers:
+            before = self._fed[: len(self._fed) - span]
+            last = next((i for i in range(len(before) - 1, -1, -1) if before[i].sampled), None)
+            return [] if last is None else [len(self._fed) - last]
+        first = sayers[0]
+        if failure.expected is not None:
+            return [span - _diverging(failure.start, Targets(failure.expected), fed, texts, first)]
+        if failure.keyword == "propertyNames" or part(first).lstrip(_WHITESPACE)[:1] in STRUCTURAL:
+            return [span - first]  # a key, a bracket or a separator: drawn again whole
+        return [span - i for i in reversed(sayers)]
+
+    def _same_failures(self, failure: CheckFailure, pieces: int) -> frozenset[int]:
+        """The tokens that would fail as the last ``pieces`` fed tokens' first did, at its
+        position (see :mod:`~thinkstruct.engine.output.token_bans`)."""
+        start, text = self._texts_fed[-pieces]
+        if start + len(text) <= failure.start:
+            return frozenset()  # a token before the part: only it is banned
+        cut = max(0, failure.start - start)
+        head, tail = text[:cut], text[cut:].lstrip(_WHITESPACE)
+        if tail[:1] in STRUCTURAL and failure.expected is None:
+            return self._bans.structural(head, tail[0])
+        if failure.expected is not None:
+            kept = [
+                t for s, t in self._texts_fed[: len(self._texts_fed) - pieces] if s + len(t) > failure.start
+            ]
+            written = "".join(kept)
+            if kept:
+                first = len(self._texts_fed) - pieces - len(kept)
+                written = written[max(0, failure.start - self._texts_fed[first][0]) :]
+            return self._bans.beginning_none_of(written, failure.expected)
+        return frozenset()
+
+
+def _diverging(
+    start: int, targets: Targets, fed: list[SettledToken], texts: list[tuple[int, str]], first: int
+) -> int:
+    """The drawn token (an index into ``fed``, whose ``texts`` hold each token's offset and
+    text) from which the failed part's text, from offset ``start``, can no longer become
+    one of ``targets`` (``1.1`` of ``1.19`` for a multiple of 0.25: ``1.`` may still
+    become ``1.25``); ``first`` (the part's first drawn token) where none is found."""
+    written = ""
+    drawn = first
+    for i, (offset, text) in enumerate(texts):
+        written += text[max(0, start - offset) :]
+        if i >= first and fed[i].sampled:
+            drawn = i
+        if written and not targets.toward(written):
+            return drawn
+    return first

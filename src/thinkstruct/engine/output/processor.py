@@ -26,6 +26,7 @@ from thinkstruct.parsers.tool_calls.parser import ToolCallParser
 
 if TYPE_CHECKING:
     from thinkstruct.engine.request import GenerationRequest
+    from thinkstruct.grammar.runtime.value_checks import CheckFailure
     from thinkstruct.parsers.tool_calls.types import ToolCallDelta, ToolStreamResult
 
 
@@ -153,8 +154,10 @@ class OutputProcessor:
         backend: str | None,
         check_rollbacks: int = 0,
         resampled_tokens: int = 0,
+        unmet: CheckFailure | None = None,
     ) -> Delta:
-        """The last delta: held-back text and calls, the finish reason, the usage."""
+        """The last delta: held-back text and calls, the finish reason, the usage (and
+        ``unmet``: the checked keyword an answer out of tries could not meet)."""
         reasoning: list[str] = []
         content: list[str] = []
         calls: list[ToolCallDelta] = []
@@ -187,6 +190,7 @@ class OutputProcessor:
             finish_reason=reason,
             error=error,
             usage=usage,
+            unmet=unmet,
         )
 
     # ---- text routing ----------------------------------------------------------------

@@ -58,6 +58,10 @@ class GrammarMatcher(abc.ABC):
     def copy(self) -> GrammarMatcher:
         """A fresh matcher at the start, sharing the compiled grammar."""
 
+    def at_answer_start(self) -> bool:
+        """Whether the next token is the answer's first (no answer token accepted yet)."""
+        return False
+
     def accept_tokens(self, token_ids: Sequence[int]) -> int:
         """Accept tokens until one is refused; return how many were accepted."""
         for n, token_id in enumerate(token_ids):
@@ -202,6 +206,9 @@ class StopTokenMatcher(GrammarMatcher):
 
     def is_terminated(self) -> bool:
         return self._finished
+
+    def at_answer_start(self) -> bool:
+        return self._depth == 0 and not self._finished
 
     def jump_forward(self) -> list[int]:
         return [] if self._finished else self._forced()

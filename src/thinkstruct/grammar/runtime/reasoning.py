@@ -135,6 +135,9 @@ class ReasoningGrammar(GrammarMatcher):
     def inner(self) -> GrammarMatcher:
         return self._inner
 
+    def at_answer_start(self) -> bool:
+        return self._state == 0 and self._inner.at_answer_start()
+
     def _closing(self) -> bool:
         return self._closing_after(len(self._matched) - 1)
 

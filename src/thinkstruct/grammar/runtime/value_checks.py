@@ -20,11 +20,16 @@ What the engine calls, and when:
    that token's decoded text (``""`` for a token whose bytes end mid-character: one piece
    per token keeps :meth:`~ValueChecker.rollback` in tokens).
 3. On a failure: ``k = checker.pieces_since(failure.start)``; roll the grammar and the KV
-   back ``k`` tokens and call ``checker.rollback(k)``; forbid the first of the ``k`` undone
-   tokens at that position and sample again (bounded tries; an exhausted value ends the
-   choice with ``failure.describe()``, which names the keyword and the JSON pointer). A
-   rollback of the grammar for any other reason (speculation) rolls the checker back by
-   the same number of tokens. The first piece may come from the token that also closed
+   back ``k`` tokens (or fewer, down to a later drawn token of the failed part) and call
+   ``checker.rollback(k)``; forbid the first undone token at that position and sample
+   again (:mod:`thinkstruct.engine.output.checked_answer`; bounded tries; an exhausted
+   part ends the choice with ``failure.describe()``, which names the keyword and the JSON
+   pointer). A failure starts at the least that can mend it: the value, the member of it
+   the error is about (:mod:`.failed_part`), an item, key or separator a container's
+   prefix already breaks (:mod:`thinkstruct.grammar.schema.prefix_checks`), or the
+   closing bracket of a container that wants more items or members. A rollback of the
+   grammar for any other reason (speculation) rolls the checker back by the same number
+   of tokens. The first piece may come from the token that also closed
    the thought (a text end tag such as SmolLM2's ``>`` with answer text after it): undoing
    it would reopen the thought, so the engine must not roll back past it (treat a failure
    whose ``k`` reaches it as exhausted, or re-feed that piece).
@@ -49,7 +54,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from thinkstruct.grammar.constraint import escape_pointer
+from thinkstruct.grammar.runtime.failed_part import failed_part
 from thinkstruct.grammar.schema.checks import CheckPlan, Wildcard
+from thinkstruct.grammar.schema.prefix_checks import PrefixRules, prefix_rules
 
 # Where the scanner is.
 _OBJECT_FIRST = 0  # after "{": a key or "}"
@@ -96,6 +103,9 @@ class CheckFailure:
         message: the validator's message.
         where: the JSON document the pointers are in, where it is not the whole answer
             (``"the arguments of paint (call 0)"``); ``""``: the answer.
+        expected: the scalars the part at ``start`` must be one of to mend the failure
+            (a ``const`` or ``enum`` the error names, or the values an item must match
+            to make up ``minContains``), or ``None`` where any other value may do.
     """
 
     start: int
@@ -106,6 +116,7 @@ class CheckFailure:
     schema_pointer: str
     message: str
     where: str = ""
+    expected: tuple[Any, ...] | None = None
 
     def describe(self) -> str:
         """One line for an error naming the keyword and the JSON pointer."""
@@ -181,6 +192,14 @@ class _Frame(NamedTuple):
     held: int | None
     #: The current child's key (``None`` before the first key) or index.
     step: str | int | None
+    #: The prefix rules of its checks (check index, rules).
+    rules: tuple[tuple[int, PrefixRules], ...] = ()
+    #: Items so far that match each ``contains`` of ``rules``, in order.
+    matched: tuple[int, ...] = ()
+    #: Where the current member's key starts (an object).
+    key_start: int = 0
+    #: Where the separator before the current child is (``None``: the first child).
+    comma: int | None = None
 
 
 class _State(NamedTuple):
@@ -296,6 +315,20 @@ class ValueChecker:
         kept = bisect.bisect_right(self._lengths, offset) - 1
         return len(self._snapshots) - max(kept, 0)
 
+    @property
+    def scanning(self) -> str:
+        """What the next character continues: ``"string"`` (inside a string value or
+        key), ``"number"``, ``"literal"`` (``true``, ``false``, ``null``) or
+        ``"structure"`` (between values)."""
+        mode = self._mode
+        if mode in (_STRING, _KEY):
+            return "string"
+        if mode == _NUMBER:
+            return "number"
+        if mode == _LITERAL:
+            return "literal"
+        return "structure"
+
     def held_from(self) -> int | None:
         """Offset from which the text belongs to an open value that holds checked
         keywords (it may still be undone: do not stream it), or ``None``."""
@@ -360,8 +393,13 @@ class ValueChecker:
                 if mode == _KEY:
                     frame = self._frame
                     assert frame is not None  # a key is inside an object
-                    self._frame = frame._replace(step=json.loads(text[self._key_start : i]))
+                    frame = self._frame = frame._replace(
+                        step=json.loads(text[self._key_start : i]), key_start=self._key_start
+                    )
                     self._mode = _COLON
+                    failure = self._key_closed(frame, i)
+                    if failure is not None:
+                        return failure
                     continue
                 failure = self._close_scalar(i)
                 if failure is not None:
@@ -420,10 +458,11 @@ class ValueChecker:
                     raise self._malformed(i)  # text after the root value
                 if c == ",":
                     if frame.is_object:
+                        self._frame = frame._replace(comma=i)
                         self._mode = _KEY_NEXT
                     else:
                         assert isinstance(frame.step, int)  # arrays count items
-                        self._frame = frame._replace(step=frame.step + 1)
+                        self._frame = frame._replace(step=frame.step + 1, comma=i)
                         self._mode = _VALUE
                 elif c == ("}" if frame.is_object else "]"):
                     failure = self._close_container(i + 1)
@@ -448,7 +487,14 @@ class ValueChecker:
         if held is None and any(node.checks for node in nodes):
             held = i
         if c == "{" or c == "[":
-            self._frame = _Frame(frame, c == "{", i, nodes, held, None if c == "{" else 0)
+            rules = tuple(
+                (index, rules)
+                for node in nodes
+                for index in node.checks
+                if (rules := prefix_rules(self._plan, index))
+            )
+            matched = (0,) * sum(len(r.contains) for _, r in rules)
+            self._frame = _Frame(frame, c == "{", i, nodes, held, None if c == "{" else 0, rules, matched)
             self._mode = _OBJECT_FIRST if c == "{" else _ARRAY_FIRST
             return
         self._value_start = i
@@ -470,7 +516,7 @@ class ValueChecker:
             self._root_done = True
             self._ended = end
         failure = self._validate(self._value_nodes, self._value_start, end, self._frame)
-        return failure or self._unique_so_far(self._frame, self._value_start, end)
+        return failure or self._child_closed(self._value_start, end)
 
     def _close_container(self, end: int) -> CheckFailure | None:
         frame = self._frame
@@ -480,45 +526,116 @@ class ValueChecker:
         if frame.parent is None:
             self._root_done = True
             self._ended = end
-        failure = self._validate(frame.nodes, frame.start, end, frame.parent)
-        return failure or self._unique_so_far(frame.parent, frame.start, end)
+        failure = self._validate(frame.nodes, frame.start, end, frame.parent, closing=True)
+        return failure or self._child_closed(frame.start, end)
 
-    def _unique_so_far(self, parent: _Frame | None, start: int, end: int) -> CheckFailure | None:
-        """An item ``text[start:end]`` just closed in array ``parent``: where that array is
-        checked for ``uniqueItems``, the item must differ from those before it (a
-        duplicate fails the whole array anyway, and undoing the item, not the array, is
-        what lets another value be drawn in its place)."""
-        if parent is None or parent.is_object or not isinstance(parent.step, int) or parent.step == 0:
+    # ---- what a prefix already breaks (see thinkstruct.grammar.schema.prefix_checks) ----
+
+    def _child_closed(self, start: int, end: int) -> CheckFailure | None:
+        """The child ``text[start:end]`` of the open container just closed: the first
+        prefix rule of the container it breaks (failing at that child), else ``None``."""
+        parent = self._frame
+        if parent is None or not parent.rules:
             return None
-        plan = self._plan.checks
-        checks = [
-            i
-            for node in parent.nodes
-            for i in node.checks
-            if f"{plan[i].schema_pointer}/uniqueItems" in plan[i].keywords  # on the array itself
-        ]
-        if not checks:
-            return None
-        items = json.loads(self._text[parent.start : end] + "]")
-        error = next(iter(_unique_items().iter_errors(items)), None)
+        if parent.is_object:
+            return self._member_closed(parent, end)
+        return self._item_closed(parent, start, end)
+
+    def _item_closed(self, parent: _Frame, start: int, end: int) -> CheckFailure | None:
+        index = parent.step
+        assert isinstance(index, int)  # arrays count items
+        plan = self._plan
+        item = json.loads(self._text[start:end])
+        matched = list(parent.matched)
+        k = 0
+        for check, rules in parent.rules:
+            if rules.unique and index > 0:
+                items = json.loads(self._text[parent.start : end] + "]")
+                error = next(iter(_unique_items().iter_errors(items)), None)
+                if error is not None:
+                    array = _pointer(parent.parent)
+                    return self._part_failed(
+                        parent, start, end, rules.unique,
+                        f"item {index} repeats an earlier item of {array or '/'}: {error.message}",
+                    )  # fmt: skip
+            for rule in rules.contains:
+                hit = plan.valid_at(rule.subschema, item)
+                matched[k] += hit
+                count = matched[k]
+                k += 1
+                if hit and rule.maximum is not None and count > rule.maximum:
+                    return self._part_failed(
+                        parent, start, end, rule.max_keyword,
+                        f"item {index} is match {count} of the contains subschema; at most {rule.maximum} may match",
+                    )  # fmt: skip
+                left = None if rule.max_items is None else rule.max_items - index - 1
+                if not hit and left is not None and rule.minimum - count > left:
+                    return self._part_failed(
+                        parent, start, end, rule.min_keyword,
+                        f"item {index} does not match the contains subschema: {rule.minimum - count} more "
+                        f"matches are needed and at most {left} more items may follow",
+                        expected=rule.finite(plan),
+                    )  # fmt: skip
+            if rules.unevaluated and rules.unevaluated.endswith("/unevaluatedItems"):
+                failure = self._unevaluated(parent, check, rules.unevaluated, start, end)
+                if failure is not None:
+                    return failure
+        self._frame = parent._replace(matched=tuple(matched))
+        return None
+
+    def _member_closed(self, parent: _Frame, end: int) -> CheckFailure | None:
+        for check, rules in parent.rules:
+            if rules.unevaluated and rules.unevaluated.endswith("/unevaluatedProperties"):
+                failure = self._unevaluated(parent, check, rules.unevaluated, parent.key_start, end)
+                if failure is not None:
+                    return failure
+        return None
+
+    def _key_closed(self, frame: _Frame, end: int) -> CheckFailure | None:
+        """A key of ``frame`` (an object) closed at ``end``: its ``propertyNames``."""
+        for _, rules in frame.rules:
+            if rules.names and not self._plan.valid_at(rules.names, frame.step):
+                return self._part_failed(
+                    frame, frame.key_start, end, rules.names,
+                    f"the key {frame.step!r} is not valid under the propertyNames subschema",
+                )  # fmt: skip
+        return None
+
+    def _unevaluated(
+        self, parent: _Frame, check: int, keyword: str, start: int, end: int
+    ) -> CheckFailure | None:
+        """The container's prefix through its child ``text[start:end]`` leaves that
+        child unevaluated: fail from the separator before it (the child itself, the
+        first), so that the container may close there instead."""
+        prefix = json.loads(self._text[parent.start : end] + ("}" if parent.is_object else "]"))
+        error = self._plan.error_of(check, prefix, keyword.rpartition("/")[2])
         if error is None:
             return None
-        array = _pointer(parent.parent)
+        return self._part_failed(
+            parent, start if parent.comma is None else parent.comma, end, keyword, error.message
+        )
+
+    def _part_failed(
+        self, parent: _Frame, start: int, end: int, keyword_pointer: str, message: str,
+        *, expected: tuple[Any, ...] | None = None,
+    ) -> CheckFailure:  # fmt: skip
+        """A failure of container ``parent`` at its current child, ``text[start:end]``."""
         return CheckFailure(
             start=start,
             end=end,
             value_pointer=_pointer(parent),
-            pointer=array,
-            keyword="uniqueItems",
-            schema_pointer=f"{self._plan.checks[checks[0]].schema_pointer}/uniqueItems",
-            message=f"item {parent.step} repeats an earlier item of {array or '/'}: {error.message}",
+            pointer=_pointer(parent.parent),
+            keyword=keyword_pointer.rpartition("/")[2],
+            schema_pointer=keyword_pointer,
+            message=message,
+            expected=expected,
         )
 
     def _validate(
-        self, nodes: tuple[_Node, ...], start: int, end: int, parent: _Frame | None
+        self, nodes: tuple[_Node, ...], start: int, end: int, parent: _Frame | None, *, closing: bool = False
     ) -> CheckFailure | None:
-        """Check the value ``text[start:end]`` (a child of ``parent``) against the checks
-        at its location."""
+        """Check the value ``text[start:end]`` (a child of ``parent``; ``closing``: a
+        container that just closed) against the checks at its location."""
         checks = [index for node in nodes for index in node.checks]
         if not checks:
             return None
@@ -528,8 +645,9 @@ class ValueChecker:
             error = self._plan.first_error(index, value)
             if error is not None:
                 value_pointer = _pointer(parent)
+                offset, expected = failed_part(text, error, closing=closing)
                 return CheckFailure(
-                    start=start + _culprit_offset(text, error),
+                    start=start + offset,
                     end=end,
                     value_pointer=value_pointer,
                     pointer=value_pointer
@@ -538,6 +656,7 @@ class ValueChecker:
                     schema_pointer=self._plan.checks[index].schema_pointer
                     + "".join(f"/{escape_pointer(str(p))}" for p in error.absolute_schema_path),
                     message=error.message,
+                    expected=expected,
                 )
         return None
 
@@ -545,52 +664,6 @@ class ValueChecker:
         return ValueError(
             f"the answer is not JSON at character {offset}: {self._text[offset : offset + 20]!r}"
         )
-
-
-def _culprit_offset(text: str, error: Any) -> int:
-    """Where in a failed value's ``text`` the part its error is about starts (``then``
-    failing on a sibling's ``legs``: that member's value), so that only it is drawn
-    again; 0 (the whole value) where the error is about the value itself, or about
-    property names (the part is a key, not the value under it)."""
-    path = list(error.absolute_path)
-    if not path or "propertyNames" in error.absolute_schema_path:
-        return 0
-    return _value_offset(text, path) or 0
-
-
-def _value_offset(text: str, path: list[Any]) -> int | None:
-    """The offset in ``text`` (one JSON value) of the value at ``path``, or ``None``."""
-    decoder = json.JSONDecoder()
-    pos = _skip_space(text, 0)
-    for step in path:
-        opening = text[pos : pos + 1]
-        if opening not in ("{", "[") or isinstance(step, int) != (opening == "["):
-            return None
-        pos = _skip_space(text, pos + 1)
-        index = 0
-        while text[pos : pos + 1] not in ("}", "]", ""):
-            if opening == "{":
-                key, pos = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]
-                pos = _skip_space(text, _skip_space(text, pos) + 1)  # past the colon
-                found = key == step
-            else:
-                found = index == step
-            if found:
-                break
-            _, pos = decoder.raw_decode(text, pos)
-            pos = _skip_space(text, pos)
-            if text[pos : pos + 1] == ",":
-                pos = _skip_space(text, pos + 1)
-            index += 1
-        else:
-            return None
-    return pos
-
-
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in " \t\n\r":
-        pos += 1
-    return pos
 
 
 def _pointer(frame: _Frame | None) -> str:

@@ -25,6 +25,7 @@ never wrong, only a little more work.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import re
 import threading
@@ -114,7 +115,7 @@ class CheckPlan:
     checks: tuple[ValueCheck, ...]
     enforcement: tuple[KeywordEnforcement, ...]
     runnable: bool = True
-    _validators: dict[int, Any] = field(default_factory=dict, init=False, repr=False)
+    _validators: dict[str | None, Any] = field(default_factory=dict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def first_error(self, index: int, value: Any) -> Any:
@@ -126,11 +127,43 @@ class CheckPlan:
                 value leads to (the check cannot run), naming the subschema.
         """
         import jsonschema
+
+        pointer = self.checks[index].schema_pointer
+        with self._running(pointer):
+            return jsonschema.exceptions.best_match(self._validator(pointer).iter_errors(value))
+
+    def error_of(self, index: int, value: Any, keyword: str) -> Any:
+        """The first error of ``value`` against ``checks[index]``'s subschema that its
+        ``keyword`` reports about ``value`` itself, or ``None``.
+
+        Raises:
+            InvalidConstraint: as :meth:`first_error`.
+        """
+        pointer = self.checks[index].schema_pointer
+        with self._running(pointer):
+            errors = self._validator(pointer).iter_errors(value)
+            return next((e for e in errors if e.validator == keyword and not e.absolute_path), None)
+
+    def valid_at(self, pointer: str, value: Any) -> bool:
+        """Whether ``value`` is valid against the subschema at ``pointer`` (one the plan's
+        checks hold, such as a ``contains`` subschema).
+
+        Raises:
+            InvalidConstraint: as :meth:`first_error`.
+        """
+        with self._running(pointer):
+            return bool(self._validator(pointer).is_valid(value))
+
+    def subschema(self, pointer: str) -> Any:
+        """The subschema at ``pointer`` (a plain JSON pointer the plan wrote)."""
+        return _at(self.schema, pointer)
+
+    @contextlib.contextmanager
+    def _running(self, pointer: str) -> Iterator[None]:
         import referencing.exceptions  # type: ignore[import-not-found,unused-ignore]
 
-        validator = self._validator(index)
         try:
-            return jsonschema.exceptions.best_match(validator.iter_errors(value))
+            yield
         except (
             referencing.exceptions.Unresolvable,
             RecursionError,
@@ -140,25 +173,23 @@ class CheckPlan:
         ) as e:
             # The reference validator fails on what it cannot follow (or misreads: a
             # draft's form under another draft's rules): said, never taken as valid.
-            pointer = self.checks[index].schema_pointer
             raise InvalidConstraint(
                 f"the check of the subschema at {pointer or '/'} cannot run: {e}",
                 pointer=pointer,
                 kind="json_schema",
             ) from None
 
-    def _validator(self, index: int) -> Any:
-        validator = self._validators.get(index)
+    def _validator(self, pointer: str) -> Any:
+        validator = self._validators.get(pointer)
         if validator is None:
             import jsonschema
 
             cls = jsonschema.validators.validator_for(self.schema, default=_default_dialect(self.schema))
             with self._lock:
-                root = self._validators.get(-1)
+                root = self._validators.get(None)
                 if root is None:
-                    root = self._validators[-1] = cls(self.schema, format_checker=cls.FORMAT_CHECKER)
-            sub = _at(self.schema, self.checks[index].schema_pointer)
-            validator = self._validators[index] = root.evolve(schema=sub)
+                    root = self._validators[None] = cls(self.schema, format_checker=cls.FORMAT_CHECKER)
+            validator = self._validators[pointer] = root.evolve(schema=_at(self.schema, pointer))
         return validator
 
 

@@ -31,7 +31,7 @@ import json
 from typing import Any
 
 from thinkstruct.grammar.constraint import escape_pointer
-from thinkstruct.grammar.schema.walk import children, local_ref, subschemas
+from thinkstruct.grammar.schema.walk import children, follow_bare_ref, subschemas
 
 #: Formats llguidance enforces (also known to xgrammar and outlines-core).
 KNOWN_FORMATS = frozenset(
@@ -298,7 +298,7 @@ _ALL_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "arr
 
 
 def _pairwise_disjoint(branches: list[Any], root: Any) -> bool:
-    resolved = [_resolve(b, root) for b in branches]
+    resolved = [follow_bare_ref(b, root) for b in branches]
     if any(not isinstance(b, dict) for b in resolved):
         return False
     if _discriminated(resolved, root):
@@ -334,18 +334,6 @@ def _forbids_required(a: dict[str, Any], b: dict[str, Any]) -> bool:
     props: dict[str, Any] = raw if isinstance(raw, dict) else {}
     closed = b.get("additionalProperties") is False and not b.get("patternProperties")
     return any(props.get(p) is False or (closed and p not in props) for p in required)
-
-
-def _resolve(schema: Any, root: Any) -> Any:
-    """Follow a bare ``$ref`` (one without sibling keywords) to what it points to."""
-    for _ in range(16):
-        if not isinstance(schema, dict) or len(schema) != 1:
-            return schema
-        found = local_ref(schema, root)
-        if found is None:
-            return schema
-        schema = found[0]
-    return schema
 
 
 def _types(schema: dict[str, Any]) -> frozenset[str] | None:
@@ -392,7 +380,7 @@ def _discriminated(branches: list[dict[str, Any]], root: Any) -> bool:
     for prop in sorted(candidates or ()):
         value_sets: list[set[str]] = []
         for b in branches:
-            sub = _resolve(b["properties"][prop], root)
+            sub = follow_bare_ref(b["properties"][prop], root)
             values = _literal_values(sub)
             if values is None:
                 break

@@ -112,3 +112,23 @@ def local_ref(schema: Any, root: Any) -> tuple[Any, str] | None:
         return None
     target = resolve(root, ref[1:])
     return None if target is MISSING else (target, ref[1:])
+
+
+#: Keywords that say nothing about which values a schema takes.
+ANNOTATIONS = frozenset({"description", "title", "$comment"})
+
+
+def follow_bare_ref(schema: Any, root: Any, *, annotations_allowed: bool = False) -> Any:
+    """What a bare ``$ref`` in ``root`` points to, followed up to 32 times. A ``$ref`` is
+    bare without sibling keywords (with ``annotations_allowed``, :data:`ANNOTATIONS` may
+    stand beside it); a schema that is not one, or whose ``$ref`` does not resolve, is
+    returned as it is."""
+    allowed = {"$ref", *ANNOTATIONS} if annotations_allowed else {"$ref"}
+    for _ in range(32):
+        if not isinstance(schema, dict) or "$ref" not in schema or set(schema) - allowed:
+            return schema
+        found = local_ref(schema, root)
+        if found is None:
+            return schema
+        schema = found[0]
+    return schema
