@@ -175,3 +175,29 @@ def test_every_commands_help_prints(command: list[str], capsys: pytest.CaptureFi
     assert out.startswith("usage: thinkstruct")
     if command == ["generate"]:
         assert "a thought of 50% of --max-tokens" in " ".join(out.split())
+
+
+def test_the_step_latency_target_reaches_the_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--step-latency-target-ms`` sets the engine's target in seconds (default the
+    engine's), 0 keeps a fixed batch of ``--max-batch``; a negative one is refused naming
+    the flag."""
+    from thinkstruct.cli.parsing import build_parser, engine_spec
+    from thinkstruct.engine.core.config import EngineConfig
+
+    parser = build_parser("t")
+    assert engine_spec(parser.parse_args(["serve"])).engine.step_latency_target_s == pytest.approx(
+        EngineConfig().step_latency_target_s
+    )
+    spec = engine_spec(parser.parse_args(["serve", "--step-latency-target-ms", "40", "--max-batch", "32"]))
+    assert spec.engine.step_latency_target_s == pytest.approx(0.04)
+    assert spec.engine.max_batch == 32
+    assert (
+        engine_spec(
+            parser.parse_args(["serve", "--step-latency-target-ms", "0"])
+        ).engine.step_latency_target_s
+        is None
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--step-latency-target-ms", "-5"])
+    assert exit_info.value.code == 2
+    assert "--step-latency-target-ms" in capsys.readouterr().err

@@ -191,6 +191,25 @@ def test_same_seed_same_output_whatever_else_is_in_the_batch(tiny_model_dir, tin
     assert together.token_ids == alone.token_ids
 
 
+def test_where_a_prompt_is_cut_changes_nothing_on_a_batch_invariant_runner(
+    tiny_model_dir, tiny_model
+) -> None:
+    """The prefill pass beside decoding rows follows the step latency target, so a prompt
+    is cut wherever the load puts it: on a batch-invariant runner the seeded answer is the
+    same whatever the cuts (here passes of 256 positions against 7)."""
+    model = load_model(tiny_model_dir, quantize="int8-weights", progress=False)
+    ids = prompt_ids(tiny_model, "where is this prompt cut? " * 6)[0]
+    assert len(ids) > 3 * 7
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=77)
+    answers = []
+    for chunk in (256, 7):
+        config = EngineConfig(max_batch=4, prefill_chunk=chunk, prefix_cache_bytes=0)
+        with Engine(model, config=config) as e:
+            assert e.runner is not None and e.runner.batch_invariant
+            answers.append(run(e, prompt_ids=ids, sampling=params).token_ids)
+    assert answers[0] == answers[1]
+
+
 def test_a_shared_prompt_prefix_is_copied_and_changes_nothing(tiny_model_dir, tiny_model) -> None:
     """On a batch-invariant runner a prompt sharing a prefix with a request in the batch
     (here a system prompt) copies that prefix's keys and values instead of computing

@@ -372,6 +372,13 @@ def test_a_model_the_decoder_runner_does_not_compute_gets_the_transformers_runne
         DecoderRunner(model, slots=1, context_length=64)
     runner = default_runner(model, slots=1, context_length=64, vocab_size=300)
     assert isinstance(runner, TransformersRunner)
+    # Its slot buffers split the KV budget: a large batch cap gives it no more slots than
+    # its own, so a request keeps its share.
+    budget = {"context_length": 4096, "kv_cache_bytes": 1 << 20}
+    wide = default_runner(model, slots=64, vocab_size=300, **budget)
+    eight = TransformersRunner(model, slots=TransformersRunner.most_slots, **budget)
+    assert wide.slots == TransformersRunner.most_slots < 64
+    assert wide.kv_budget.max_positions == eight.kv_budget.max_positions < 4096
     with torch.inference_mode():
         got = runner.forward(0, [[1, 2, 3]], [0])[0]
     torch.testing.assert_close(got, reference_logits(model, [1, 2, 3]), rtol=1e-4, atol=1e-4)

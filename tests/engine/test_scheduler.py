@@ -3,7 +3,9 @@ join, start, finish or wait for their grammar, decoding rows hold slots 0..n-1, 
 rows the slots above, a reused prefix comes from a slot (or the prefix cache) that holds
 those very tokens, carrying out the returned moves leaves every row's KV in its slot, and
 the rows holding a slot never reserve more keys and values than the budget (the first
-ready request that does not fit waits, and nobody passes it)."""
+ready request that does not fit waits, and nobody passes it), and whatever the decoding
+steps' times, admissions never take more rows than the batch allows now nor more than
+``max_batch``."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ BLOCK = 4
 SHARED = list(range(100, 112))
 #: The KV budget, in the units the rows' needs are drawn in.
 KV_BYTES = 10
+#: Seconds a decoding step should take (the batch follows the steps' drawn times).
+TARGET_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.scheduler = Scheduler(
-            max_batch=4, prefill_chunk=8, decode_positions=16, packs_tokens=True, kv_bytes=KV_BYTES
+            max_batch=4,
+            prefill_chunk=8,
+            decode_positions=16,
+            packs_tokens=True,
+            kv_bytes=KV_BYTES,
+            step_target_s=TARGET_S,
         )
         self.kv: dict[int, int] = {}  # slot -> the row whose KV it holds
         self.rows: list[Row] = []
@@ -115,12 +124,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         for row in self.rows:
             row.grammar_ready = True
 
+    @rule(seconds=st.floats(0.01, 4.0))
+    def decoding_step_took(self, seconds: float) -> None:
+        rows = len(self.scheduler.decoding)
+        before = self.scheduler.batch.value
+        self.scheduler.decode_took(rows=rows, seconds=seconds)
+        if rows and rows <= before and seconds > TARGET_S:
+            assert self.scheduler.batch.value == 1 or self.scheduler.batch.value < before
+
     @rule()
     def step(self) -> None:
-        free = 4 - len(self.scheduler.held)
+        free = self.scheduler.batch.value - len(self.scheduler.held)
         reserved = self.scheduler.kv_reserved
         candidates = self.scheduler.admissions()
         assert all(r.grammar_ready and r.state is not RequestState.FINISHED for r in candidates)
+        assert len(candidates) <= max(free, 0)
         assert reserved + sum(r.kv_need for r in candidates) <= KV_BYTES
         ready = [r for r in self.scheduler.queued if r.grammar_ready and r.state is not RequestState.FINISHED]
         assert candidates == ready[: len(candidates)]  # in queue order, none passed over

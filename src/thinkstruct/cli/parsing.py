@@ -104,15 +104,26 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=_ENGINE.max_batch,
         metavar="N",
-        help=f"requests decoded together (default {_ENGINE.max_batch})",
+        help=f"most requests decoded together, a hard cap: below it the batch follows "
+        f"--step-latency-target-ms (default {_ENGINE.max_batch})",
+    )
+    g.add_argument(
+        "--step-latency-target-ms",
+        type=_non_negative_float,
+        default=_seconds_to_ms(_ENGINE.step_latency_target_s),
+        metavar="MS",
+        help="milliseconds a decoding step (each running request's time per token) should take: requests "
+        "join the batch while steps stay within it and the KV budget holds them, up to --max-batch, and a "
+        "prefill pass beside running requests computes as many prompt tokens as fit it (up to "
+        f"--prefill-chunk); 0 keeps --max-batch rows (default {_seconds_to_ms(_ENGINE.step_latency_target_s):g})",
     )
     g.add_argument(
         "--prefill-chunk",
         type=_positive_int,
         default=None,
         metavar="N",
-        help="prompt tokens computed in one prefill pass between decoding steps "
-        f"(default {_ENGINE.prefill_chunk})",
+        help="most prompt tokens computed in one prefill pass between decoding steps; fewer beside running "
+        f"requests where --step-latency-target-ms asks (default {_ENGINE.prefill_chunk})",
     )
     g.add_argument(
         "--kv-cache-bytes",
@@ -410,6 +421,10 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _seconds_to_ms(seconds: float | None) -> float:
+    return 0.0 if seconds is None else seconds * 1000
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -446,6 +461,7 @@ def engine_spec(args: argparse.Namespace) -> EngineSpec:
         reasoning_parser=args.reasoning_parser,
         engine=EngineConfig(
             max_batch=args.max_batch,
+            step_latency_target_s=args.step_latency_target_ms / 1000 or None,
             max_queue=args.max_queue,
             max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
             kv_cache_bytes=args.kv_cache_bytes,

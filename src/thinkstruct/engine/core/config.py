@@ -20,6 +20,13 @@ _MIB = 1 << 20
 KV_DEMAND_BUDGETS = 2
 
 
+#: Seconds a decoding step should take by default (``EngineConfig.step_latency_target_s``):
+#: the int16 multiply-add peak of two cores (205 GFLOP/s, ``benchmarks/batch_kernels.py``)
+#: over SmolLM2's 134.5M multiply-adds a token caps it near 760 tokens/s, so a step of 64
+#: rows (the default ``max_batch``) takes at least 84 ms.
+DEFAULT_STEP_LATENCY_TARGET_S = 0.1
+
+
 class EngineOverloaded(RuntimeError):
     """The queue is full; try again later (HTTP 429).
 
@@ -75,17 +82,25 @@ class EngineConfig:
     """How the engine schedules.
 
     Attributes:
-        max_batch: most requests decoded together (slots of the KV cache).
+        max_batch: most requests decoded together (slots of the KV cache): the hard cap
+            on the batch, which follows ``step_latency_target_s`` below it.
+        step_latency_target_s: seconds a decoding step (every running row's time per
+            token) should take: requests take slots while the steps stay within it (and
+            the KV budget holds them), and the prompt positions of a prefill pass between
+            two steps are sized against it too
+            (:class:`~thinkstruct.engine.core.batch_size.TargetedSize`); ``None`` keeps
+            the batch at ``max_batch`` and passes at ``prefill_chunk``.
         max_queue: most requests waiting for a slot; more are refused with
             :class:`EngineOverloaded`.
         max_prompt_tokens: longest prompt accepted (default: the model's context minus one).
-        prefill_chunk: positions computed per prefill pass while others decode (the
+        prefill_chunk: most positions computed per prefill pass (the
             tokens fed, or, on a runner without ``packs_tokens``, rows x the longest
             chunk). A joining prompt's first token waits for its whole pass, and a prompt
             arriving during a pass for the rest of it: 256 positions are about 0.5 s at
             int8 on two cores under load (512 gave a plain question's p99 time to first
             token above 2 s at 64 clients; prefill was a quarter of the engine's time
-            either way).
+            either way). While rows decode, a pass takes fewer where
+            ``step_latency_target_s`` asks.
         decode_positions: positions a decoding step may compute, at least one per row. A
             row feeds its sampled token and the tokens its grammar forces; the pass is
             padded to the longest row (for attention only on a runner that
@@ -116,7 +131,8 @@ class EngineConfig:
             (there a seed gives the same tokens with and without); ``None`` turns it off.
     """
 
-    max_batch: int = 8
+    max_batch: int = 64
+    step_latency_target_s: float | None = DEFAULT_STEP_LATENCY_TARGET_S
     max_queue: int = 256
     max_prompt_tokens: int | None = None
     prefill_chunk: int = 256
@@ -132,6 +148,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_queue < 0 or self.prefill_chunk < 1 or self.decode_positions < 1:
             raise ValueError("max_batch, prefill_chunk and decode_positions must be >= 1 and max_queue >= 0")
+        if self.step_latency_target_s is not None and not self.step_latency_target_s > 0:
+            raise ValueError("step_latency_target_s must be positive, or None for a fixed batch")
         if self.prefix_cache_bytes < 0:
             raise ValueError("prefix_cache_bytes must be >= 0")
         if self.kv_cache_bytes < 1:
@@ -188,6 +206,12 @@ class EngineStats:
     forward_seconds: float = 0.0
     mask_seconds: float = 0.0
     last_batch: int = 0
+    #: Rows of the largest decoding step so far.
+    largest_batch: int = 0
+    #: Requests the batch takes now (slots it admits into), and the prompt positions of a
+    #: prefill pass while rows decode: what the step latency target gives, within the caps.
+    batch_limit: int = 0
+    prefill_chunk: int = 0
     #: KV cache slots holding a request (running or prefilling) and the tokens cached in
     #: them, as the last round of the engine loop left them; a finished or cancelled
     #: request's slot is free by the end of the round that drops it.

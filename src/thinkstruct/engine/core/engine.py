@@ -297,16 +297,21 @@ class Engine:
             self._kv_budget = budget
             self.stats.kv_cache_allowed_bytes = budget.kv_bytes
             self.stats.prefix_cache_allowed_bytes = budget.prefix_bytes
+            # A runner holds at most its slots (the default choice may give fewer).
+            max_batch = min(config.max_batch, runner.slots)
             self._scheduler = Scheduler(
-                max_batch=config.max_batch,
+                max_batch=max_batch,
                 prefill_chunk=config.prefill_chunk,
                 decode_positions=config.decode_positions,
                 packs_tokens=runner.packs_tokens,
                 kv_bytes=budget.kv_bytes,
+                step_target_s=config.step_latency_target_s,
+                # Cut anywhere only where a prompt's bits do not depend on the cuts.
+                chunk_target_s=config.step_latency_target_s if runner.batch_invariant else None,
             )
             self._executor = Executor(
                 runner,
-                max_batch=config.max_batch,
+                max_batch=max_batch,
                 vocab_size=self.tokenizer.vocab_size,
                 context_length=self.context_length,
                 stop_ids=self._stop_ids,
@@ -361,6 +366,8 @@ class Engine:
         self.stats.slots_used = len(held)
         self.stats.kv_tokens = sum(s.cached for s in held)
         self.stats.kv_cache_reserved_bytes = scheduler.kv_reserved
+        self.stats.batch_limit = scheduler.batch.value
+        self.stats.prefill_chunk = scheduler.chunk.value
         self.stats.kv_pool_bytes = executor.runner.cache_bytes
         if self._on_step is not None:
             self._on_step()
@@ -374,7 +381,9 @@ class Engine:
         plan = scheduler.prefill_plan(executor.cached_prefixes(scheduler.unstarted))
         if plan is None:
             return
+        started = time.perf_counter()
         result = executor.prefill(plan)
+        scheduler.prefill_took(positions=plan.positions, seconds=time.perf_counter() - started)
         stats = self.stats
         stats.prefill_tokens += result.prefill_tokens
         stats.prefix_reused_tokens += result.reused_tokens
@@ -396,6 +405,7 @@ class Engine:
         self._apply(result, scheduler)
         self._layout()
         elapsed = time.perf_counter() - started
+        scheduler.decode_took(rows=len(plan.rows), seconds=elapsed)
         stats = self.stats
         stats.forward_seconds += result.forward_s
         stats.mask_seconds += result.mask_s
@@ -405,6 +415,7 @@ class Engine:
         stats.last_step_s = elapsed
         stats.step_seconds += elapsed
         stats.last_batch = len(plan.rows)
+        stats.largest_batch = max(stats.largest_batch, len(plan.rows))
 
     def _apply(self, result: StepResult, scheduler: Scheduler) -> bool:
         """A pass's result: the scheduler takes each row's positions, then each row's draws

@@ -5,12 +5,15 @@ their slots and what each has in its slot, and answers these questions each roun
 engine loop, without touching the model; what it decides is plain data the executor
 carries out:
 
-1. **admission**: queued requests whose grammar is ready take free slots (a request whose
+1. **admission**: queued requests whose grammar is ready take free slots, as many as the
+   batch takes now (:attr:`Scheduler.batch`: held to the step latency target by the
+   decoding steps' measured times, within ``max_batch``; a request whose
    grammar is still compiling keeps its place and lets others pass) while their keys and
    values fit the KV budget (:meth:`Scheduler.kv_fits`: each reserves what its prompt and
    ``max_tokens`` can come to; one that does not fit waits, and nobody passes it);
 2. **prefill plan**: the next prompt chunks, several prompts in one pass of at most
-   ``prefill_chunk`` positions, shortest first (one passed over too long goes first), and
+   ``prefill_chunk`` positions (fewer while rows decode, :attr:`Scheduler.chunk`, held
+   to the same target by the passes' measured times), shortest first (one passed over too long goes first), and
    the prompt prefixes a starting prompt takes from another slot or the prefix cache
    instead of computing them (:class:`Reuse`; what the prefix cache holds is asked of the
    executor before planning);
@@ -32,6 +35,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from thinkstruct.engine.core.batch_size import TargetedSize
 from thinkstruct.engine.core.sequence import RequestState
 
 if TYPE_CHECKING:
@@ -54,6 +58,16 @@ PREFILL_PATIENCE_S = 5.0
 MIN_REUSED_PREFIX = 4
 
 
+#: Rows the batch takes before a decoding step has been measured (it then follows the step
+#: latency target): the fixed batch it replaced, which kept 1 to 8 clients' steps short.
+START_ROWS = 8
+
+
+#: Fewest prompt positions a prefill pass computes while rows decode: a smaller pass costs
+#: mostly its fixed part (the weights read, the threads woken).
+MIN_PREFILL_CHUNK = 16
+
+
 @dataclass(frozen=True, slots=True)
 class Reuse:
     """Slot ``slot`` takes the first ``tokens`` positions of its prompt ``prompt`` from slot
@@ -74,6 +88,9 @@ class PrefillPlan:
     rows: list[Sequence]
     chunks: list[list[int]]
     reuses: list[Reuse]
+    #: What the pass computes, counted as against its size: the tokens fed, or (a runner
+    #: that pads) rows x the longest chunk.
+    positions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +144,20 @@ class Scheduler:
 
     Args:
         max_batch: KV slots (most requests prefilling or decoding at once).
-        prefill_chunk: positions a prefill pass computes (see
+        prefill_chunk: most positions a prefill pass computes (see
             :attr:`~thinkstruct.engine.core.config.EngineConfig.prefill_chunk`).
         decode_positions: positions a decoding pass may compute, at least one per row.
         packs_tokens: the runner computes only the tokens fed (else rows x the longest).
         kv_bytes: most bytes of keys and values the rows holding a slot reserve together
             (each its ``kv_need``).
+        step_target_s: seconds a decoding step should take (see
+            :attr:`~thinkstruct.engine.core.config.EngineConfig.step_latency_target_s`):
+            the batch is held to it, fed the steps' measured times (:meth:`decode_took`);
+            ``None``: ``max_batch`` rows.
+        chunk_target_s: seconds a prefill pass while rows decode should take, fed the
+            passes' measured times (:meth:`prefill_took`); ``None``: ``prefill_chunk``
+            positions (a prompt is then cut at the same places whatever the load: where
+            kernels are not batch-invariant, its bits depend on the cuts).
         clock: seconds, monotonic (injectable for tests).
     """
 
@@ -144,10 +169,21 @@ class Scheduler:
         decode_positions: int,
         packs_tokens: bool,
         kv_bytes: int,
+        step_target_s: float | None = None,
+        chunk_target_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
+        #: Rows the batch takes now (slots admitted into).
+        self.batch = TargetedSize(target_s=step_target_s, low=1, high=max_batch, value=START_ROWS)
+        #: Positions a prefill pass computes while rows decode.
+        self.chunk = TargetedSize(
+            target_s=chunk_target_s,
+            low=min(MIN_PREFILL_CHUNK, prefill_chunk),
+            high=prefill_chunk,
+            value=prefill_chunk,
+        )
         self.decode_positions = decode_positions
         self.packs_tokens = packs_tokens
         self.kv_bytes = kv_bytes
@@ -202,13 +238,13 @@ class Scheduler:
         return already + seq.kv_need <= self.kv_bytes
 
     def admissions(self) -> list[Sequence]:
-        """The queued requests that take a slot now, in queue order: as many as slots are
-        free, passing over those whose grammar is still compiling (and finished ones),
+        """The queued requests that take a slot now, in queue order: as many as the batch
+        takes beside the rows holding a slot (:attr:`batch`), passing over those whose grammar is still compiling (and finished ones),
         while their keys and values fit (:meth:`kv_fits`); the first that does not fit
         waits for memory and the ones behind it wait too (first come, first served: a
         long request is never passed over forever). The engine prepares them (builds
         their matchers) and admits those still alive (:meth:`admit`)."""
-        free = self.max_batch - len(self._held)
+        free = self.batch.value - len(self._held)
         chosen: list[Sequence] = []
         reserved = self.kv_reserved
         for seq in self._queue:
@@ -265,15 +301,16 @@ class Scheduler:
         A prompt about to join a pass takes the longest prefix another slot or the prefix
         cache holds (:meth:`_reuse`): now, not at admission, as the order below renumbers
         only prompts holding nothing, and a prompt that reuses a prefix here is in this
-        pass or the next. Each prompt is cut at multiples of ``prefill_chunk`` from where
-        it starts, whatever else is prefilling, so a request's own computation never
-        depends on the others (with batch-invariant kernels, a seed then gives the same
-        tokens in any batch); rows join the pass in order while their next chunk fits the
-        pass's token budget."""
+        pass or the next. A pass computes at most ``prefill_chunk`` positions, or
+        :attr:`chunk` while rows decode (without a ``chunk_target_s`` the two are the
+        same, so each prompt is cut at multiples of ``prefill_chunk`` from where it
+        starts, whatever else is prefilling, and a request's own computation never
+        depends on the others); rows join the pass in order while their next chunk fits
+        the pass's token budget."""
         if not self.prefilling:
             return None
         self._order_prefills()
-        size = self.prefill_chunk
+        size = self.chunk.value if self.decoding else self.prefill_chunk
         rows: list[Sequence] = []
         chunks: list[list[int]] = []
         reuses: list[Reuse] = []
@@ -292,7 +329,8 @@ class Scheduler:
             fed += len(chunk)
             rows.append(seq)
             chunks.append(chunk)
-        return PrefillPlan(rows=rows, chunks=chunks, reuses=reuses)
+        positions = fed if self.packs_tokens else len(rows) * width
+        return PrefillPlan(rows=rows, chunks=chunks, reuses=reuses, positions=positions)
 
     def _reuse(self, seq: Sequence, stored: int) -> Reuse | None:
         """Give ``seq``'s slot the longest prefix of its prompt that another slot holds (a
@@ -333,6 +371,16 @@ class Scheduler:
         return DecodePlan(rows=rows, feeds=feeds, ready=ready, width=width)
 
     # ---- after a pass ----------------------------------------------------------------
+
+    def decode_took(self, *, rows: int, seconds: float) -> None:
+        """A decoding step of ``rows`` rows took ``seconds`` (sampling and the output side
+        included: the rows' time per token); the batch follows the target."""
+        self.batch.observe(size=rows, seconds=seconds)
+
+    def prefill_took(self, *, positions: int, seconds: float) -> None:
+        """A prefill pass computing ``positions`` (:attr:`PrefillPlan.positions`) took
+        ``seconds``; the passes while rows decode follow the target."""
+        self.chunk.observe(size=positions, seconds=seconds)
 
     def update(self, result: StepResult) -> list[Sequence]:
         """Apply a pass's result: each row's slot holds its ``computed`` positions more and

@@ -590,13 +590,15 @@ def default_runner(
     prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES,
 ) -> ModelRunner:
     """:class:`DecoderRunner` for the models its architecture registry computes exactly
-    (fewer operations per step), the transformers runner for any other (logging why);
-    either within the budgets given (:class:`~thinkstruct.engine.kv.budget.KvBudget`)."""
+    (fewer operations per step), the transformers runner for any other (logging why;
+    at most :attr:`TransformersRunner.most_slots` of the ``slots``); either within the
+    budgets given (:class:`~thinkstruct.engine.kv.budget.KvBudget`)."""
     reason = supports(model, context_length=context_length)
     kind: type[DecoderRunner] | type[TransformersRunner] = DecoderRunner
     if reason is not None:
         log.info("transformers runner (not the decoder runner: %s)", reason)
         kind = TransformersRunner
+        slots = min(slots, TransformersRunner.most_slots)
     return kind(
         model,
         slots=slots,

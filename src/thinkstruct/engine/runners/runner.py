@@ -200,12 +200,20 @@ class SlotRunner(CausalLmRunner):
 class TransformersRunner(SlotRunner):
     """A Hugging Face transformers causal LM on a :class:`SlotCache`, run by its own modules.
 
+    Its slot buffers split the KV budget evenly between slots, so each slot more shortens
+    every request: :func:`~thinkstruct.engine.runners.decoder_runner.default_runner` gives
+    it at most :attr:`most_slots` (a pass costs rows x its longest row anyway).
+
     Args:
         model: a transformers ``*ForCausalLM`` in eval mode whose attention layers use the
             attention-function interface (Llama, Mistral, Qwen, SmolLM... do).
         slots, context_length, vocab_size, kv_cache_bytes, prefix_cache_bytes: as for
             :class:`SlotRunner`.
     """
+
+    #: Most slots the default runner choice gives it: the batch it was measured at, each
+    #: slot an eighth of the KV budget.
+    most_slots = 8
 
     def __init__(
         self,
