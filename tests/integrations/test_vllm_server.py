@@ -189,7 +189,8 @@ def test_a_hostile_grammar_is_answered_by_its_deadline_while_another_request_str
     streaming.join(timeout=900)
     assert not streaming.is_alive()
     assert f"longer than {DEADLINE_S} s" in refused.value.message
-    assert events[-1] == "finished:length"
+    assert events.count("finished:length") == 1
+    # The compile ran for its whole deadline; the stream, 399 tokens from its end when the
+    # grammar was sent, went on meanwhile (whether it finished before the refusal or after).
     sent, answered = events.index("hostile sent"), events.index("hostile answered")
-    if answered < len(events) - 1:  # the stream outlived the compile: it went on meanwhile
-        assert "chunk" in events[sent:answered]
+    assert "chunk" in events[sent:answered]
