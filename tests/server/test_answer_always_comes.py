@@ -1,5 +1,5 @@
 """An answer always comes: with thinking on and no ``max_reasoning_tokens``, the thought
-gets the server's share of ``max_tokens`` and the answer the rest (issue 22, item 5).
+gets the server's share of ``max_tokens`` and the answer the rest.
 
 Over HTTP with the official client on the embedded SmolLM2 (which thinks by default and
 rarely ends its thought by itself): a ``json_schema``, a ``choice``, a ``regex`` and a
