@@ -18,6 +18,9 @@ from vllm_server import VllmServer, vllm_server
 #: default, room for a compile worker's cold start on a busy machine.
 DEADLINE_S = 30
 
+#: The first test's setup starts vLLM (up to START_DEADLINE_S); the others reuse it.
+pytestmark = pytest.mark.timeout(600)
+
 PERSON = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
