@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from thinkstruct.server.cluster.affinity import LoadBound, rank_replicas
+from thinkstruct.server.cluster.affinity import Bounds, LoadBound, rank_replicas
 from thinkstruct.server.cluster.prefix_index import PrefixIndex, PromptKeys, block_keys
 
 tokens = st.lists(st.integers(min_value=0, max_value=200_000), max_size=80)
@@ -52,12 +52,14 @@ def test_the_index_names_the_replicas_holding_the_longest_prefix(
     lengths += [depth * 4 + t for t in range(1, 4) if depth * 4 + t <= len(prompt)]  # a tail after them
     reachable = [n for n in lengths if set(held.get(tuple(prompt[:n]), {})) & among]
     if not reachable:
-        assert (got.holders, got.tokens) == ((), 0)
+        assert (got.holders, got.tokens, got.whole) == ((), 0, False)
         return
     best = max(reachable)
     holders = {r: when for r, when in held[tuple(prompt[:best])].items() if r in among}
     assert got.tokens == best
     assert got.holders == tuple(sorted(holders, key=holders.__getitem__))
+    # Whole: the match is a prompt served before, not only a prefix of longer ones.
+    assert got.whole == (tuple(prompt[:best]) in {tuple(ids) for ids, _ in served})
 
 
 def test_a_second_turn_is_told_apart_by_its_first_turns_whole_prompt() -> None:
@@ -74,9 +76,9 @@ def test_a_second_turn_is_told_apart_by_its_first_turns_whole_prompt() -> None:
     for chat, (first, replica) in firsts.items():
         second = [*first, 50 + chat, 51, 52, 9, 7, 53]  # the answer, the next question
         match = index.longest(PromptKeys.of(second), among={"a", "b"})
-        assert (match.holders, match.tokens) == ((replica,), len(first))
+        assert (match.holders, match.tokens, match.whole) == ((replica,), len(first), True)
     shared = index.longest(PromptKeys.of([*system, 7, 99]), among={"a", "b"})
-    assert set(shared.holders) == {"a", "b"} and shared.tokens == len(system)
+    assert set(shared.holders) == {"a", "b"} and shared.tokens == len(system) and not shared.whole
 
 
 def test_a_forgotten_replica_holds_nothing_and_the_index_stays_bounded() -> None:
@@ -139,41 +141,96 @@ def test_a_popular_prefix_spreads_within_the_bound(
     assert max(load.values()) - least <= max(bound.requests, (bound.ratio - 1) * least) + 1
 
 
-@pytest.mark.parametrize("chats", [12, 64])
-def test_concurrent_conversations_keep_their_replicas(chats: int) -> None:
-    """First turns sent at once on two replicas (one system prompt for all, each its own
-    short question), then every second turn while all are in flight: each goes back."""
-    rng = random.Random(chats)
-    names = ["a", "b"]
-    bound = LoadBound()
+def route(index: PrefixIndex[str], load: Counter[str], prompt: list[int], rng: random.Random) -> str:
+    """Where the router sends ``prompt`` (the index and the loads as given), recorded there."""
+    names = sorted(load)
+    keys = PromptKeys.of(prompt)
+    match = index.longest(keys, among=set(names))
+    bound = Bounds().of(whole=match.whole)
+    chosen = rank_replicas(names, holders=match.holders, load=load.__getitem__, bound=bound, rng=rng)[0]
+    index.record(keys, chosen)
+    load[chosen] += 1
+    return chosen
+
+
+def first_turns(
+    chats: int, replicas: int, seed: int
+) -> tuple[PrefixIndex[str], Counter[str], list[tuple[list[int], str]]]:
+    """``chats`` first turns sharing one system prompt (each its own short question), sent
+    at once: none finishes meanwhile. The index, the loads and each turn's prompt and replica."""
+    rng = random.Random(seed)
     index = PrefixIndex[str]()
-    load: Counter[str] = Counter()
+    load = Counter({f"r{i}": 0 for i in range(replicas)})
     system = list(range(3000, 3400))
-    firsts = []
+    turns = []
     for chat in range(chats):
         prompt = [*system, 11, chat]
-        holders = index.longest(PromptKeys.of(prompt), among=set(names)).holders
-        chosen = rank_replicas(names, holders=holders, load=load.__getitem__, bound=bound, rng=rng)[0]
-        index.record(PromptKeys.of(prompt), chosen)
+        turns.append((prompt, route(index, load, prompt, rng)))
+    return index, load, turns
+
+
+@given(st.integers(min_value=1, max_value=80), st.integers(min_value=2, max_value=4), st.integers())
+def test_first_turns_sharing_a_prompt_split_evenly(chats: int, replicas: int, seed: int) -> None:
+    """A match that is only a shared prefix takes its holder only while that holder is at
+    most one request busier than the least busy replica: never more than two apart."""
+    _, load, turns = first_turns(chats, replicas, seed)
+    counts = Counter(replica for _, replica in turns)
+    assert counts == load
+    assert max(load.values()) - min(load.values()) <= Bounds().shared.requests + 1
+
+
+def test_first_turns_sharing_a_prompt_piled_up_under_one_bound() -> None:
+    """The same first turns where a shared prefix had the conversations' bound: its
+    first holder took 4 more than the other (why the shared prefix has its own)."""
+    rng = random.Random(12)
+    index = PrefixIndex[str]()
+    load = Counter({"a": 0, "b": 0})
+    system = list(range(3000, 3400))
+    for chat in range(12):
+        keys = PromptKeys.of([*system, 11, chat])
+        holders = index.longest(keys, among={"a", "b"}).holders
+        chosen = rank_replicas(
+            ["a", "b"], holders=holders, load=load.__getitem__, bound=Bounds().whole, rng=rng
+        )[0]
+        index.record(keys, chosen)
         load[chosen] += 1
-        firsts.append((prompt, chosen))
-    assert min(load.values()) >= 1
-    second: Counter[str] = Counter()
-    for chat, (prompt, replica) in enumerate(firsts):
-        turn = PromptKeys.of([*prompt, 40 + chat % 7, 41, 12, chat])
-        holders = index.longest(turn, among=set(names)).holders
-        assert holders == (replica,)
-        assert (
-            rank_replicas(names, holders=holders, load=second.__getitem__, bound=bound, rng=rng)[0] == replica
-        )
-        second[replica] += 1
+    assert max(load.values()) - min(load.values()) >= 4
+
+
+@pytest.mark.parametrize("chats", [12, 64])
+def test_concurrent_conversations_keep_their_replicas(chats: int) -> None:
+    """First turns sent at once on two replicas (one system prompt for all), then every
+    second turn once all first turns have finished: each goes back."""
+    index, _, turns = first_turns(chats, 2, seed=chats)
+    second = Counter({"r0": 0, "r1": 0})
+    rng = random.Random(chats)
+    for chat, (prompt, replica) in enumerate(turns):
+        assert route(index, second, [*prompt, 40 + chat % 7, 41, 12, chat], rng) == replica
+
+
+def test_the_last_replica_to_finish_keeps_its_second_turns() -> None:
+    """12 chats sharing a system prompt: one replica has finished both turns of all its
+    chats (idle) while the other's first turns end one by one, each followed at once by
+    its second turn: the busy replica keeps every one (a conversation's earlier turn has
+    the looser bound), where a new chat's first turn goes to the idle replica."""
+    index, load, turns = first_turns(12, 2, seed=7)
+    busy, idle = load.most_common()[0][0], load.most_common()[1][0]
+    load[idle] = 0
+    rng = random.Random(7)
+    for chat, (prompt, replica) in enumerate(turns):
+        if replica != busy:
+            continue
+        load[busy] -= 1  # its first turn ends
+        assert route(index, load, [*prompt, 40, 41, 12, chat], rng) == busy
+    assert load[busy] - load[idle] > 4  # past the bound a shared prefix has
+    assert route(index, load, [*list(range(3000, 3400)), 11, 99], rng) == idle
 
 
 def test_a_load_bound_refuses_nonsense() -> None:
     with pytest.raises(ValueError, match="ratio >= 1"):
         LoadBound(requests=4, ratio=0.5)
     with pytest.raises(ValueError, match="requests >= 0"):
-        LoadBound(requests=-1)
+        LoadBound(requests=-1, ratio=1.5)
     assert LoadBound(requests=4, ratio=1.5).allows(30, 21)  # 9 more, but under 1.5x
     assert not LoadBound(requests=4, ratio=1.5).allows(8, 3)
 

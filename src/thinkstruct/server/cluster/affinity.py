@@ -1,19 +1,25 @@
-"""The routing decision, plain data in and replicas out: :func:`rank_replicas` under a :class:`LoadBound`.
+"""The routing decision, plain data in and replicas out: :func:`rank_replicas` under :class:`Bounds`.
 
-A request goes to a replica that holds the longest prefix of its prompt (its
-conversation's previous turn, a shared system prompt), the least busy of them if several
-do, unless that replica is busier than the least busy replica by more than the bound
-allows; then, and for a prompt no replica holds, the least busy replica takes it. A
-prefix several replicas hold (a popular system prompt, once it has spread) so goes to
-the least busy of its holders, and one only a single replica holds goes there until the
-bound is reached, and from then on also to the others.
+A request goes to a replica that holds the longest prefix of its prompt, the least busy
+of them if several do, unless that replica is busier than the least busy replica by
+more than the bound for that kind of match allows; then, and for a prompt no replica
+holds, the least busy replica takes it. Two kinds of match, two bounds:
+
+- a whole earlier prompt (a conversation's previous turn): leaving costs re-prefilling
+  the whole conversation on another replica, for this request alone, so the holder
+  keeps it up to the looser bound;
+- only a prefix of earlier prompts (a shared system prompt): leaving costs prefilling
+  that prefix once on another replica, which then holds it too, so the holder takes it
+  only while it is about as busy as the least busy replica, and a popular prefix
+  spreads over the replicas as its requests arrive rather than piling onto its first
+  holder.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Collection, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 R = TypeVar("R", bound=Hashable)
@@ -26,16 +32,15 @@ class LoadBound:
     The holder is chosen while its requests in flight are at most ``requests`` more than
     the least busy replica's, or at most ``ratio`` times them: a replica holding a prefix
     takes at most ``max(least + requests, ratio * least)`` requests (plus the one
-    deciding), so a popular prefix spreads, while two busy replicas a few requests apart
-    (one finished its conversations' turns sooner) keep their conversations.
+    deciding).
 
     Attributes:
         requests: requests in flight beyond the least busy replica's always allowed (>= 0).
         ratio: the holder's requests in flight over the least busy one's always allowed (>= 1).
     """
 
-    requests: int = 4
-    ratio: float = 1.5
+    requests: int
+    ratio: float
 
     def __post_init__(self) -> None:
         if self.requests < 0 or self.ratio < 1:
@@ -47,6 +52,26 @@ class LoadBound:
         """Whether a holder with ``holder`` requests in flight may take one more while the
         least busy replica has ``least``."""
         return holder - least <= self.requests or holder <= self.ratio * least
+
+    def __str__(self) -> str:
+        return f"at most {self.requests} more or {self.ratio:g}x as many"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bounds:
+    """The load bound for each kind of match (see the module's docstring).
+
+    Attributes:
+        whole: for a match that is a whole earlier prompt (a conversation's previous turn).
+        shared: for a match that is only a prefix of earlier prompts (a shared system prompt).
+    """
+
+    whole: LoadBound = field(default_factory=lambda: LoadBound(requests=8, ratio=2.0))
+    shared: LoadBound = field(default_factory=lambda: LoadBound(requests=1, ratio=1.0))
+
+    def of(self, *, whole: bool) -> LoadBound:
+        """The bound for a match of a whole earlier prompt (``whole``) or only a shared prefix."""
+        return self.whole if whole else self.shared
 
 
 def rank_replicas(

@@ -6,7 +6,8 @@ values in its prefix cache (and the compiled grammar of a client's repeated sche
 The router keeps a :class:`~.prefix_index.PrefixIndex` of the prompts each replica
 took and ranks the replicas by :func:`~.affinity.rank_replicas`: the holders of a
 request's longest known prefix first, within a :class:`~.affinity.LoadBound` of the
-least busy replica.
+least busy replica (the looser one of :class:`~.affinity.Bounds` where that prefix is a
+whole earlier prompt, the tighter where it is only a shared prefix).
 
 A replica's load is the larger of two counts: the requests this router sent it that have
 not finished (counted from the request's acceptance to its end, exact for this ingress
@@ -23,7 +24,7 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from thinkstruct.server.cluster.affinity import LoadBound, rank_replicas
+from thinkstruct.server.cluster.affinity import Bounds, LoadBound, rank_replicas
 from thinkstruct.server.cluster.prefix_index import BLOCK_TOKENS, PrefixIndex, PromptKeys
 
 
@@ -32,16 +33,21 @@ class PromptPrefixRouter(RequestRouter):
 
     Reads the prompt from the request's first argument (anything with ``prompt_ids``);
     a request without one goes to the least busy replica.
-    ``request_router_kwargs``: ``imbalance`` and ``imbalance_ratio`` (the
-    :class:`~.affinity.LoadBound`: requests, and a ratio; defaults 4 and 1.5), ``block``
-    (tokens per prefix block, default 16).
+    ``request_router_kwargs``: ``whole`` and ``shared`` (each ``[requests, ratio]``: the
+    :class:`~.affinity.Bounds`, whose defaults apply where one is left out), ``block`` (tokens
+    per prefix block, default 16).
     """
 
     def initialize_state(self, **kwargs: Any) -> None:
-        self._bound = LoadBound(
-            requests=int(kwargs.get("imbalance", LoadBound.requests)),
-            ratio=float(kwargs.get("imbalance_ratio", LoadBound.ratio)),
-        )
+        default = Bounds()
+
+        def bound(kind: str) -> LoadBound:
+            given = kwargs.get(kind)
+            if given is None:
+                return default.of(whole=kind == "whole")
+            return LoadBound(requests=int(given[0]), ratio=float(given[1]))
+
+        self._bounds = Bounds(whole=bound("whole"), shared=bound("shared"))
         self._block = int(kwargs.get("block", BLOCK_TOKENS))
         self._index = PrefixIndex[ReplicaID]()
         self._rng = random.Random()
@@ -68,8 +74,12 @@ class PromptPrefixRouter(RequestRouter):
     ) -> list[list[RunningReplica]]:
         by_id = {r.replica_id: r for r in candidate_replicas}
         prompt = self._prompt(pending_request)
-        holders = self._index.longest(prompt, by_id.keys()).holders if prompt is not None else ()
-        order = rank_replicas(list(by_id), holders=holders, load=self.load, bound=self._bound, rng=self._rng)
+        holders: tuple[ReplicaID, ...] = ()
+        bound = self._bounds.shared
+        if prompt is not None:
+            match = self._index.longest(prompt, by_id.keys())
+            holders, bound = match.holders, self._bounds.of(whole=match.whole)
+        order = rank_replicas(list(by_id), holders=holders, load=self.load, bound=bound, rng=self._rng)
         if pending_request is not None:
             # Every candidate is ranked: when none takes the request, Ray Serve waits
             # (backs off) before it asks again, rather than probing in a tight loop.
