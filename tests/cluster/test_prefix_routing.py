@@ -58,8 +58,10 @@ def test_the_index_names_the_replicas_holding_the_longest_prefix(
     holders = {r: when for r, when in held[tuple(prompt[:best])].items() if r in among}
     assert got.tokens == best
     assert got.holders == tuple(sorted(holders, key=holders.__getitem__))
-    # Whole: the match is a prompt served before, not only a prefix of longer ones.
-    assert got.whole == (tuple(prompt[:best]) in {tuple(ids) for ids, _ in served})
+    # Whole: the match is a prompt served before that this one goes on from, not only a
+    # prefix of longer ones, nor the same prompt again.
+    earlier = tuple(prompt[:best]) in {tuple(ids) for ids, _ in served}
+    assert got.whole == (earlier and best < len(prompt))
 
 
 def test_a_second_turn_is_told_apart_by_its_first_turns_whole_prompt() -> None:
@@ -195,6 +197,19 @@ def test_first_turns_sharing_a_prompt_piled_up_under_one_bound() -> None:
         index.record(keys, chosen)
         load[chosen] += 1
     assert max(load.values()) - min(load.values()) >= 4
+
+
+def test_the_same_prompt_sent_at_once_spreads_like_a_shared_prefix() -> None:
+    """Twelve identical prompts at once (samples of one request): each after the first
+    matches a whole earlier prompt, but goes on from nothing, so the tight bound holds."""
+    rng = random.Random(3)
+    index = PrefixIndex[str]()
+    load = Counter({"a": 0, "b": 0})
+    prompt = [*range(5000, 5300), 7]
+    assert {route(index, load, prompt, rng) for _ in range(12)} == {"a", "b"}
+    assert max(load.values()) - min(load.values()) <= Bounds().shared.requests + 1
+    assert index.longest(PromptKeys.of(prompt), among={"a", "b"}).whole is False
+    assert index.longest(PromptKeys.of([*prompt, 8]), among={"a", "b"}).whole is True
 
 
 @pytest.mark.parametrize("chats", [12, 64])

@@ -5,14 +5,14 @@ of them if several do, unless that replica is busier than the least busy replica
 more than the bound for that kind of match allows; then, and for a prompt no replica
 holds, the least busy replica takes it. Two kinds of match, two bounds:
 
-- a whole earlier prompt (a conversation's previous turn): leaving costs re-prefilling
-  the whole conversation on another replica, for this request alone, so the holder
-  keeps it up to the looser bound;
-- only a prefix of earlier prompts (a shared system prompt): leaving costs prefilling
-  that prefix once on another replica, which then holds it too, so the holder takes it
-  only while it is about as busy as the least busy replica, and a popular prefix
-  spreads over the replicas as its requests arrive rather than piling onto its first
-  holder.
+- a whole earlier prompt that this one goes on from (a conversation's previous turn):
+  leaving costs re-prefilling the whole conversation on another replica, for this
+  request alone, so the holder keeps it up to the looser bound;
+- only a prefix of earlier prompts (a shared system prompt), or the same prompt again:
+  leaving costs prefilling it once on another replica, which then holds it too, so the
+  holder takes it only while it is about as busy as the least busy replica, and a
+  popular prefix spreads over the replicas as its requests arrive rather than piling
+  onto its first holder.
 """
 
 from __future__ import annotations
@@ -62,8 +62,10 @@ class Bounds:
     """The load bound for each kind of match (see the module's docstring).
 
     Attributes:
-        whole: for a match that is a whole earlier prompt (a conversation's previous turn).
-        shared: for a match that is only a prefix of earlier prompts (a shared system prompt).
+        whole: for a match that is a whole earlier prompt the request's prompt goes on
+            from (a conversation's previous turn).
+        shared: for a match that is only a prefix of earlier prompts (a shared system
+            prompt) or the same prompt again.
     """
 
     whole: LoadBound = field(default_factory=lambda: LoadBound(requests=8, ratio=2.0))

@@ -6,8 +6,9 @@ a whole number of blocks also gets a tail key for its whole self (the key of its
 whole block, then the tokens after it). A chat's next turn starts with its previous
 turn's whole prompt: the tail key finds that prompt even where it ends inside a block,
 so two chats that share a long system prompt and differ only in a short first question
-are still told apart. A match says whether it is such a whole earlier prompt (a tail key,
-or a block key a prompt ended on) or only a prefix of longer ones.
+are still told apart. A match says whether it is such a whole earlier prompt that the
+prompt goes on from (a tail key, or a block key a prompt ended on, shorter than the
+prompt), or only a prefix shared with longer ones, or the same prompt again.
 
 The index remembers every replica that served a key (a prefix served by several
 replicas, a popular system prompt, is held by each of them), least recently used first
@@ -90,8 +91,9 @@ def block_keys(token_ids: Sequence[int], *, block: int = BLOCK_TOKENS) -> list[b
 class Match(Generic[R]):
     """The longest prefix of a prompt the index knows: the replicas that served it (in
     the order they last did, most recent last; empty: none), its length in tokens, and
-    whether it is a whole prompt served before (a conversation's earlier turn) rather
-    than only a prefix of longer ones (a shared system prompt)."""
+    whether it is a whole prompt served before that the prompt goes on from (a
+    conversation's earlier turn) rather than only a prefix of longer ones (a shared
+    system prompt) or the same prompt again."""
 
     holders: tuple[R, ...]
     tokens: int
@@ -168,12 +170,14 @@ class PrefixIndex(Generic[R]):
             entry = self._entries.get(prompt.tail(depth, length))
             holders = tuple(r for r in entry.holders if r in among) if entry is not None else ()
             if holders:
-                return Match(holders, depth * prompt.block + length, whole=True)
+                tokens = depth * prompt.block + length
+                return Match(holders, tokens, whole=tokens < prompt.tokens)
         for deepest in range(depth, 0, -1):
             entry = self._entries[prompt.blocks[deepest - 1]]
             holders = tuple(r for r in entry.holders if r in among)
             if holders:
-                return Match(holders, deepest * prompt.block, whole=entry.ends)
+                tokens = deepest * prompt.block
+                return Match(holders, tokens, whole=entry.ends and tokens < prompt.tokens)
         return Match((), 0, whole=False)
 
     def forget(self, replica: R) -> None:
