@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from thinkstruct.server.cluster.affinity import Bounds, LoadBound, rank_replicas
+from thinkstruct.server.cluster.affinity import Bounds, InFlight, LoadBound, rank_replicas
 from thinkstruct.server.cluster.prefix_index import PrefixIndex, PromptKeys, block_keys
 
 tokens = st.lists(st.integers(min_value=0, max_value=200_000), max_size=80)
@@ -239,6 +239,52 @@ def test_the_last_replica_to_finish_keeps_its_second_turns() -> None:
         assert route(index, load, [*prompt, 40, 41, 12, chat], rng) == busy
     assert load[busy] - load[idle] > 4  # past the bound a shared prefix has
     assert route(index, load, [*list(range(3000, 3400)), 11, 99], rng) == idle
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_burst_ranked_before_any_is_sent_splits_evenly() -> None:
+    """Twelve requests ranked one after another before any is accepted: each choice
+    counts at once, so the loads the next one sees include it."""
+    clock = Clock()
+    in_flight = InFlight[str](clock=clock)
+    rng = random.Random(5)
+    for request in range(12):
+        first = rank_replicas(["a", "b"], holders=(), load=in_flight, bound=Bounds().shared, rng=rng)[0]
+        in_flight.chose(f"q{request}", first)
+    assert (in_flight("a"), in_flight("b")) == (6, 6)
+    for request in range(12):  # accepted where chosen, or elsewhere
+        in_flight.accepted(f"q{request}", "a" if request < 8 else "b")
+    assert (in_flight("a"), in_flight("b")) == (8, 4)
+    for request in range(12):
+        in_flight.finished(f"q{request}")
+    assert (in_flight("a"), in_flight("b")) == (0, 0)
+
+
+def test_a_choice_counts_once_and_one_never_accepted_stops_counting() -> None:
+    clock = Clock()
+    in_flight = InFlight[str](choice_ttl_s=5.0, clock=clock)
+    in_flight.chose("q", "a")
+    in_flight.chose("q", "b")  # ranked again after a backoff: the last choice counts
+    assert (in_flight("a"), in_flight("b")) == (0, 1)
+    in_flight.finished("q")  # cancelled before any replica took it
+    assert in_flight("b") == 0
+    in_flight.chose("lost", "a")  # cancelled, and no end is ever reported
+    clock.now = 4.0
+    in_flight.chose("r", "a")
+    assert in_flight("a") == 2
+    clock.now = 6.0
+    in_flight.chose("s", "b")  # the choice of "lost" is 6 s old: it no longer counts
+    assert (in_flight("a"), in_flight("b")) == (1, 1)
+    in_flight.accepted("r", "a")
+    in_flight.accepted("r", "a")  # told twice: counted once
+    assert in_flight("a") == 1
 
 
 def test_a_load_bound_refuses_nonsense() -> None:

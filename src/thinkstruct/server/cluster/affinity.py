@@ -18,9 +18,11 @@ holds, the least busy replica takes it. Two kinds of match, two bounds:
 from __future__ import annotations
 
 import random
+import time
+from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 R = TypeVar("R", bound=Hashable)
 
@@ -94,3 +96,58 @@ def rank_replicas(
     if held is None or held == order[0] or not bound.allows(load(held), load(order[0])):
         return order
     return [held, *(r for r in order if r != held)]
+
+
+class InFlight(Generic[R]):
+    """Requests in flight per replica as one router counts them: those it ranked a replica
+    first for and that replica has not yet accepted, and those accepted and not finished.
+
+    A choice counts at once: a router ranks a burst of waiting requests one after another
+    before any of them is sent, and without it each would see the same loads and the
+    burst would split by chance. A choice never accepted (the request was cancelled while
+    it waited) stops counting after ``choice_ttl_s``.
+    """
+
+    def __init__(self, *, choice_ttl_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl = choice_ttl_s
+        self._clock = clock
+        self._chosen: dict[str, tuple[R, float]] = {}  # by request: the replica ranked first, when
+        self._running: dict[str, R] = {}  # accepted and not finished, by request
+        self._count: Counter[R] = Counter()
+
+    def __call__(self, replica: R) -> int:
+        """The requests in flight on ``replica``."""
+        return self._count[replica]
+
+    def _drop(self, replica: R) -> None:
+        self._count[replica] -= 1
+        if self._count[replica] <= 0:
+            del self._count[replica]
+
+    def chose(self, request: str, replica: R) -> None:
+        """``replica`` was ranked first for ``request`` (again: the last choice counts)."""
+        now = self._clock()
+        for old, (where, when) in list(self._chosen.items()):
+            if old == request or now - when > self._ttl:
+                del self._chosen[old]
+                self._drop(where)
+        self._chosen[request] = (replica, now)
+        self._count[replica] += 1
+
+    def accepted(self, request: str, replica: R) -> None:
+        """``replica`` took ``request`` (whichever replica it was chosen for)."""
+        chosen = self._chosen.pop(request, None)
+        if chosen is not None:
+            self._drop(chosen[0])
+        if request not in self._running:
+            self._running[request] = replica
+            self._count[replica] += 1
+
+    def finished(self, request: str) -> None:
+        """``request`` ended (or never was accepted)."""
+        chosen = self._chosen.pop(request, None)
+        if chosen is not None:
+            self._drop(chosen[0])
+        replica = self._running.pop(request, None)
+        if replica is not None:
+            self._drop(replica)

@@ -10,8 +10,9 @@ least busy replica (the looser one of :class:`~.affinity.Bounds` where that pref
 whole earlier prompt, the tighter where it is only a shared prefix).
 
 A replica's load is the larger of two counts: the requests this router sent it that have
-not finished (counted from the request's acceptance to its end, exact for this ingress
-and never stale) and Ray Serve's queue-length cache (which also counts what was sent a
+not finished (:class:`~.affinity.InFlight`: from the moment the router ranks the replica
+first for a request, so that a burst ranked before any of it is sent sees itself, to the
+request's end; exact for this ingress) and Ray Serve's queue-length cache (which also counts what was sent a
 moment ago and what other callers sent, but forgets a replica it has not heard from for
 10 s).
 """
@@ -19,12 +20,11 @@ moment ago and what other callers sent, but forgets a replica it has not heard f
 from __future__ import annotations
 
 import random
-from collections import Counter
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from thinkstruct.server.cluster.affinity import Bounds, LoadBound, rank_replicas
+from thinkstruct.server.cluster.affinity import Bounds, InFlight, LoadBound, rank_replicas
 from thinkstruct.server.cluster.prefix_index import BLOCK_TOKENS, PrefixIndex, PromptKeys
 
 
@@ -51,8 +51,7 @@ class PromptPrefixRouter(RequestRouter):
         self._block = int(kwargs.get("block", BLOCK_TOKENS))
         self._index = PrefixIndex[ReplicaID]()
         self._rng = random.Random()
-        self._running: dict[str, ReplicaID] = {}  # accepted and not finished, by request id
-        self._sent: Counter[ReplicaID] = Counter()
+        self._in_flight = InFlight[ReplicaID]()
 
     def _prompt(self, pending_request: PendingRequest | None) -> PromptKeys | None:
         # Made again where needed (ranking, acceptance) rather than held for every waiting
@@ -65,7 +64,7 @@ class PromptPrefixRouter(RequestRouter):
     def load(self, replica_id: ReplicaID) -> int:
         """Requests in flight on a replica (see the module's docstring)."""
         cached = self.replica_queue_len_cache.get(replica_id)
-        return max(self._sent[replica_id], cached or 0)
+        return max(self._in_flight(replica_id), cached or 0)
 
     async def choose_replicas(
         self,
@@ -80,6 +79,8 @@ class PromptPrefixRouter(RequestRouter):
             match = self._index.longest(prompt, by_id.keys())
             holders, bound = match.holders, self._bounds.of(whole=match.whole)
         order = rank_replicas(list(by_id), holders=holders, load=self.load, bound=bound, rng=self._rng)
+        if pending_request is not None and order:
+            self._in_flight.chose(pending_request.metadata.internal_request_id, order[0])
         if pending_request is not None:
             # Every candidate is ranked: when none takes the request, Ray Serve waits
             # (backs off) before it asks again, rather than probing in a tight loop.
@@ -91,15 +92,10 @@ class PromptPrefixRouter(RequestRouter):
         request_id = pending_request.metadata.internal_request_id
         if prompt is not None:
             self._index.record(prompt, replica_id)
-        self._running[request_id] = replica_id
-        self._sent[replica_id] += 1
+        self._in_flight.accepted(request_id, replica_id)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        replica = self._running.pop(internal_request_id, None)
-        if replica is not None:
-            self._sent[replica] -= 1
-            if self._sent[replica] <= 0:
-                del self._sent[replica]
+        self._in_flight.finished(internal_request_id)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
