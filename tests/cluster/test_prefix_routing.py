@@ -201,7 +201,7 @@ def test_first_turns_sharing_a_prompt_piled_up_under_one_bound() -> None:
 
 def test_the_same_prompt_sent_at_once_spreads_like_a_shared_prefix() -> None:
     """Twelve identical prompts at once (samples of one request): each after the first
-    matches a whole earlier prompt, but goes on from nothing, so the tight bound holds."""
+    matches a whole earlier prompt but does not go on past it, so the tight bound holds."""
     rng = random.Random(3)
     index = PrefixIndex[str]()
     load = Counter({"a": 0, "b": 0})
