@@ -29,6 +29,7 @@ the second turns on their first turn's replica (sticky), those whose cached toke
 the first turn's whole prompt (to the prefix cache's block: prefix reuse), generated
 tokens per second over the pattern's wall time, and how the first turns split between
 the replicas (the popular prefix must spread); then prefix / queue tok/s.
+``--conversation-first queue`` starts with the other routing (one round each way).
 
     python benchmarks/cluster.py [--parts overhead,replicas,concurrent] [--rounds 3] [--seconds 20] [--clients 8]
     python benchmarks/cluster.py --parts concurrent --conversation-rounds 2 --conversations 12,64
@@ -303,7 +304,7 @@ class PatternTotals:
 def concurrent_part(args: argparse.Namespace, runs: list[alone.Run]) -> None:
     """Both routings, each alone on the machine, rounds alternating (see the docstring)."""
     rule = alone.quiet_rule(args)
-    sides = ["prefix", "queue"]
+    sides = ["prefix", "queue"] if args.conversation_first == "prefix" else ["queue", "prefix"]
     patterns = [(n, shared) for n in args.conversations for shared in (False, True)]
     totals = {(side, p): PatternTotals([]) for side in sides for p in patterns}
     print(
@@ -380,6 +381,12 @@ def main() -> int:
     )
     p.add_argument("--conversation-rounds", type=int, default=2, help="services started per routing")
     p.add_argument("--conversation-tokens", type=int, default=32, help="max_tokens of each turn")
+    p.add_argument(
+        "--conversation-first",
+        choices=("prefix", "queue"),
+        default="prefix",
+        help="the routing that goes first in odd rounds (default prefix)",
+    )
     alone.add_arguments(p)
     args = p.parse_args()
     unknown = set(args.parts) - set(PARTS)

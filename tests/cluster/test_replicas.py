@@ -8,6 +8,7 @@ seconds to start); the SIGTERM test stops it, so it runs last.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import json
 import sys
@@ -201,7 +202,8 @@ def test_concurrent_conversations_sharing_a_system_prompt_keep_their_replicas(se
     """Twelve chats at once, one long system prompt for all and a short first question
     each (no 16-token block of its own), then all their second turns at once: each
     second turn goes to its first turn's replica and reuses its whole prompt, and the
-    shared prompt did not keep every first turn on one replica."""
+    shared prompt spread the first turns over both replicas (a shared prefix alone takes
+    its holder only within one request of the least busy replica)."""
 
     def first_turn(chat_id: int) -> tuple[list[dict[str, str]], httpx.Response]:
         messages = [{"role": "system", "content": DOCUMENT}, *user(f"Chat {chat_id}?")]
@@ -227,7 +229,8 @@ def test_concurrent_conversations_sharing_a_system_prompt_keep_their_replicas(se
     for (_, one), two in zip(firsts, seconds, strict=True):
         whole = one.json()["usage"]["prompt_tokens"] // CACHE_BLOCK * CACHE_BLOCK
         assert two.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= whole
-    assert len({a for a, _ in where}) == 2, where
+    split = collections.Counter(a for a, _ in where)
+    assert len(split) == 2 and max(split.values()) - min(split.values()) <= 4, split
 
 
 def replica_names(http: httpx.Client, *, tries: int) -> set[str]:

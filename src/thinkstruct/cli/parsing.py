@@ -15,7 +15,7 @@ from thinkstruct.engine.core.thinking_budget import DEFAULT_REASONING_SHARE, che
 from thinkstruct.engine.model.loading import DTYPES
 from thinkstruct.grammar.backends import BACKEND_NAMES
 from thinkstruct.grammar.service.config import CompilerConfig, check_backend_name
-from thinkstruct.server.cluster.affinity import LoadBound
+from thinkstruct.server.cluster.affinity import Bounds
 from thinkstruct.server.response_store import StoreLimits
 from thinkstruct.server.settings import ServerSettings
 
@@ -25,6 +25,7 @@ _ENGINE = EngineConfig()
 _COMPILER = CompilerConfig()
 _SERVER = ServerSettings()
 _SPEC = EngineSpec()
+_BOUNDS = Bounds()
 
 
 def build_parser(description: str) -> argparse.ArgumentParser:
@@ -326,9 +327,9 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         choices=("prefix", "queue"),
         default="prefix",
         help="how requests pick a replica: 'prefix' sends a conversation's turns and a shared prefix "
-        "to the replica holding their keys and values, within a load bound (while it has at most "
-        f"{LoadBound.requests} requests in flight more than the least busy replica, or {LoadBound.ratio:g}x "
-        "as many); 'queue': by queue length alone (default prefix)",
+        "to the replica holding their keys and values while it has not too many more requests in "
+        f"flight than the least busy replica (a conversation's earlier turn: {_BOUNDS.whole}; "
+        f"only a shared prefix: {_BOUNDS.shared}); 'queue': by queue length alone (default prefix)",
     )
     c.add_argument(
         "--stream-interval",

@@ -6,7 +6,9 @@ a whole number of blocks also gets a tail key for its whole self (the key of its
 whole block, then the tokens after it). A chat's next turn starts with its previous
 turn's whole prompt: the tail key finds that prompt even where it ends inside a block,
 so two chats that share a long system prompt and differ only in a short first question
-are still told apart.
+are still told apart. A match says whether it is such a whole earlier prompt that the
+prompt goes on from (a tail key, or a block key a prompt ended on, shorter than the
+prompt), or only a prefix shared with longer ones, or the same prompt again.
 
 The index remembers every replica that served a key (a prefix served by several
 replicas, a popular system prompt, is held by each of them), least recently used first
@@ -88,18 +90,23 @@ def block_keys(token_ids: Sequence[int], *, block: int = BLOCK_TOKENS) -> list[b
 @dataclass(frozen=True, slots=True)
 class Match(Generic[R]):
     """The longest prefix of a prompt the index knows: the replicas that served it (in
-    the order they last did, most recent last; empty: none) and its length in tokens."""
+    the order they last did, most recent last; empty: none), its length in tokens, and
+    whether it is a whole prompt served before that the prompt goes on from (a
+    conversation's earlier turn) rather than only a prefix of longer ones (a shared
+    system prompt) or the same prompt again."""
 
     holders: tuple[R, ...]
     tokens: int
+    whole: bool
 
 
 class _Entry(Generic[R]):
-    __slots__ = ("holders", "tails")
+    __slots__ = ("ends", "holders", "tails")
 
     def __init__(self) -> None:
         self.holders: list[R] = []  # most recent last
         self.tails: set[int] = set()  # lengths of the tails recorded after this block
+        self.ends = False  # a recorded prompt ended with this block (a tail key: always)
 
 
 class PrefixIndex(Generic[R]):
@@ -138,6 +145,8 @@ class PrefixIndex(Generic[R]):
             self._hold(prompt.tail(depth, rest), replica)
         for key in reversed(prompt.blocks):
             self._hold(key, replica)
+        if not rest and depth:
+            self._entries[prompt.blocks[-1]].ends = True
         if rest:
             tails = self._entries[prompt.blocks[depth - 1]].tails if depth else self._root_tails
             tails.add(rest)
@@ -161,12 +170,15 @@ class PrefixIndex(Generic[R]):
             entry = self._entries.get(prompt.tail(depth, length))
             holders = tuple(r for r in entry.holders if r in among) if entry is not None else ()
             if holders:
-                return Match(holders, depth * prompt.block + length)
+                tokens = depth * prompt.block + length
+                return Match(holders, tokens, whole=tokens < prompt.tokens)
         for deepest in range(depth, 0, -1):
-            holders = tuple(r for r in self._entries[prompt.blocks[deepest - 1]].holders if r in among)
+            entry = self._entries[prompt.blocks[deepest - 1]]
+            holders = tuple(r for r in entry.holders if r in among)
             if holders:
-                return Match(holders, deepest * prompt.block)
-        return Match((), 0)
+                tokens = deepest * prompt.block
+                return Match(holders, tokens, whole=entry.ends and tokens < prompt.tokens)
+        return Match((), 0, whole=False)
 
     def forget(self, replica: R) -> None:
         """Drop a replica that is gone from every key (a key no one holds goes)."""

@@ -6,11 +6,13 @@ values in its prefix cache (and the compiled grammar of a client's repeated sche
 The router keeps a :class:`~.prefix_index.PrefixIndex` of the prompts each replica
 took and ranks the replicas by :func:`~.affinity.rank_replicas`: the holders of a
 request's longest known prefix first, within a :class:`~.affinity.LoadBound` of the
-least busy replica.
+least busy replica (the looser one of :class:`~.affinity.Bounds` where that prefix is a
+whole earlier prompt, the tighter where it is only a shared prefix).
 
 A replica's load is the larger of two counts: the requests this router sent it that have
-not finished (counted from the request's acceptance to its end, exact for this ingress
-and never stale) and Ray Serve's queue-length cache (which also counts what was sent a
+not finished (:class:`~.affinity.InFlight`: from the moment the router ranks the replica
+first for a request, so that a burst ranked before any of it is sent sees itself, to the
+request's end; exact for this ingress) and Ray Serve's queue-length cache (which also counts what was sent a
 moment ago and what other callers sent, but forgets a replica it has not heard from for
 10 s).
 """
@@ -18,12 +20,11 @@ moment ago and what other callers sent, but forgets a replica it has not heard f
 from __future__ import annotations
 
 import random
-from collections import Counter
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from thinkstruct.server.cluster.affinity import LoadBound, rank_replicas
+from thinkstruct.server.cluster.affinity import Bounds, InFlight, LoadBound, rank_replicas
 from thinkstruct.server.cluster.prefix_index import BLOCK_TOKENS, PrefixIndex, PromptKeys
 
 
@@ -32,21 +33,25 @@ class PromptPrefixRouter(RequestRouter):
 
     Reads the prompt from the request's first argument (anything with ``prompt_ids``);
     a request without one goes to the least busy replica.
-    ``request_router_kwargs``: ``imbalance`` and ``imbalance_ratio`` (the
-    :class:`~.affinity.LoadBound`: requests, and a ratio; defaults 4 and 1.5), ``block``
-    (tokens per prefix block, default 16).
+    ``request_router_kwargs``: ``whole`` and ``shared`` (each ``[requests, ratio]``: the
+    :class:`~.affinity.Bounds`, whose defaults apply where one is left out), ``block`` (tokens
+    per prefix block, default 16).
     """
 
     def initialize_state(self, **kwargs: Any) -> None:
-        self._bound = LoadBound(
-            requests=int(kwargs.get("imbalance", LoadBound.requests)),
-            ratio=float(kwargs.get("imbalance_ratio", LoadBound.ratio)),
-        )
+        default = Bounds()
+
+        def bound(kind: str) -> LoadBound:
+            given = kwargs.get(kind)
+            if given is None:
+                return default.of(whole=kind == "whole")
+            return LoadBound(requests=int(given[0]), ratio=float(given[1]))
+
+        self._bounds = Bounds(whole=bound("whole"), shared=bound("shared"))
         self._block = int(kwargs.get("block", BLOCK_TOKENS))
         self._index = PrefixIndex[ReplicaID]()
         self._rng = random.Random()
-        self._running: dict[str, ReplicaID] = {}  # accepted and not finished, by request id
-        self._sent: Counter[ReplicaID] = Counter()
+        self._in_flight = InFlight[ReplicaID]()
 
     def _prompt(self, pending_request: PendingRequest | None) -> PromptKeys | None:
         # Made again where needed (ranking, acceptance) rather than held for every waiting
@@ -59,7 +64,7 @@ class PromptPrefixRouter(RequestRouter):
     def load(self, replica_id: ReplicaID) -> int:
         """Requests in flight on a replica (see the module's docstring)."""
         cached = self.replica_queue_len_cache.get(replica_id)
-        return max(self._sent[replica_id], cached or 0)
+        return max(self._in_flight(replica_id), cached or 0)
 
     async def choose_replicas(
         self,
@@ -68,8 +73,14 @@ class PromptPrefixRouter(RequestRouter):
     ) -> list[list[RunningReplica]]:
         by_id = {r.replica_id: r for r in candidate_replicas}
         prompt = self._prompt(pending_request)
-        holders = self._index.longest(prompt, by_id.keys()).holders if prompt is not None else ()
-        order = rank_replicas(list(by_id), holders=holders, load=self.load, bound=self._bound, rng=self._rng)
+        holders: tuple[ReplicaID, ...] = ()
+        bound = self._bounds.shared
+        if prompt is not None:
+            match = self._index.longest(prompt, by_id.keys())
+            holders, bound = match.holders, self._bounds.of(whole=match.whole)
+        order = rank_replicas(list(by_id), holders=holders, load=self.load, bound=bound, rng=self._rng)
+        if pending_request is not None and order:
+            self._in_flight.chose(pending_request.metadata.internal_request_id, order[0])
         if pending_request is not None:
             # Every candidate is ranked: when none takes the request, Ray Serve waits
             # (backs off) before it asks again, rather than probing in a tight loop.
@@ -81,15 +92,10 @@ class PromptPrefixRouter(RequestRouter):
         request_id = pending_request.metadata.internal_request_id
         if prompt is not None:
             self._index.record(prompt, replica_id)
-        self._running[request_id] = replica_id
-        self._sent[replica_id] += 1
+        self._in_flight.accepted(request_id, replica_id)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        replica = self._running.pop(internal_request_id, None)
-        if replica is not None:
-            self._sent[replica] -= 1
-            if self._sent[replica] <= 0:
-                del self._sent[replica]
+        self._in_flight.finished(internal_request_id)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

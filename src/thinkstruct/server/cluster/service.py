@@ -16,7 +16,7 @@ import signal
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import ray
@@ -24,7 +24,7 @@ from ray import serve
 from ray.serve.config import AutoscalingConfig, HTTPOptions
 from ray.serve.schema import LoggingConfig
 
-from thinkstruct.server.cluster.affinity import LoadBound
+from thinkstruct.server.cluster.affinity import Bounds
 from thinkstruct.server.cluster.ingress import Ingress
 from thinkstruct.server.cluster.ray_settings import ray_serve_env
 from thinkstruct.server.cluster.replica import EngineReplica
@@ -62,10 +62,9 @@ class ClusterOptions:
         routing: ``"prefix"``: :class:`~.router.PromptPrefixRouter` (a conversation's
             turns and a shared prefix go where their keys and values are, within the load
             bound); ``"queue"``: Ray Serve's own choice by queue length alone.
-        imbalance, imbalance_ratio: the prefix router's load bound
-            (:class:`~.affinity.LoadBound`): a prefix's replica still gets its requests
-            while it has at most ``imbalance`` requests in flight more than the least busy
-            replica, or at most ``imbalance_ratio`` times as many.
+        bounds: the prefix router's load bounds (:class:`~.affinity.Bounds`): how much
+            busier than the least busy replica a prefix's replica may be and still get the
+            request, for a whole earlier prompt and for only a shared prefix.
         health_check_period_s: seconds between Ray Serve's health checks of a replica.
         stall_s: seconds a busy engine may go without a step before its replica counts
             as unhealthy.
@@ -86,8 +85,7 @@ class ClusterOptions:
     replica_cpus: float = 1.0
     max_ongoing_requests: int = 64
     routing: Literal["prefix", "queue"] = "prefix"
-    imbalance: int = LoadBound.requests
-    imbalance_ratio: float = LoadBound.ratio
+    bounds: Bounds = field(default_factory=Bounds)
     health_check_period_s: float = 2.0
     stall_s: float = 30.0
     stream_interval_s: float = 0.025
@@ -108,7 +106,6 @@ class ClusterOptions:
             raise ValueError("--upscale-delay and --downscale-delay must not be negative")
         if self.scaling_window_s <= 0:
             raise ValueError(f"--scaling-window must be positive, got {self.scaling_window_s:g} s")
-        LoadBound(requests=self.imbalance, ratio=self.imbalance_ratio)
         if self.stream_interval_s < 0:
             raise ValueError(
                 f"--stream-interval must not be negative, got {1000 * self.stream_interval_s:g} ms"
@@ -150,8 +147,8 @@ def application(spec: EngineSpec, settings: ServerSettings, options: ClusterOpti
         routing["request_router_config"] = {
             "request_router_class": f"{PromptPrefixRouter.__module__}.{PromptPrefixRouter.__qualname__}",
             "request_router_kwargs": {
-                "imbalance": options.imbalance,
-                "imbalance_ratio": options.imbalance_ratio,
+                "whole": [options.bounds.whole.requests, options.bounds.whole.ratio],
+                "shared": [options.bounds.shared.requests, options.bounds.shared.ratio],
             },
         }
     engine = serve.deployment(
