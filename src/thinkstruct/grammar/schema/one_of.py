@@ -1,0 +1,372 @@
+"""``oneOf`` branches that no value can match two of: :func:`exclusive_branches`.
+
+A grammar enforces ``anyOf`` exactly but cannot count how many branches a value matches,
+so ``oneOf`` is enforced exactly only where its branches are made mutually exclusive;
+then ``anyOf`` of them takes only values that match exactly one original branch. Each
+pair of branches is either proved disjoint as it stands, or narrowed until it is; a pair
+that is neither leaves the ``oneOf`` as it is (checked at run time).
+
+A branch is reasoned about as the conjunction of its *parts*: the ``oneOf``'s own
+subschema without the ``oneOf`` (its siblings apply to every branch), the branch, and the
+members of their ``allOf``; a local ``$ref`` is followed to its target and the keywords
+beside it are left out (draft 7 ignores them, 2020-12 adds them: leaving them out knows
+less, never wrong). Two branches are disjoint when:
+
+- their types are disjoint, or their ``const``/``enum`` value sets are;
+- one is a value set (``const``/``enum``) none of whose members the other takes (checked
+  with the reference validator, ``jsonschema``);
+- on objects (one branch takes only objects): one requires a property the other forbids
+  (``properties: {p: false}``, or ``additionalProperties: false`` with ``p`` not among its
+  ``properties`` and no ``patternProperties``), or a property one of them requires has
+  ``const``/``enum`` values none of which the other takes there.
+
+Otherwise a pair is narrowed, which keeps only values that the original branch takes
+(the rewritten schema takes a subset of the valid values, never an invalid one):
+
+- on objects, when one branch requires a property ``p`` the other does not: the other
+  forbids ``p`` (``properties: {p: false}``). Where neither branch says which type it
+  takes, both are narrowed to objects first (a value that is not an object matches both
+  and so fails the ``oneOf`` anyway);
+- two closed objects (``additionalProperties: false``, no ``patternProperties``) whose
+  properties share no name, where only ``{}`` matches both: one requires at least one of
+  its properties;
+- two arrays whose ``items`` take disjoint types, where only ``[]`` matches both: one
+  requires an item (``minItems: 1``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from thinkstruct.grammar.schema.walk import local_ref
+
+#: The JSON Schema type names.
+ALL_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
+#: Most branches compared pairwise (pairs grow as the square).
+_MAX_BRANCHES = 256
+#: Most members of a value set checked against another branch with the validator.
+_MAX_CHECKED_VALUES = 64
+
+
+def exclusive_branches(node: dict[str, Any], root: Any, validator: Any) -> list[Narrowing] | None:
+    """What each of ``node``'s ``oneOf`` branches must be narrowed by so that no value
+    matches two (see the module doc; :func:`narrowed` applies it), or ``None`` where that
+    is not shown. ``node`` and ``root`` are the document as given (reasoning over an
+    already narrowed document could claim branches disjoint that are not).
+
+    Args:
+        root: the whole document (for local ``$ref``s).
+        validator: a callable giving the reference validator of ``root`` (called at most
+            once, only when a value set is checked).
+    """
+    branches = node.get("oneOf")
+    if not isinstance(branches, list) or not 1 < len(branches) <= _MAX_BRANCHES:
+        return None
+    if any(not isinstance(b, dict) for b in branches):
+        return None
+    shared = _parts({k: v for k, v in node.items() if k != "oneOf"}, root)
+    views = [Narrowing(shared + _parts(b, root), root) for b in branches]
+    checker = _Checker(validator)
+    for i in range(len(views)):
+        for j in range(i + 1, len(views)):
+            # Each narrowed branch must exclude every other branch as given.
+            for x, y in ((views[i], views[j]), (views[j], views[i])):
+                if not _excludes(x, y, checker) and not _narrow(x, y, checker):
+                    return None
+    return views
+
+
+# ---- a branch as the conjunction of its parts -----------------------------------------
+
+
+@dataclass
+class Narrowing:
+    """What is known of the values of one branch (every part holds), and what it is
+    narrowed by. Methods with ``own`` count the narrowing (``False``: the branch as
+    given)."""
+
+    parts: list[dict[str, Any]]
+    root: Any
+    object_only: bool = False  # narrowed to objects
+    forbidden: set[str] = field(default_factory=set)  # narrowed: properties it may not have
+    need_one_of: list[list[str]] = field(default_factory=list)  # narrowed: has one of each
+    nonempty: bool = False  # narrowed: an array with an item
+
+    def narrows(self) -> bool:
+        """Whether anything is added to the branch."""
+        return self.object_only or bool(self.forbidden or self.need_one_of) or self.nonempty
+
+    def types(self, own: bool = True) -> frozenset[str] | None:
+        found: frozenset[str] | None = frozenset({"object"}) if own and self.object_only else None
+        for part in self.parts:
+            t = types_of(part)
+            if t is not None:
+                found = t if found is None else found & t
+        return found
+
+    def only(self, kind: str, own: bool = True) -> bool:
+        t = self.types(own)
+        return t is not None and t <= {kind}
+
+    def required(self) -> set[str]:
+        found: set[str] = set()
+        for part in self.parts:
+            r = part.get("required")
+            if isinstance(r, list):
+                found.update(x for x in r if isinstance(x, str))
+        return found
+
+    def forbids(self, prop: str, own: bool = True) -> bool:
+        if own and prop in self.forbidden:
+            return True
+        for part in self.parts:
+            props = _properties(part)
+            if props.get(prop) is False or (_closed(part) and prop not in props):
+                return True
+        return False
+
+    def described(self) -> list[str]:
+        """The property names the branch's parts describe (``properties``), in order."""
+        return list(dict.fromkeys(p for part in self.parts for p in _properties(part)))
+
+    def property_schemas(self, prop: str) -> list[Any]:
+        """The subschemas that a value of property ``prop`` must pass."""
+        return [_properties(p)[prop] for p in self.parts if prop in _properties(p)]
+
+    def property_values(self, prop: str) -> set[str] | None:
+        """The values property ``prop`` may take at most, from ``const``/``enum``."""
+        return _values([part for s in self.property_schemas(prop) for part in _parts(s, self.root)])
+
+    def item_types(self) -> frozenset[str] | None:
+        found: frozenset[str] | None = None
+        for part in self.parts:
+            items = part.get("items")
+            if isinstance(items, dict) and "prefixItems" not in part:
+                t = types_of(items)
+                if t is not None:
+                    found = t if found is None else found & t
+        return found
+
+
+def _parts(schema: Any, root: Any) -> list[dict[str, Any]]:
+    """``schema`` and its ``allOf`` members, local ``$ref``s followed (up to 32)."""
+    found: list[dict[str, Any]] = []
+    stack = [schema]
+    for _ in range(32):
+        if not stack:
+            break
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        if "$ref" in node:
+            target = local_ref(node, root)
+            if target is not None:
+                stack.append(target[0])
+            continue
+        found.append(node)
+        members = node.get("allOf")
+        if isinstance(members, list):
+            stack.extend(members)
+    return found
+
+
+def _properties(part: dict[str, Any]) -> dict[str, Any]:
+    props = part.get("properties")
+    return props if isinstance(props, dict) else {}
+
+
+def _closed(part: dict[str, Any]) -> bool:
+    return part.get("additionalProperties") is False and not part.get("patternProperties")
+
+
+def _values(schemas: list[Any]) -> set[str] | None:
+    """The JSON texts of the values every one of ``schemas`` allows at most (from their
+    ``const``/``enum``), or ``None`` when none of them says."""
+    found: set[str] | None = None
+    for s in schemas:
+        v = literal_values(s)
+        if v is not None:
+            found = v if found is None else found & v
+    return found
+
+
+# ---- exclusion ------------------------------------------------------------------------
+
+
+class _Checker:
+    """Whether none of a few values passes some subschemas, by the reference validator."""
+
+    def __init__(self, validator: Any) -> None:
+        self._make = validator
+        self._validator: Any = None
+
+    def none_pass(self, values: set[str] | None, schemas: list[Any]) -> bool:
+        if values is None or len(values) > _MAX_CHECKED_VALUES or not schemas:
+            return False
+        try:
+            if self._validator is None:
+                self._validator = self._make()
+            subs = [self._validator.evolve(schema=s) for s in schemas]
+            return not any(all(sub.is_valid(json.loads(v)) for sub in subs) for v in values)
+        except Exception:  # noqa: BLE001 - a validator error proves nothing
+            return False
+
+
+def _excludes(x: Narrowing, y: Narrowing, checker: _Checker) -> bool:
+    """Whether no value of ``x`` (narrowed) matches ``y`` (as given)."""
+    tx, ty = x.types(), y.types(own=False)
+    if tx is not None and ty is not None and not (tx & ty):
+        return True
+    vx, vy = _values(x.parts), _values(y.parts)
+    if vx is not None and vy is not None and not (vx & vy):
+        return True
+    if checker.none_pass(vx, y.parts) or checker.none_pass(vy, x.parts):
+        return True
+    if x.only("object") or y.only("object", own=False):
+        if any(y.forbids(p, own=False) for p in x.required()):
+            return True
+        if any(x.forbids(p) for p in y.required()):
+            return True
+        if any(all(y.forbids(p, own=False) for p in names) for names in x.need_one_of):
+            return True
+        for prop in sorted(x.required() | y.required()):
+            px, py = x.property_values(prop), y.property_values(prop)
+            if px is not None and py is not None and not (px & py):
+                return True
+            if checker.none_pass(px, y.property_schemas(prop)) or checker.none_pass(
+                py, x.property_schemas(prop)
+            ):
+                return True
+    if x.nonempty and (x.only("array") or y.only("array", own=False)):
+        ix, iy = x.item_types(), y.item_types()
+        if ix is not None and iy is not None and not (ix & iy):
+            return True
+    return False
+
+
+def _narrow(x: Narrowing, y: Narrowing, checker: _Checker) -> bool:
+    """Narrow ``x`` until no value of it matches ``y`` (as given); whether that was done
+    (if not, ``x`` is left as it was)."""
+    typed = x.types() is None
+    if typed:
+        x.object_only = True  # not an object's type said: narrowed to objects
+        if _excludes(x, y, checker):
+            return True
+    if x.only("object") or y.only("object", own=False):
+        described = set(x.described())
+        missing = sorted(y.required() - x.required(), key=lambda p: (p in described, p))
+        if missing:
+            # One that ``x`` does not describe, if there is one (its values lose least).
+            x.forbidden.add(missing[0])
+            return True
+        names = [p for p in x.described() if y.forbids(p, own=False) and not x.forbids(p)]
+        if names:
+            x.need_one_of.append(names)
+            if _excludes(x, y, checker):
+                return True
+            x.need_one_of.pop()
+    if x.only("array"):
+        x.nonempty = True
+        if _excludes(x, y, checker):
+            return True
+        x.nonempty = False
+    if typed:
+        x.object_only = False
+    return False
+
+
+def narrowed(branch: Any, view: Narrowing) -> Any:
+    """``branch`` with the narrowing of ``view`` added (a new schema where anything is)."""
+    extra: dict[str, Any] = {}
+    if view.object_only:
+        extra["type"] = "object"
+    if view.forbidden:
+        extra["properties"] = dict.fromkeys(sorted(view.forbidden), False)
+    if view.nonempty:
+        extra["minItems"] = 1
+    required = sorted({names[0] for names in view.need_one_of if len(names) == 1})
+    alternatives: list[dict[str, Any]] = [
+        {"anyOf": [{"required": [p]} for p in names]} for names in view.need_one_of if len(names) > 1
+    ]
+    if required:
+        alternatives.append({"required": required})
+    if not extra and not alternatives:
+        return branch
+    if not isinstance(branch, dict) or "$ref" in branch:
+        return {**extra, "allOf": [branch, *alternatives]}
+    out = dict(branch)
+    if "type" in extra and "type" not in out:
+        out["type"] = "object"
+    elif "type" in extra:
+        alternatives.append({"type": "object"})
+    if view.forbidden:
+        props = dict(_properties(out))
+        props.update(extra["properties"])  # "absent" implies whatever the branch said of it
+        out["properties"] = props
+    if view.nonempty:
+        current = out.get("minItems")
+        out["minItems"] = max(current, 1) if isinstance(current, int) else 1
+    if alternatives:
+        out["allOf"] = [*(out["allOf"] if isinstance(out.get("allOf"), list) else []), *alternatives]
+    return out
+
+
+# ---- types and value sets -------------------------------------------------------------
+
+
+def types_of(schema: Any) -> frozenset[str] | None:
+    """The JSON types a schema can match, where that is evident; ``None`` if unsure."""
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return frozenset({type_of(schema["const"])})
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return frozenset(type_of(v) for v in schema["enum"])
+    t = schema.get("type")
+    if isinstance(t, str):
+        t = [t]
+    if isinstance(t, list) and all(isinstance(x, str) for x in t):
+        s = set(t)
+        if "number" in s:
+            s.add("integer")  # integers are numbers
+        return frozenset(s)
+    return None
+
+
+def type_of(value: Any) -> str:
+    """The JSON type of a value (``integer`` for a number without a fraction)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "integer" if value.is_integer() else "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def literal_values(schema: Any) -> set[str] | None:
+    """The JSON texts of a schema's ``const``/``enum`` values, or ``None``."""
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return {json.dumps(schema["const"], sort_keys=True)}
+    if isinstance(schema.get("enum"), list):
+        return {json.dumps(v, sort_keys=True) for v in schema["enum"]}
+    return None
+
+
+__all__ = [
+    "ALL_TYPES",
+    "Narrowing",
+    "exclusive_branches",
+    "literal_values",
+    "narrowed",
+    "type_of",
+    "types_of",
+]
