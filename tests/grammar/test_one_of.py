@@ -131,6 +131,37 @@ def test_no_narrowing_where_it_would_widen(schema: dict[str, Any]) -> None:
         assert not valid(out, value) or valid(schema, value), value
 
 
+def test_a_property_of_disjoint_types_is_required() -> None:
+    # Objects without "events" match both branches (invalid); with it, one.
+    schema = {
+        "type": "object",
+        "oneOf": [
+            {"properties": {"events": {"type": "array"}}},
+            {"properties": {"events": {"type": "string"}}},
+        ],
+    }
+    out = rewrite(schema)
+    assert "oneOf" not in json.dumps(out)
+    assert [valid(out, v) for v in ({}, {"events": []}, {"events": "x"})] == [False, True, True]
+
+
+def test_a_dependent_schema_knows_its_trigger() -> None:
+    schema = {
+        "dependentSchemas": {
+            "kind": {
+                "oneOf": [
+                    {"properties": {"kind": {"const": "a"}, "x": {"type": "string"}}},
+                    {"properties": {"kind": {"const": "b"}}},
+                ]
+            }
+        }
+    }
+    out = rewrite(schema)
+    assert "oneOf" not in json.dumps(out)
+    for value in ({"kind": "a", "x": "s"}, {"kind": "b"}, {"kind": "c"}, {}, "s"):
+        assert valid(out, value) == valid(schema, value), value
+
+
 def test_oneof_left_alone_where_nothing_tells_the_branches_apart() -> None:
     schema = {"oneOf": [{"type": "integer"}, {"minimum": 2}]}
     assert rewrite(schema) == schema
@@ -179,7 +210,7 @@ _SIBLINGS = st.fixed_dictionaries(
 @st.composite
 def one_of_schemas(draw: st.DrawFn) -> dict[str, Any]:
     node = {**draw(_SIBLINGS), "oneOf": draw(st.lists(_BRANCH, min_size=2, max_size=4))}
-    wrap = draw(st.sampled_from(["none", "not", "items", "defs", "nested"]))
+    wrap = draw(st.sampled_from(["none", "not", "items", "defs", "nested", "dependent"]))
     shared = draw(_OBJECT)
     if wrap == "not":
         return {"$defs": {"shared": shared}, "not": node}
@@ -190,6 +221,8 @@ def one_of_schemas(draw: st.DrawFn) -> dict[str, Any]:
             "$defs": {"shared": shared, "n": node},
             "anyOf": [{"$ref": "#/$defs/n"}, {"not": {"$ref": "#/$defs/n"}}],
         }
+    if wrap == "dependent":
+        return {"$defs": {"shared": shared}, "dependentSchemas": {"a": node}}
     if wrap == "nested":
         return {"$defs": {"shared": shared}, "oneOf": [node, draw(_BRANCH)]}
     return {"$defs": {"shared": shared}, **node}

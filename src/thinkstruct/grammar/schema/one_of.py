@@ -18,20 +18,24 @@ less, never wrong). Two branches are disjoint when:
 - on objects (one branch takes only objects): one requires a property the other forbids
   (``properties: {p: false}``, or ``additionalProperties: false`` with ``p`` not among its
   ``properties`` and no ``patternProperties``), or a property one of them requires has
-  ``const``/``enum`` values none of which the other takes there.
+  ``const``/``enum`` values or types none of which the other takes there.
 
-Otherwise a pair is narrowed, which keeps only values that the original branch takes
-(the rewritten schema takes a subset of the valid values, never an invalid one):
+Otherwise each branch of the pair is narrowed until no value of it matches the other
+branch as given (so every value of a narrowed branch matches that branch alone, and the
+rewritten schema takes a subset of the valid values, never an invalid one):
 
 - on objects, when one branch requires a property ``p`` the other does not: the other
   forbids ``p`` (``properties: {p: false}``). Where neither branch says which type it
   takes, both are narrowed to objects first (a value that is not an object matches both
   and so fails the ``oneOf`` anyway);
-- two closed objects (``additionalProperties: false``, no ``patternProperties``) whose
-  properties share no name, where only ``{}`` matches both: one requires at least one of
-  its properties;
-- two arrays whose ``items`` take disjoint types, where only ``[]`` matches both: one
+- on objects, when a property takes values in one branch that it cannot take in the
+  other (disjoint types or value sets): the one requires it;
+- on objects, when the other branch forbids properties this one describes (``{}`` of two
+  closed objects with no name in common): this one requires at least one of them;
+- two arrays whose ``items`` take disjoint types, where only ``[]`` matches both: each
   requires an item (``minItems: 1``).
+
+A dependent schema's ``oneOf`` knows its object has the trigger property (``context``).
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ _MAX_BRANCHES = 256
 _MAX_CHECKED_VALUES = 64
 
 
-def exclusive_branches(node: dict[str, Any], root: Any, validator: Any) -> list[Narrowing] | None:
+def exclusive_branches(
+    node: dict[str, Any], root: Any, validator: Any, context: tuple[dict[str, Any], ...] = ()
+) -> list[Narrowing] | None:
     """What each of ``node``'s ``oneOf`` branches must be narrowed by so that no value
     matches two (see the module doc; :func:`narrowed` applies it), or ``None`` where that
     is not shown. ``node`` and ``root`` are the document as given (reasoning over an
@@ -60,13 +66,15 @@ def exclusive_branches(node: dict[str, Any], root: Any, validator: Any) -> list[
         root: the whole document (for local ``$ref``s).
         validator: a callable giving the reference validator of ``root`` (called at most
             once, only when a value set is checked).
+        context: what every value reaching ``node`` satisfies besides (a dependent
+            schema's object has its trigger property).
     """
     branches = node.get("oneOf")
     if not isinstance(branches, list) or not 1 < len(branches) <= _MAX_BRANCHES:
         return None
     if any(not isinstance(b, dict) for b in branches):
         return None
-    shared = _parts({k: v for k, v in node.items() if k != "oneOf"}, root)
+    shared = [*context, *_parts({k: v for k, v in node.items() if k != "oneOf"}, root)]
     views = [Narrowing(shared + _parts(b, root), root) for b in branches]
     checker = _Checker(validator)
     for i in range(len(views)):
@@ -91,12 +99,17 @@ class Narrowing:
     root: Any
     object_only: bool = False  # narrowed to objects
     forbidden: set[str] = field(default_factory=set)  # narrowed: properties it may not have
+    also_required: set[str] = field(default_factory=set)  # narrowed: properties it must have
     need_one_of: list[list[str]] = field(default_factory=list)  # narrowed: has one of each
     nonempty: bool = False  # narrowed: an array with an item
 
     def narrows(self) -> bool:
         """Whether anything is added to the branch."""
-        return self.object_only or bool(self.forbidden or self.need_one_of) or self.nonempty
+        return (
+            self.object_only
+            or bool(self.forbidden or self.also_required or self.need_one_of)
+            or self.nonempty
+        )
 
     def types(self, own: bool = True) -> frozenset[str] | None:
         found: frozenset[str] | None = frozenset({"object"}) if own and self.object_only else None
@@ -110,8 +123,8 @@ class Narrowing:
         t = self.types(own)
         return t is not None and t <= {kind}
 
-    def required(self) -> set[str]:
-        found: set[str] = set()
+    def required(self, own: bool = True) -> set[str]:
+        found: set[str] = set(self.also_required) if own else set()
         for part in self.parts:
             r = part.get("required")
             if isinstance(r, list):
@@ -138,6 +151,15 @@ class Narrowing:
     def property_values(self, prop: str) -> set[str] | None:
         """The values property ``prop`` may take at most, from ``const``/``enum``."""
         return _values([part for s in self.property_schemas(prop) for part in _parts(s, self.root)])
+
+    def property_types(self, prop: str) -> frozenset[str] | None:
+        """The types property ``prop`` may take at most."""
+        found: frozenset[str] | None = None
+        for part in (part for s in self.property_schemas(prop) for part in _parts(s, self.root)):
+            t = types_of(part)
+            if t is not None:
+                found = t if found is None else found & t
+        return found
 
     def item_types(self) -> frozenset[str] | None:
         found: frozenset[str] | None = None
@@ -227,11 +249,14 @@ def _excludes(x: Narrowing, y: Narrowing, checker: _Checker) -> bool:
     if x.only("object") or y.only("object", own=False):
         if any(y.forbids(p, own=False) for p in x.required()):
             return True
-        if any(x.forbids(p) for p in y.required()):
+        if any(x.forbids(p) for p in y.required(own=False)):
             return True
         if any(all(y.forbids(p, own=False) for p in names) for names in x.need_one_of):
             return True
-        for prop in sorted(x.required() | y.required()):
+        for prop in sorted(x.required() | y.required(own=False)):
+            tx_p, ty_p = x.property_types(prop), y.property_types(prop)
+            if tx_p is not None and ty_p is not None and not (tx_p & ty_p):
+                return True
             px, py = x.property_values(prop), y.property_values(prop)
             if px is not None and py is not None and not (px & py):
                 return True
@@ -256,11 +281,18 @@ def _narrow(x: Narrowing, y: Narrowing, checker: _Checker) -> bool:
             return True
     if x.only("object") or y.only("object", own=False):
         described = set(x.described())
-        missing = sorted(y.required() - x.required(), key=lambda p: (p in described, p))
+        missing = sorted(y.required(own=False) - x.required(), key=lambda p: (p in described, p))
         if missing:
             # One that ``x`` does not describe, if there is one (its values lose least).
             x.forbidden.add(missing[0])
             return True
+        for prop in x.described():
+            if prop in x.required() or x.forbids(prop):
+                continue
+            x.also_required.add(prop)  # a value there that ``y`` cannot take?
+            if _excludes(x, y, checker):
+                return True
+            x.also_required.discard(prop)
         names = [p for p in x.described() if y.forbids(p, own=False) and not x.forbids(p)]
         if names:
             x.need_one_of.append(names)
@@ -286,7 +318,7 @@ def narrowed(branch: Any, view: Narrowing) -> Any:
         extra["properties"] = dict.fromkeys(sorted(view.forbidden), False)
     if view.nonempty:
         extra["minItems"] = 1
-    required = sorted({names[0] for names in view.need_one_of if len(names) == 1})
+    required = sorted({names[0] for names in view.need_one_of if len(names) == 1} | view.also_required)
     alternatives: list[dict[str, Any]] = [
         {"anyOf": [{"required": [p]} for p in names]} for names in view.need_one_of if len(names) > 1
     ]
