@@ -37,7 +37,7 @@ from typing import Any
 
 from thinkstruct.grammar.constraint import escape_pointer
 from thinkstruct.grammar.schema.one_of import ALL_TYPES, Narrowing, exclusive_branches, narrowed
-from thinkstruct.grammar.schema.walk import children, decode_token, resolve, subschemas
+from thinkstruct.grammar.schema.walk import children, resolve, subschemas
 
 #: Formats llguidance enforces (also known to xgrammar and outlines-core).
 KNOWN_FORMATS = frozenset(
@@ -154,13 +154,21 @@ def _exclusive_one_of(out: dict[str, Any], pristine: dict[str, Any]) -> bool:
         return validator
 
     found: dict[str, list[Narrowing] | None] = {}
+    triggers: dict[str, str] = {}  # a dependent schema's pointer -> its trigger property
     for node, pointer in subschemas(pristine):
+        for keyword in ("dependencies", "dependentSchemas"):
+            if isinstance(node.get(keyword), dict):
+                for name, sub in node[keyword].items():
+                    if isinstance(sub, dict) and f"{pointer}/{keyword}/{escape_pointer(name)}" not in targets:
+                        triggers[f"{pointer}/{keyword}/{escape_pointer(name)}"] = name
         if not isinstance(node.get("oneOf"), list) or len(node["oneOf"]) < 2:
             continue
         if any(t.startswith(f"{pointer}/oneOf/") for t in targets):
             found[pointer] = None  # a $ref points into a branch: its pointer must stay
         else:
-            found[pointer] = exclusive_branches(node, pristine, make_validator, _context(pointer, targets))
+            # A dependent schema applies to objects with its trigger property.
+            context = ({"type": "object", "required": [triggers[pointer]]},) if pointer in triggers else ()
+            found[pointer] = exclusive_branches(node, pristine, make_validator, context)
     pointers_only = not _other_references(pristine)
     changed = True
     while changed:  # a narrowing dropped leaves its oneOf as it is, which may drop others
@@ -178,16 +186,6 @@ def _exclusive_one_of(out: dict[str, Any], pristine: dict[str, Any]) -> bool:
         branches = node.pop("oneOf")
         _add_constraint(node, {"anyOf": [narrowed(b, v) for b, v in zip(branches, views, strict=True)]})
     return bool(rewritten)
-
-
-def _context(pointer: str, targets: list[str]) -> tuple[dict[str, Any], ...]:
-    """What every value reaching the subschema at ``pointer`` satisfies besides it: a
-    dependent schema applies to objects that have its trigger property (unless a ``$ref``
-    uses the subschema elsewhere)."""
-    holder, _, name = pointer.rpartition("/")
-    if holder.rpartition("/")[2] in ("dependencies", "dependentSchemas") and pointer not in targets:
-        return ({"type": "object", "required": [decode_token(name)]},)
-    return ()
 
 
 #: Keywords under which a narrower subschema does not make the document narrower.
