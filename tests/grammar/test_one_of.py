@@ -248,3 +248,45 @@ def test_rewritten_branches_exclude_each_other(branches: list[Any], siblings: di
     for value in INSTANCES:
         matching = [b for b in rewritten if valid({**out, "anyOf": [b]}, value)]
         assert len(matching) <= 1, (json.dumps(out), value)
+
+
+def test_required_in_every_alternative_and_additional_properties_tell_apart() -> None:
+    # A repository (each kind requires "type", a string) or one name mapped to false.
+    schema = {
+        "$defs": {
+            "git": {"type": "object", "required": ["type"], "properties": {"type": {"const": "git"}}},
+            "path": {
+                "type": "object",
+                "required": ["type", "url"],
+                "properties": {"type": {"enum": ["path"]}},
+            },
+        },
+        "oneOf": [
+            {"type": "object", "anyOf": [{"$ref": "#/$defs/git"}, {"$ref": "#/$defs/path"}]},
+            {
+                "type": "object",
+                "additionalProperties": {"enum": [False]},
+                "minProperties": 1,
+                "maxProperties": 1,
+            },
+        ],
+    }
+    out = rewrite(schema)
+    assert out["anyOf"] == schema["oneOf"]  # disjoint as they stand
+    for value in ({"type": "git"}, {"type": False}, {"x": False}, {"type": "path", "url": 1}):
+        assert valid(out, value) == valid(schema, value), value
+
+
+@pytest.mark.parametrize(
+    ("pattern", "strings"),
+    [
+        (r"^[\.\,\*\\\-\s\{\}\(\)]+$", ["", ".", "a", "..", ". x", "()", "\\", "x."]),
+        ("^[a-z]*$", ["", "abc", "aB", "1", "-"]),
+    ],
+)
+def test_not_of_a_whole_class_pattern_becomes_a_pattern(pattern: str, strings: list[str]) -> None:
+    schema = {"not": {"pattern": pattern}}
+    out = rewrite(schema)
+    assert "not" not in out
+    for value in [*strings, 1, None, ["a"]]:
+        assert valid(out, value) == valid(schema, value), value

@@ -15,8 +15,8 @@ rewrite keeps the set of valid instances unchanged:
 - ``dependentRequired``/``dependentSchemas``/``dependencies`` become ``anyOf`` of "the
   trigger property is absent" (``properties: {p: false}``) and "it is present with what
   it requires".
-- ``not`` of ``required``, of a ``type`` list, of ``true``/``false`` becomes the
-  equivalent positive form.
+- ``not`` of ``required``, of a ``type`` list, of ``true``/``false``, of a pattern of
+  whole strings of one character class (``^[S]+$``) becomes the equivalent positive form.
 - ``$dynamicAnchor`` in a document without ``$dynamicRef`` becomes ``$anchor`` (the two
   then mean the same).
 - ``oneOf`` whose branches provably cannot both match (disjoint types or literal values,
@@ -282,6 +282,18 @@ def _rewrite_not(node: dict[str, Any]) -> None:
         del node["not"]
         absent = [{"properties": {p: False}} for p in negated["required"]]
         _add_constraint(node, absent[0] if len(absent) == 1 else {"anyOf": absent})
+    elif (
+        isinstance(negated, dict)
+        and set(negated) == {"pattern"}
+        and "pattern" not in node
+        and node.get("type", "string") in ("string", ["string"])
+        and (outside := _outside_class(negated["pattern"])) is not None
+    ):
+        # Not a string of the class: a string (a pattern passes anything else, so "not"
+        # fails it) that is empty or has a character outside it.
+        del node["not"]
+        node["type"] = "string"
+        node["pattern"] = outside
     elif isinstance(negated, dict) and set(negated) == {"type"}:
         types = negated["type"] if isinstance(negated["type"], list) else [negated["type"]]
         if not _strings(types) or ("integer" in types and "number" not in types):
@@ -289,6 +301,25 @@ def _rewrite_not(node: dict[str, Any]) -> None:
         excluded = set(types) | ({"integer"} if "number" in types else set())
         del node["not"]
         _add_constraint(node, {"type": sorted(ALL_TYPES - excluded)} if ALL_TYPES - excluded else False)
+
+
+def _outside_class(pattern: Any) -> str | None:
+    """For a pattern ``^[S]+$`` or ``^[S]*$`` (whole strings of a character class), the
+    pattern of the strings it does not match: empty (for ``+``) or with a character
+    outside the class; ``None`` for any other pattern."""
+    if not isinstance(pattern, str) or not pattern.startswith("^[") or pattern[2:3] in ("^", "]", ""):
+        return None
+    i = 2
+    while i < len(pattern) and pattern[i] != "]":
+        if pattern[i] == "[":
+            return None
+        i += 2 if pattern[i] == "\\" else 1
+    body, rest = pattern[2:i], pattern[i + 1 :]
+    if rest == "+$":
+        return f"^$|[^{body}]"
+    if rest == "*$":
+        return f"[^{body}]"
+    return None
 
 
 def _strings(value: Any) -> bool:

@@ -113,10 +113,9 @@ class Narrowing:
 
     def types(self, own: bool = True) -> frozenset[str] | None:
         found: frozenset[str] | None = frozenset({"object"}) if own and self.object_only else None
-        for part in self.parts:
-            t = types_of(part)
-            if t is not None:
-                found = t if found is None else found & t
+        t = _types_of_parts(self.parts, self.root)
+        if t is not None:
+            found = t if found is None else found & t
         return found
 
     def only(self, kind: str, own: bool = True) -> bool:
@@ -126,9 +125,12 @@ class Narrowing:
     def required(self, own: bool = True) -> set[str]:
         found: set[str] = set(self.also_required) if own else set()
         for part in self.parts:
-            r = part.get("required")
-            if isinstance(r, list):
-                found.update(x for x in r if isinstance(x, str))
+            found |= _required(part)
+            for branches in _alternatives(part):
+                # What every branch of an anyOf/oneOf requires, the part requires.
+                found |= set.intersection(
+                    *(set().union(*map(_required, _parts(b, self.root))) for b in branches)
+                )
         return found
 
     def forbids(self, prop: str, own: bool = True) -> bool:
@@ -146,11 +148,29 @@ class Narrowing:
 
     def property_schemas(self, prop: str) -> list[Any]:
         """The subschemas that a value of property ``prop`` must pass."""
-        return [_properties(p)[prop] for p in self.parts if prop in _properties(p)]
+        return [s for part in self.parts if (s := _property_schema(part, prop)) is not None]
 
     def property_values(self, prop: str) -> set[str] | None:
-        """The values property ``prop`` may take at most, from ``const``/``enum``."""
-        return _values([part for s in self.property_schemas(prop) for part in _parts(s, self.root)])
+        """The values property ``prop`` may take at most, from ``const``/``enum`` (in an
+        ``anyOf``/``oneOf``, the union over its branches where each says)."""
+        found = _values([part for s in self.property_schemas(prop) for part in _parts(s, self.root)])
+        for part in self.parts:
+            for branches in _alternatives(part):
+                union: set[str] | None = set()
+                for branch in branches:
+                    v = _values(
+                        [
+                            q
+                            for b in _parts(branch, self.root)
+                            for s in [_property_schema(b, prop)]
+                            if s is not None
+                            for q in _parts(s, self.root)
+                        ]
+                    )
+                    union = None if v is None or union is None else union | v
+                if union is not None:
+                    found = union if found is None else found & union
+        return found
 
     def property_types(self, prop: str) -> frozenset[str] | None:
         """The types property ``prop`` may take at most."""
@@ -192,6 +212,47 @@ def _parts(schema: Any, root: Any) -> list[dict[str, Any]]:
         if isinstance(members, list):
             stack.extend(members)
     return found
+
+
+def _types_of_parts(parts: list[dict[str, Any]], root: Any, depth: int = 0) -> frozenset[str] | None:
+    """The types a value passing every one of ``parts`` can take (an ``anyOf``/``oneOf``
+    takes the union of its branches' where each says), or ``None`` if unsure."""
+    found: frozenset[str] | None = None
+    for part in parts:
+        known = [types_of(part)]
+        if depth < 3:
+            for branches in _alternatives(part):
+                union: frozenset[str] | None = frozenset()
+                for branch in branches:
+                    t = _types_of_parts(_parts(branch, root), root, depth + 1)
+                    union = None if t is None or union is None else union | t
+                known.append(union)
+        for t in known:
+            if t is not None:
+                found = t if found is None else found & t
+    return found
+
+
+def _required(part: dict[str, Any]) -> set[str]:
+    r = part.get("required")
+    return {x for x in r if isinstance(x, str)} if isinstance(r, list) else set()
+
+
+def _alternatives(part: dict[str, Any]) -> list[list[Any]]:
+    return [part[k] for k in ("anyOf", "oneOf") if isinstance(part.get(k), list) and part[k]]
+
+
+def _property_schema(part: dict[str, Any], prop: str) -> Any:
+    """The subschema ``part`` holds a value of property ``prop`` to (``properties``, or
+    ``additionalProperties`` where no ``patternProperties`` could claim the name), or
+    ``None``."""
+    props = _properties(part)
+    if prop in props:
+        return props[prop]
+    additional = part.get("additionalProperties")
+    if isinstance(additional, dict) and not part.get("patternProperties"):
+        return additional
+    return None
 
 
 def _properties(part: dict[str, Any]) -> dict[str, Any]:
