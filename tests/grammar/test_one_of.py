@@ -242,8 +242,8 @@ def test_rewritten_schema_takes_only_valid_values(schema: dict[str, Any]) -> Non
 def test_rewritten_branches_exclude_each_other(branches: list[Any], siblings: dict[str, Any]) -> None:
     schema = {"$defs": {"shared": {"type": "object"}}, **siblings, "oneOf": branches}
     out = rewrite(schema)
-    if "oneOf" in out:
-        return
+    if "oneOf" in out or "anyOf" not in out:
+        return  # left as it is, or nothing valid (two branches that take everything)
     rewritten = out["anyOf"]
     for value in INSTANCES:
         matching = [b for b in rewritten if valid({**out, "anyOf": [b]}, value)]
@@ -290,3 +290,33 @@ def test_not_of_a_whole_class_pattern_becomes_a_pattern(pattern: str, strings: l
     assert "not" not in out
     for value in [*strings, 1, None, ["a"]]:
         assert valid(out, value) == valid(schema, value), value
+
+
+_BOUND = st.sampled_from([0, 1, 2, 2.5, 5])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "type": st.just("number"),
+                "minimum": _BOUND,
+                "exclusiveMinimum": _BOUND,
+                "maximum": _BOUND,
+                "exclusiveMaximum": _BOUND,
+            },
+        ),
+        min_size=2,
+        max_size=4,
+    ),
+    st.sampled_from([{}, {"type": "number"}, {"type": "integer"}]),
+)
+def test_numeric_intervals_become_the_numbers_in_exactly_one(
+    branches: list[dict[str, Any]], siblings: dict[str, Any]
+) -> None:
+    schema = {**siblings, "oneOf": branches}
+    out = rewrite(schema)
+    for value in [-1, 0, 0.5, 1, 1.5, 2, 2.25, 2.5, 3, 5, 6, "x", None, [1]]:
+        assert valid(out, value) == valid(schema, value), (json.dumps(out), value)

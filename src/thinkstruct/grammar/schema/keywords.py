@@ -23,11 +23,15 @@ rewrite keeps the set of valid instances unchanged:
   different ``const``/``enum`` values of one required property, or a property one branch
   requires and the other forbids) becomes ``anyOf``.
 
+A ``oneOf`` of numeric intervals becomes the ``anyOf`` of the intervals its numbers fall
+in exactly one of.
+
 One rewrite narrows instead: a ``oneOf`` whose branches can be made mutually exclusive
 (a branch forbids a property another requires, and the like: :mod:`.one_of`) becomes the
 ``anyOf`` of the narrowed branches. Its values are a subset of the valid ones (never an
 invalid one), and every backend then enforces it exactly.
-- no-op assertions (``uniqueItems: false``, ``minItems: 0``...) are dropped.
+- no-op assertions (``uniqueItems: false``, ``minItems: 0``, ``propertyNames`` of
+  annotations only...) are dropped.
 """
 
 from __future__ import annotations
@@ -36,7 +40,13 @@ import json
 from typing import Any
 
 from thinkstruct.grammar.constraint import escape_pointer
-from thinkstruct.grammar.schema.one_of import ALL_TYPES, Narrowing, exclusive_branches, narrowed
+from thinkstruct.grammar.schema.one_of import (
+    ALL_TYPES,
+    Narrowing,
+    exclusive_branches,
+    interval_pieces,
+    narrowed,
+)
 from thinkstruct.grammar.schema.walk import children, resolve, subschemas
 
 #: Formats llguidance enforces (also known to xgrammar and outlines-core).
@@ -120,6 +130,9 @@ def normalize(schema: Any, *, hard_keywords: frozenset[str], text: str | None = 
         branches = node.get("oneOf")
         if isinstance(branches, list) and len(branches) == 1:
             _add_constraint(node, node.pop("oneOf")[0])
+        elif isinstance(branches, list) and (pieces := interval_pieces(branches)) is not None:
+            del node["oneOf"]
+            _add_constraint(node, {"anyOf": pieces} if pieces else False)
     return out
 
 
@@ -432,6 +445,13 @@ def _ref_targets(root: Any) -> list[str]:
 def _is_noop(keyword: str, value: Any) -> bool:
     if keyword == "uniqueItems":
         return value is False
+    if keyword == "propertyNames":  # names checked by nothing but annotations
+        return value is True or (
+            isinstance(value, dict)
+            and all(
+                k in NON_ASSERTIONS and (k != "format" or v not in KNOWN_FORMATS) for k, v in value.items()
+            )
+        )
     if keyword in ("minItems", "minLength", "minProperties", "minContains"):
         return value == 0 and keyword != "minContains"
     return False

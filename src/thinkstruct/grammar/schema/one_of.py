@@ -41,6 +41,7 @@ A dependent schema's ``oneOf`` knows its object has the trigger property (``cont
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -406,6 +407,89 @@ def narrowed(branch: Any, view: Narrowing) -> Any:
     return out
 
 
+# ---- numbers in intervals -------------------------------------------------------------
+
+_BOUNDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+_ANNOTATIONS = frozenset({"title", "description", "$comment", "default", "examples"})
+
+
+def interval_pieces(branches: list[Any]) -> list[dict[str, Any]] | None:
+    """The numbers in exactly one branch of a ``oneOf`` whose branches are numeric
+    intervals (``minimum``... and at most ``type: number``), as ``anyOf`` branches of
+    disjoint intervals (the same values: an exact rewrite); ``None`` for other branches.
+    A value that is not a number is in every untyped branch, so in none or in two or more:
+    with exactly one untyped branch the rewrite is not made."""
+    intervals = []
+    untyped = 0
+    for branch in branches:
+        if not isinstance(branch, dict) or set(branch) - {*_BOUNDS, "type"} - _ANNOTATIONS:
+            return None
+        if "type" not in branch:
+            untyped += 1
+        elif branch["type"] != "number":
+            return None
+        bounds = [branch.get(k) for k in _BOUNDS]
+        if any(b is not None and (isinstance(b, bool) or not isinstance(b, (int, float))) for b in bounds):
+            return None  # draft 4's boolean exclusive bounds, or not a number
+        low, low_open, high, high_open = -math.inf, True, math.inf, True
+        if bounds[0] is not None:
+            low, low_open = bounds[0], False
+        if bounds[1] is not None and bounds[1] >= low:
+            low, low_open = bounds[1], True
+        if bounds[2] is not None:
+            high, high_open = bounds[2], False
+        if bounds[3] is not None and bounds[3] <= high:
+            high, high_open = bounds[3], True
+        intervals.append((low, low_open, high, high_open))
+    if untyped == 1:
+        return None
+
+    def count(x: float) -> int:
+        return sum(
+            (lo < x or (lo == x and not lo_open)) and (x < hi or (x == hi and not hi_open))
+            for lo, lo_open, hi, hi_open in intervals
+        )
+
+    points = sorted({e for lo, _, hi, _ in intervals for e in (lo, hi) if math.isfinite(e)})
+    # Pieces in order: (-inf, p0), {p0}, (p0, p1), {p1}, ..., (pn, inf); each is in the
+    # same intervals throughout.
+    edges = [-math.inf, *points, math.inf]
+    pieces: list[tuple[float, bool, float, bool]] = []
+    for i in range(len(edges) - 1):
+        lo, hi = edges[i], edges[i + 1]
+        inside = (
+            (lo + hi) / 2
+            if math.isfinite(lo) and math.isfinite(hi)
+            else (hi - 1 if math.isfinite(hi) else lo + 1)
+        )
+        if not points:
+            inside = 0.0
+        if count(inside) == 1:
+            _extend(pieces, (lo, True, hi, True))
+        if math.isfinite(hi) and count(hi) == 1:
+            _extend(pieces, (hi, False, hi, False))
+    return [_interval(*piece) for piece in pieces]
+
+
+def _extend(pieces: list[tuple[float, bool, float, bool]], piece: tuple[float, bool, float, bool]) -> None:
+    """Append ``piece``, joined to the last one where they touch."""
+    if pieces:
+        lo, lo_open, hi, hi_open = pieces[-1]
+        if hi == piece[0] and not (hi_open and piece[1]):
+            pieces[-1] = (lo, lo_open, piece[2], piece[3])
+            return
+    pieces.append(piece)
+
+
+def _interval(lo: float, lo_open: bool, hi: float, hi_open: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "number"}
+    if math.isfinite(lo):
+        out["exclusiveMinimum" if lo_open else "minimum"] = lo
+    if math.isfinite(hi):
+        out["exclusiveMaximum" if hi_open else "maximum"] = hi
+    return out
+
+
 # ---- types and value sets -------------------------------------------------------------
 
 
@@ -458,6 +542,7 @@ __all__ = [
     "ALL_TYPES",
     "Narrowing",
     "exclusive_branches",
+    "interval_pieces",
     "literal_values",
     "narrowed",
     "type_of",
