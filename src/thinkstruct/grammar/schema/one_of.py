@@ -1,4 +1,5 @@
-"""``oneOf`` branches that no value can match two of: :func:`exclusive_branches`.
+"""``oneOf`` branches that no value can match two of: :func:`exclusive_branches` (and
+:func:`interval_pieces` for numeric intervals).
 
 A grammar enforces ``anyOf`` exactly but cannot count how many branches a value matches,
 so ``oneOf`` is enforced exactly only where its branches are made mutually exclusive;
@@ -10,7 +11,10 @@ A branch is reasoned about as the conjunction of its *parts*: the ``oneOf``'s ow
 subschema without the ``oneOf`` (its siblings apply to every branch), the branch, and the
 members of their ``allOf``; a local ``$ref`` is followed to its target and the keywords
 beside it are left out (draft 7 ignores them, 2020-12 adds them: leaving them out knows
-less, never wrong). Two branches are disjoint when:
+less, never wrong). A part's ``anyOf``/``oneOf`` tells its types (the union of its
+branches') and its required properties (those every branch requires); a property's
+subschema is its ``properties`` entry, or ``additionalProperties`` where no
+``patternProperties`` could claim the name. Two branches are disjoint when:
 
 - their types are disjoint, or their ``const``/``enum`` value sets are;
 - one is a value set (``const``/``enum``) none of whose members the other takes (checked
@@ -24,15 +28,14 @@ Otherwise each branch of the pair is narrowed until no value of it matches the o
 branch as given (so every value of a narrowed branch matches that branch alone, and the
 rewritten schema takes a subset of the valid values, never an invalid one):
 
-- on objects, when one branch requires a property ``p`` the other does not: the other
-  forbids ``p`` (``properties: {p: false}``). Where neither branch says which type it
-  takes, both are narrowed to objects first (a value that is not an object matches both
-  and so fails the ``oneOf`` anyway);
-- on objects, when a property takes values in one branch that it cannot take in the
-  other (disjoint types or value sets): the one requires it;
+- a branch that says nothing of its type is narrowed to objects first;
+- on objects, when the other branch requires a property ``p`` this one does not: this one
+  forbids ``p`` (``properties: {p: false}``);
+- on objects, when a property this one describes takes values here that it cannot take
+  in the other (disjoint types or value sets): this one requires it;
 - on objects, when the other branch forbids properties this one describes (``{}`` of two
   closed objects with no name in common): this one requires at least one of them;
-- two arrays whose ``items`` take disjoint types, where only ``[]`` matches both: each
+- on arrays whose ``items`` take disjoint types, where only ``[]`` matches both: this one
   requires an item (``minItems: 1``).
 
 A dependent schema's ``oneOf`` knows its object has the trigger property (``context``).
