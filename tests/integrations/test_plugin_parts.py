@@ -10,6 +10,7 @@ import functools
 import pytest
 
 from thinkstruct import Constraint, InvalidConstraint, Tokenizer
+from thinkstruct.grammar.api import first_rejected
 from thinkstruct.grammar.base import CompiledGrammar
 from thinkstruct.grammar.runtime.bitmask import allocate_bitmask, is_allowed
 from thinkstruct.integrations.vllm.grammar import RequestGrammar
@@ -119,6 +120,25 @@ def test_strict_mode_refuses_what_cannot_be_enforced_without_undo() -> None:
     }
     compiled = compile_strict(tags)
     assert enforceable(compiled) is compiled
+
+
+def test_one_of_told_apart_by_required_is_held_by_the_grammar() -> None:
+    # Both branches take {"length":1,"width":2,"radius":3}: the grammar keeps each answer
+    # to one branch (no check at run time, nothing refused).
+    shapes = {
+        "type": "object",
+        "properties": {
+            "length": {"type": "number"},
+            "width": {"type": "number"},
+            "radius": {"type": "number"},
+        },
+        "oneOf": [{"required": ["length", "width"]}, {"required": ["radius"]}],
+    }
+    compiled = enforceable(compile_strict(shapes))
+    assert compiled.checks is None
+    assert first_rejected(compiled, '{"length":1,"width":2}') is None
+    assert first_rejected(compiled, '{"radius":3}') is None
+    assert first_rejected(compiled, '{"length":1,"width":2,"radius":3}') is not None
 
 
 def test_a_request_grammar_thinks_then_holds_the_answer() -> None:

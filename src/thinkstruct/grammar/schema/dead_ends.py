@@ -41,7 +41,7 @@ from typing import Any
 
 from thinkstruct.grammar.schema.checks import CheckPlan, KeywordEnforcement
 from thinkstruct.grammar.schema.instances import NO_WITNESS, witness
-from thinkstruct.grammar.schema.keywords import _types
+from thinkstruct.grammar.schema.one_of import types_of as _types
 from thinkstruct.grammar.schema.walk import follow_bare_ref, resolve
 
 #: Keywords that bound a string's continuations.

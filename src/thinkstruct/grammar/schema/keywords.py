@@ -15,14 +15,23 @@ rewrite keeps the set of valid instances unchanged:
 - ``dependentRequired``/``dependentSchemas``/``dependencies`` become ``anyOf`` of "the
   trigger property is absent" (``properties: {p: false}``) and "it is present with what
   it requires".
-- ``not`` of ``required``, of a ``type`` list, of ``true``/``false`` becomes the
-  equivalent positive form.
+- ``not`` of ``required``, of a ``type`` list, of ``true``/``false``, of a pattern of
+  whole strings of one character class (``^[S]+$``) becomes the equivalent positive form.
 - ``$dynamicAnchor`` in a document without ``$dynamicRef`` becomes ``$anchor`` (the two
   then mean the same).
 - ``oneOf`` whose branches provably cannot both match (disjoint types or literal values,
   different ``const``/``enum`` values of one required property, or a property one branch
   requires and the other forbids) becomes ``anyOf``.
-- no-op assertions (``uniqueItems: false``, ``minItems: 0``...) are dropped.
+
+A ``oneOf`` of numeric intervals becomes the ``anyOf`` of the intervals its numbers fall
+in exactly one of.
+
+One rewrite narrows instead: a ``oneOf`` whose branches can be made mutually exclusive
+(a branch forbids a property another requires, and the like: :mod:`.one_of`) becomes the
+``anyOf`` of the narrowed branches. Its values are a subset of the valid ones (never an
+invalid one), and every backend then enforces it exactly.
+- no-op assertions (``uniqueItems: false``, ``minItems: 0``, ``propertyNames`` of
+  annotations only...) are dropped.
 """
 
 from __future__ import annotations
@@ -31,7 +40,14 @@ import json
 from typing import Any
 
 from thinkstruct.grammar.constraint import escape_pointer
-from thinkstruct.grammar.schema.walk import children, follow_bare_ref, subschemas
+from thinkstruct.grammar.schema.one_of import (
+    ALL_TYPES,
+    Narrowing,
+    exclusive_branches,
+    interval_pieces,
+    narrowed,
+)
+from thinkstruct.grammar.schema.walk import children, resolve, subschemas
 
 #: Formats llguidance enforces (also known to xgrammar and outlines-core).
 KNOWN_FORMATS = frozenset(
@@ -95,6 +111,8 @@ def normalize(schema: Any, *, hard_keywords: frozenset[str], text: str | None = 
     if text is None:
         text = json.dumps(schema)
     out = json.loads(text)  # a private copy, much faster than deepcopy
+    if '"oneOf"' in text and _exclusive_one_of(out, json.loads(text)):
+        text = json.dumps(out)
     if _narrow_finite(out, text, hard_keywords):
         text = json.dumps(out)
     dynamic = '"$dynamicRef"' in text
@@ -110,10 +128,11 @@ def normalize(schema: Any, *, hard_keywords: frozenset[str], text: str | None = 
         _rewrite_dependencies(node)
         _rewrite_not(node)
         branches = node.get("oneOf")
-        if isinstance(branches, list) and len(branches) > 1 and _pairwise_disjoint(branches, out):
-            _add_constraint(node, {"anyOf": node.pop("oneOf")})
-        elif isinstance(branches, list) and len(branches) == 1:
+        if isinstance(branches, list) and len(branches) == 1:
             _add_constraint(node, node.pop("oneOf")[0])
+        elif isinstance(branches, list) and (pieces := interval_pieces(branches)) is not None:
+            del node["oneOf"]
+            _add_constraint(node, {"anyOf": pieces} if pieces else False)
     return out
 
 
@@ -123,6 +142,114 @@ def _add_constraint(node: dict[str, Any], extra: Any) -> None:
         node["anyOf"] = extra["anyOf"]
     else:
         node.setdefault("allOf", []).append(extra)
+
+
+# ---- oneOf ---------------------------------------------------------------------------
+
+
+def _exclusive_one_of(out: dict[str, Any], pristine: dict[str, Any]) -> bool:
+    """Make each ``oneOf`` of ``out`` whose branches are (or are narrowed to be) mutually
+    exclusive an ``anyOf`` (:mod:`.one_of`), judged on ``pristine`` (``out`` as given);
+    whether anything changed.
+
+    Narrowing a subschema narrows the document only where the subschema is used
+    positively: not under ``not``, ``if`` or ``contains``, not in a branch of a ``oneOf``
+    left as it is, and not reached by a ``$ref`` from such a place (:func:`_negative`).
+    A narrowing is kept only there, and only in documents whose references are all JSON
+    pointers (an anchor's target is not followed here)."""
+    targets = _ref_targets(pristine)
+    validator: Any = None
+
+    def make_validator() -> Any:
+        nonlocal validator
+        if validator is None:
+            validator = _validator(pristine)
+        return validator
+
+    found: dict[str, list[Narrowing] | None] = {}
+    triggers: dict[str, str] = {}  # a dependent schema's pointer -> its trigger property
+    for node, pointer in subschemas(pristine):
+        for keyword in ("dependencies", "dependentSchemas"):
+            if isinstance(node.get(keyword), dict):
+                for name, sub in node[keyword].items():
+                    if isinstance(sub, dict) and f"{pointer}/{keyword}/{escape_pointer(name)}" not in targets:
+                        triggers[f"{pointer}/{keyword}/{escape_pointer(name)}"] = name
+        if not isinstance(node.get("oneOf"), list) or len(node["oneOf"]) < 2:
+            continue
+        if any(t.startswith(f"{pointer}/oneOf/") for t in targets):
+            found[pointer] = None  # a $ref points into a branch: its pointer must stay
+        else:
+            # A dependent schema applies to objects with its trigger property.
+            context = ({"type": "object", "required": [triggers[pointer]]},) if pointer in triggers else ()
+            found[pointer] = exclusive_branches(node, pristine, make_validator, context)
+    pointers_only = not _other_references(pristine)
+    changed = True
+    while changed:  # a narrowing dropped leaves its oneOf as it is, which may drop others
+        negative = _negative(pristine, {p for p, v in found.items() if v is not None})
+        changed = False
+        for pointer, views in found.items():
+            narrows = views is not None and any(v.narrows() for v in views)
+            if narrows and (not pointers_only or pointer in negative):
+                found[pointer] = None
+                changed = True
+    rewritten = [(p, v) for p, v in found.items() if v is not None]
+    # Deepest first: a rewrite moves the branches below it, not the ones above.
+    for pointer, views in sorted(rewritten, key=lambda f: -f[0].count("/")):
+        node = resolve(out, pointer)
+        branches = node.pop("oneOf")
+        _add_constraint(node, {"anyOf": [narrowed(b, v) for b, v in zip(branches, views, strict=True)]})
+    return bool(rewritten)
+
+
+#: Keywords under which a narrower subschema does not make the document narrower.
+_NEGATIVE = frozenset({"not", "if", "contains"})
+
+
+def _negative(root: Any, exclusive: set[str]) -> set[str]:
+    """Pointers of the subschemas of ``root`` used where a narrower subschema could widen
+    the document: under a :data:`_NEGATIVE` keyword or a ``oneOf`` not in ``exclusive``,
+    directly or through local ``$ref``s."""
+    seen: set[tuple[str, bool]] = set()
+    negative: set[str] = set()
+    stack = [("", True)]
+    while stack:
+        pointer, positive = stack.pop()
+        if (pointer, positive) in seen:
+            continue
+        seen.add((pointer, positive))
+        if not positive:
+            negative.add(pointer)
+        node = resolve(root, pointer)
+        if not isinstance(node, dict):
+            continue
+        ref = node.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+            stack.append((ref[1:], positive))
+        for _, child in children(node, pointer):
+            keyword = child[len(pointer) + 1 :].split("/", 1)[0]
+            stack.append(
+                (
+                    child,
+                    positive and keyword not in _NEGATIVE and (keyword != "oneOf" or pointer in exclusive),
+                )
+            )
+    return negative
+
+
+def _other_references(root: Any) -> bool:
+    """Whether ``root`` has a reference that is not a local JSON pointer."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for keyword in ("$ref", "$dynamicRef", "$recursiveRef"):
+                ref = node.get(keyword)
+                if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")):
+                    return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 # ---- dependencies ---------------------------------------------------------------------
@@ -168,13 +295,44 @@ def _rewrite_not(node: dict[str, Any]) -> None:
         del node["not"]
         absent = [{"properties": {p: False}} for p in negated["required"]]
         _add_constraint(node, absent[0] if len(absent) == 1 else {"anyOf": absent})
+    elif (
+        isinstance(negated, dict)
+        and set(negated) == {"pattern"}
+        and "pattern" not in node
+        and node.get("type", "string") in ("string", ["string"])
+        and (outside := _outside_class(negated["pattern"])) is not None
+    ):
+        # Not a string of the class: a string (a pattern passes anything else, so "not"
+        # fails it) that is empty or has a character outside it.
+        del node["not"]
+        node["type"] = "string"
+        node["pattern"] = outside
     elif isinstance(negated, dict) and set(negated) == {"type"}:
         types = negated["type"] if isinstance(negated["type"], list) else [negated["type"]]
         if not _strings(types) or ("integer" in types and "number" not in types):
             return  # "not integer" leaves non-integral numbers: no positive form
         excluded = set(types) | ({"integer"} if "number" in types else set())
         del node["not"]
-        _add_constraint(node, {"type": sorted(_ALL_TYPES - excluded)} if _ALL_TYPES - excluded else False)
+        _add_constraint(node, {"type": sorted(ALL_TYPES - excluded)} if ALL_TYPES - excluded else False)
+
+
+def _outside_class(pattern: Any) -> str | None:
+    """For a pattern ``^[S]+$`` or ``^[S]*$`` (whole strings of a character class), the
+    pattern of the strings it does not match: empty (for ``+``) or with a character
+    outside the class; ``None`` for any other pattern."""
+    if not isinstance(pattern, str) or not pattern.startswith("^[") or pattern[2:3] in ("^", "]", ""):
+        return None
+    i = 2
+    while i < len(pattern) and pattern[i] != "]":
+        if pattern[i] == "[":
+            return None
+        i += 2 if pattern[i] == "\\" else 1
+    body, rest = pattern[2:i], pattern[i + 1 :]
+    if rest == "+$":
+        return f"^$|[^{body}]"
+    if rest == "*$":
+        return f"[^{body}]"
+    return None
 
 
 def _strings(value: Any) -> bool:
@@ -287,119 +445,13 @@ def _ref_targets(root: Any) -> list[str]:
 def _is_noop(keyword: str, value: Any) -> bool:
     if keyword == "uniqueItems":
         return value is False
+    if keyword == "propertyNames":  # names checked by nothing but annotations
+        return value is True or (
+            isinstance(value, dict)
+            and all(
+                k in NON_ASSERTIONS and (k != "format" or v not in KNOWN_FORMATS) for k, v in value.items()
+            )
+        )
     if keyword in ("minItems", "minLength", "minProperties", "minContains"):
         return value == 0 and keyword != "minContains"
     return False
-
-
-# ---- oneOf disjointness -----------------------------------------------------------------
-
-_ALL_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
-
-
-def _pairwise_disjoint(branches: list[Any], root: Any) -> bool:
-    resolved = [follow_bare_ref(b, root) for b in branches]
-    if any(not isinstance(b, dict) for b in resolved):
-        return False
-    if _discriminated(resolved, root):
-        return True
-    return all(
-        _disjoint(resolved[i], resolved[j], root)
-        for i in range(len(resolved))
-        for j in range(i + 1, len(resolved))
-    )
-
-
-def _disjoint(a: dict[str, Any], b: dict[str, Any], root: Any) -> bool:
-    """True only if no instance can match both ``a`` and ``b``."""
-    ta, tb = _types(a), _types(b)
-    if ta is not None and tb is not None and not (ta & tb):
-        return True
-    la, lb = _literal_values(a), _literal_values(b)
-    if la is not None and lb is not None and not (la & lb):
-        return True
-    if (ta is not None and ta <= {"object"}) or (tb is not None and tb <= {"object"}):
-        return _forbids_required(a, b) or _forbids_required(b, a)
-    return False
-
-
-def _forbids_required(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """``a`` requires a property ``b`` cannot have (both must be objects for this)."""
-    if _types(a) != frozenset({"object"}) and _types(b) != frozenset({"object"}):
-        return False
-    required = a.get("required")
-    if not isinstance(required, list) or not _strings(required):
-        return False
-    raw = b.get("properties")
-    props: dict[str, Any] = raw if isinstance(raw, dict) else {}
-    closed = b.get("additionalProperties") is False and not b.get("patternProperties")
-    return any(props.get(p) is False or (closed and p not in props) for p in required)
-
-
-def _types(schema: dict[str, Any]) -> frozenset[str] | None:
-    """The JSON types a schema can match, where that is evident; ``None`` if unsure."""
-    if "const" in schema:
-        return frozenset({_type_of(schema["const"])})
-    if isinstance(schema.get("enum"), list) and schema["enum"]:
-        return frozenset(_type_of(v) for v in schema["enum"])
-    t = schema.get("type")
-    if isinstance(t, str):
-        t = [t]
-    if isinstance(t, list) and all(isinstance(x, str) for x in t):
-        s = set(t)
-        if "number" in s:
-            s.add("integer")  # integers are numbers
-        return frozenset(s)
-    return None
-
-
-def _type_of(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "integer" if value.is_integer() else "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
-
-
-def _discriminated(branches: list[dict[str, Any]], root: Any) -> bool:
-    """Objects told apart by one required property with disjoint const/enum values."""
-    candidates: set[str] | None = None
-    for b in branches:
-        required = b.get("required")
-        props = b.get("properties")
-        if not isinstance(required, list) or not isinstance(props, dict):
-            return False
-        keys = {k for k in required if isinstance(k, str) and k in props}
-        candidates = keys if candidates is None else candidates & keys
-    for prop in sorted(candidates or ()):
-        value_sets: list[set[str]] = []
-        for b in branches:
-            sub = follow_bare_ref(b["properties"][prop], root)
-            values = _literal_values(sub)
-            if values is None:
-                break
-            value_sets.append(values)
-        else:
-            if all(
-                not (value_sets[i] & value_sets[j])
-                for i in range(len(value_sets))
-                for j in range(i + 1, len(value_sets))
-            ):
-                return True
-    return False
-
-
-def _literal_values(schema: Any) -> set[str] | None:
-    if not isinstance(schema, dict):
-        return None
-    if "const" in schema:
-        return {json.dumps(schema["const"], sort_keys=True)}
-    if isinstance(schema.get("enum"), list):
-        return {json.dumps(v, sort_keys=True) for v in schema["enum"]}
-    return None
