@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
 import shlex
 import signal
@@ -55,6 +56,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 #: The environment variable that marks every process of a side.
@@ -432,10 +434,21 @@ class Worker(_Process):
 
 
 def free_port() -> int:
-    """A free TCP port on the loopback interface."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free TCP port on the loopback interface, below the kernel's ephemeral range and
+    above Ray's worker ports (10002-19999): a port from the ephemeral range (what binding
+    port 0 gives) can be taken between the choice and the server's bind by any process's
+    own port-0 bind or outgoing connection (seen: a Ray Serve ingress that could not bind
+    its port while Ray's processes started)."""
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ranges.read_text().split()[0]) if ranges.exists() else 32768
+    for port in random.sample(range(20000, low), min(200, low - 20000)):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port between 20000 and {low}")
 
 
 class Server(_Process):
@@ -464,12 +477,11 @@ class Server(_Process):
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop())
 
     def __enter__(self) -> Server:
-        proc = self._popen(stdout=subprocess.DEVNULL, stderr=self._log)
+        self._popen(stdout=subprocess.DEVNULL, stderr=self._log)
         deadline = time.monotonic() + self._ready_timeout_s
         try:
             while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited with {proc.returncode}: {self._tail()}")
+                self.check_running()
                 try:
                     with urllib.request.urlopen(self.url + self._health, timeout=5) as reply:
                         if reply.status == 200:
@@ -485,6 +497,11 @@ class Server(_Process):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def check_running(self) -> None:
+        """Raises RuntimeError, with the end of its stderr, where the process has ended."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self._tail()}")
 
     def _tail(self) -> str:
         self._log.seek(0)

@@ -80,18 +80,20 @@ def _service(name: str, *options: str, rule: alone.QuietRule) -> alone.Server:
     return alone.Server(name, argv, port=port, rule=rule, env=ENV)
 
 
-def _wait_answering(url: str, timeout_s: float = 900.0) -> None:
-    """Until a chat request answers 200 (a replica answers ``/health`` before its engine does)."""
+def _wait_answering(service: alone.Server, timeout_s: float = 900.0) -> None:
+    """Until a chat request answers 200 (a replica answers ``/health`` before its engine
+    does); the service's own error if its process ends first."""
     deadline = time.monotonic() + timeout_s
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **OFF}
     while time.monotonic() < deadline:
+        service.check_running()
         try:
-            if httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).status_code == 200:
+            if httpx.post(f"{service.url}/v1/chat/completions", json=body, timeout=60).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(1.0)
-    raise RuntimeError(f"{url} did not answer a chat request")
+    raise RuntimeError(f"{service.url} did not answer a chat request")
 
 
 def _stream(
@@ -316,7 +318,7 @@ def concurrent_part(args: argparse.Namespace, runs: list[alone.Run]) -> None:
             with _service(
                 side, "--replicas", "2", "--replica-cpus", "1", "--routing", side, rule=rule
             ) as service:
-                _wait_answering(service.url)
+                _wait_answering(service)
                 concurrent_conversations(service.url, chats=4, shared=False, max_tokens=8)  # warm-up
                 for p in patterns:
                     done, wall = concurrent_conversations(
@@ -416,7 +418,7 @@ def overhead_part(args: argparse.Namespace, runs: list[alone.Run]) -> None:
     for r in range(args.rounds):
         for name in alone.rotation(list(sides), r):
             with _service(name, *sides[name], rule=rule) as server:
-                _wait_answering(server.url)
+                _wait_answering(server)
                 # Warm-up, not measured: a replica's compile workers and first passes warm
                 # up through its first minute (measured 485 tok/s and 102 ms in a first
                 # 10 s loop, 519 and 72 ms in the next).
@@ -446,7 +448,7 @@ def replicas_part(args: argparse.Namespace, runs: list[alone.Run]) -> None:
     """Two replicas: the closed loop, sequential two-turn chats, a grammar's cold compile."""
     rule = alone.quiet_rule(args)
     with _service("Ray, 2 replicas", "--replicas", "2", "--replica-cpus", "1", rule=rule) as ray2:
-        _wait_answering(ray2.url)
+        _wait_answering(ray2)
         tokens, wall, firsts = closed_loop(
             ray2.url, clients=args.clients, seconds=args.seconds, max_tokens=args.max_tokens
         )
