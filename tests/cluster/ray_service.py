@@ -13,10 +13,8 @@ process outlives the session.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,28 +27,13 @@ import httpx
 import openai
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from alone import free_port  # a port below the ephemeral range (see its doc)
+
 #: Seconds a local Ray instance with the tiny model's replicas may take to come up on a
 #: loaded 2-core machine (`make test` may start two such services at once: up to ~190 s
 #: seen with other work on the machine).
 START_S = 300.0
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface, below the kernel's ephemeral range and
-    above Ray's worker ports (10002-19999): a port from the ephemeral range (what binding
-    port 0 gives) can be taken between the choice and the server's bind by any process's
-    own port-0 bind or outgoing connection (seen: a Ray Serve ingress that could not bind
-    its port while Ray's processes started)."""
-    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    low = int(ranges.read_text().split()[0]) if ranges.exists() else 32768
-    for port in random.sample(range(20000, low), min(200, low - 20000)):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free port between 20000 and {low}")
 
 
 #: The tiny model's end-of-sequence token, kept out of answers that must run to max_tokens.
