@@ -79,9 +79,9 @@ class PromptPrefixRouter(RequestRouter):
             match = self._index.longest(prompt, by_id.keys())
             holders, bound = match.holders, self._bounds.of(whole=match.whole)
         order = rank_replicas(list(by_id), holders=holders, load=self.load, bound=bound, rng=self._rng)
-        if pending_request is not None and order:
-            self._in_flight.chose(pending_request.metadata.internal_request_id, order[0])
         if pending_request is not None:
+            if order:
+                self._in_flight.chose(pending_request.metadata.internal_request_id, order[0])
             # Every candidate is ranked: when none takes the request, Ray Serve waits
             # (backs off) before it asks again, rather than probing in a tight loop.
             pending_request.routing_context.should_backoff = True
