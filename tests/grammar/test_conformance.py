@@ -248,8 +248,12 @@ def test_a_compile_past_its_time_limit_is_a_timeout_and_the_pool_carries_on(pool
         {"type": "integer"},
         (Instance("an integer", "12", True), Instance("a string", '"12"', False)),
     )
-    # A limit of a millisecond expires before any answer can arrive, whatever the machine's speed.
-    (timed_out,) = pool.run([("llguidance", case)], timeouts={**COMPILE_TIMEOUT_S, "llguidance": 0.001})
+    # A limit of a millisecond expires before a worker can answer a compile of 5,000 strings
+    # (a warm worker has answered `{"type": "integer"}` within it).
+    slow = SchemaCase(
+        "draft2020-12", "harness.json", 1, "5,000 strings", {"enum": [f"s{i}" for i in range(5000)]}, ()
+    )
+    (timed_out,) = pool.run([("llguidance", slow)], timeouts={**COMPILE_TIMEOUT_S, "llguidance": 0.001})
     assert timed_out.outcome == TIMEOUT and not timed_out.compiled
     # The compile workers still serve; the next compiles and matches are normal.
     results = pool.run([("llguidance", case)] * 4)
