@@ -35,7 +35,7 @@ def slow_outlines(n: int) -> Constraint:
 
 
 def big_enum(n: int, size: int = 20_000) -> Constraint:
-    """xgrammar takes about 9 s for a 20,000-string enum on 2 cores."""
+    """xgrammar takes about 2 CPU-seconds for a 20,000-string enum (a warm worker)."""
     return Constraint.json_schema({"enum": [f"value-{n}-{i}" for i in range(size)]})
 
 
@@ -106,7 +106,7 @@ def test_a_worker_crash_is_retried_on_a_fresh_worker(tokenizer: Tokenizer) -> No
     with GrammarCompiler(tokenizer, CompilerConfig(timeout_s=60.0)) as c:
         c.warm_up(("xgrammar",))
         [pid] = c.worker_pids()
-        future = c.submit(big_enum(0, size=5000), backend="xgrammar")
+        future = c.submit(big_enum(0), backend="xgrammar")
         _wait_busy(pid)
         os.kill(pid, signal.SIGKILL)  # the kernel's OOM killer does the same
         compiled = future.result(timeout=60)

@@ -35,7 +35,8 @@ from thinkstruct.grammar.backends import BACKEND_NAMES, backend_class, backend_c
 from thinkstruct.grammar.base import CompiledGrammar, GrammarBackend
 from thinkstruct.grammar.service.attempt import CompileAttempt, Deadlines
 from thinkstruct.grammar.service.config import CompilerConfig, check_backend_name
-from thinkstruct.grammar.service.workers import STARTUP_ALLOWANCE_S, WorkerPool
+from thinkstruct.grammar.service.workers import WorkerPool
+from thinkstruct.grammar.service.zygote import STARTUP_ALLOWANCE_S
 
 if TYPE_CHECKING:
     from thinkstruct.grammar.constraint import Constraint

@@ -15,10 +15,12 @@ is dropped without running. A worker that dies (out of memory, a native crash) i
 internal error, not the constraint's fault: the job is retried once on a fresh worker and
 the crash is counted.
 
-Workers are plain ``python -m thinkstruct.grammar.service.worker_process`` subprocesses
-speaking length-prefixed pickles over stdin/stdout, so they never re-import the parent's
-``__main__`` (as multiprocessing's spawn would). What the libraries print to stderr (C++
-warnings, Rust panics) is forwarded line by line to the ``thinkstruct.grammar`` logger.
+Workers are forked, their setup already built, from a zygote process
+(:mod:`~thinkstruct.grammar.service.zygote`: a few milliseconds against 2-3 CPU-seconds for
+a process of its own), and speak length-prefixed pickles over pipes, so they never
+re-import the parent's ``__main__`` (as multiprocessing's spawn would). What the libraries
+print to stderr (C++ warnings, Rust panics) is forwarded line by line to the
+``thinkstruct.grammar`` logger.
 """
 
 from __future__ import annotations
@@ -26,12 +28,9 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
-import os
 import pickle
 import select
-import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +38,9 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 from thinkstruct.errors import CompileTimeout, InternalCompileError, ThinkstructError
+from thinkstruct.grammar.service import zygote
+from thinkstruct.grammar.service.messages import read_message, write_message
+from thinkstruct.grammar.service.zygote import STARTUP_ALLOWANCE_S, Started, WorkerProcess, start_worker
 
 if TYPE_CHECKING:
     from thinkstruct.grammar.constraint import Constraint
@@ -46,13 +48,6 @@ if TYPE_CHECKING:
     from thinkstruct.tokenizer import Tokenizer
 
 logger = logging.getLogger("thinkstruct.grammar")
-
-_HEADER = struct.Struct("<Q")
-
-#: Most seconds a new worker may take to start (imports, tokenizer, the backend's
-#: vocabulary view; measured 2-6 s on 2 cores for the 129k tokenizer) before it is taken
-#: for dead.
-STARTUP_ALLOWANCE_S = 120.0
 
 #: A worker's reply: ``("ok", (payload, start row bytes), seconds)`` or
 #: ``("invalid", InvalidConstraint, seconds)``; the start row is the probe's first mask
@@ -91,31 +86,45 @@ class _Job:
 
 
 class _Worker:
+    """One compile worker, from the moment it is asked for: it starts on a thread of its
+    own (a fork from the zygote, or a process of its own), so asking never blocks."""
+
     def __init__(self, setup: bytes, backend: str) -> None:
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         self.backend = backend
         self.started = time.monotonic()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "thinkstruct.grammar.service.worker_process"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-        )
-        if self.process.stdin is None or self.process.stdout is None or self.process.stderr is None:
-            raise ThinkstructError("could not open pipes to a compile worker")
-        self.stdin: IO[bytes] = self.process.stdin
-        self.stdout: IO[bytes] = self.process.stdout
         self.ready = False
         # Readiness is read by one thread at a time (a dispatcher or warm-up).
         self._ready_lock = threading.Lock()
+        self._killed = False
+        self._start: concurrent.futures.Future[Started] = concurrent.futures.Future()
         threading.Thread(
-            target=_forward_stderr,
-            args=(self.process.stderr, backend),
-            name=f"thinkstruct-{backend}-stderr",
-            daemon=True,
+            target=self._begin, args=(setup,), name=f"thinkstruct-{backend}-start", daemon=True
         ).start()
-        write_message(self.stdin, setup)
+
+    def _begin(self, setup: bytes) -> None:
+        try:
+            self._start.set_result(start_worker(setup, self.backend))
+        except BaseException as error:  # noqa: BLE001 - the waiter reports it
+            self._start.set_exception(error)
+
+    @property
+    def process(self) -> WorkerProcess:
+        """The worker's process (once :meth:`wait_ready` said it is ready)."""
+        return self._start.result(0).process
+
+    @property
+    def stdin(self) -> IO[bytes]:
+        return self._start.result(0).stdin
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        return self._start.result(0).stdout
+
+    def pid(self) -> int | None:
+        """Its process id, once it has one."""
+        if not self._start.done() or self._start.exception() is not None:
+            return None
+        return self._start.result().process.pid
 
     def wait_ready(self, deadline: float) -> bool:
         """Wait until the worker has started, at most until ``deadline``; whether it has.
@@ -132,13 +141,20 @@ class _Worker:
         try:
             if self.ready:
                 return True
-            ready, _, _ = select.select([self.stdout], [], [], max(limit - time.monotonic(), 0.0))
-            if not ready:
+            try:
+                stdout: IO[bytes] | None = self._start.result(
+                    timeout=max(limit - time.monotonic(), 0.0)
+                ).stdout
+            except concurrent.futures.TimeoutError:
+                stdout = None
+            except Exception:  # noqa: BLE001 - no process could be started
+                raise WorkerCrashed(f"a {self.backend} compile worker could not be started") from None
+            if stdout is None or not select.select([stdout], [], [], max(limit - time.monotonic(), 0.0))[0]:
                 if time.monotonic() >= self.started + STARTUP_ALLOWANCE_S:
                     raise WorkerCrashed(f"a {self.backend} compile worker did not start")
                 return False
             try:
-                if pickle.loads(read_message(self.stdout)) != "ready":
+                if pickle.loads(read_message(stdout)) != "ready":
                     raise EOFError
             except (EOFError, OSError, pickle.UnpicklingError):
                 raise WorkerCrashed(f"a {self.backend} compile worker died while starting") from None
@@ -148,26 +164,33 @@ class _Worker:
             self._ready_lock.release()
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        if not self._start.done():
+            return not self._killed
+        if self._start.exception() is not None:
+            return False
+        return self._start.result().process.poll() is None
 
     def kill(self) -> None:
-        if self.alive():
-            self.process.kill()
-        self.process.wait(timeout=10)
-        for stream in (self.stdin, self.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
+        """Kill it and close its pipes (where it is still starting: once it has started)."""
+        self._killed = True
+        self._start.add_done_callback(_end)
 
 
-def _forward_stderr(stream: IO[bytes], backend: str) -> None:
-    # xgrammar writes C++ warnings ("oneOf with overlapping ...") straight to fd 2.
-    with stream:
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", errors="replace").rstrip()
-            if line:
-                logger.warning("%s compile worker: %s", backend, line)
+def _end(start: concurrent.futures.Future[Started]) -> None:
+    if start.exception() is not None:
+        return
+    started = start.result()
+    if started.process.poll() is None:
+        started.process.kill()
+    try:
+        started.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        logger.warning("compile worker %d outlived SIGKILL by 10 s", started.process.pid)
+    for stream in (started.stdin, started.stdout):
+        try:
+            stream.close()
+        except OSError:
+            pass
 
 
 class WorkerPool:
@@ -201,6 +224,7 @@ class WorkerPool:
         self._workers: list[_Worker | None] = [None] * processes
         self._dispatchers: list[threading.Thread] = []
         self._closed = False
+        zygote.hold()
 
     # ---- public ----------------------------------------------------------------------
 
@@ -251,11 +275,15 @@ class WorkerPool:
     def pids(self) -> list[int]:
         """Process ids of the live workers."""
         with self._cond:
-            return [w.process.pid for w in self._workers if w is not None and w.alive()]
+            return [
+                pid for w in self._workers if w is not None and w.alive() and (pid := w.pid()) is not None
+            ]
 
     def close(self) -> None:
         """Kill every worker and fail the jobs still queued."""
         with self._cond:
+            if self._closed:
+                return
             self._closed = True
             workers = [w for w in self._workers if w is not None]
             self._workers = [None] * self._processes
@@ -264,6 +292,7 @@ class WorkerPool:
             self._cond.notify_all()
         for w in workers:
             w.kill()
+        zygote.release()
         for job in queued:
             _fail(job, ThinkstructError("the compiler is closed"))
 
@@ -386,20 +415,3 @@ class WorkerPool:
 def _fail(job: _Job, error: BaseException) -> None:
     if not job.future.done():
         job.future.set_exception(error)
-
-
-def write_message(stream: IO[bytes], payload: bytes) -> None:
-    stream.write(_HEADER.pack(len(payload)))
-    stream.write(payload)
-    stream.flush()
-
-
-def read_message(stream: IO[bytes]) -> bytes:
-    header = stream.read(_HEADER.size)
-    if len(header) < _HEADER.size:
-        raise EOFError
-    (size,) = _HEADER.unpack(header)
-    payload = stream.read(size)
-    if len(payload) < size:
-        raise EOFError
-    return payload
