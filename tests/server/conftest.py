@@ -34,13 +34,8 @@ def tiny_engine(tiny_model_dir: Path) -> Iterator[Any]:
 
     # bfloat16: on this CPU its linear layers and attention give a row the same numbers in
     # any batch (float32's small-batch kernels do not), which the seed tests rely on.
-    # outlines is left cold (2.4 CPU-s a worker): no test of this server names it, and
-    # auto tries it last.
     engine = start_engine(
-        load_model(tiny_model_dir, dtype="bfloat16", progress=False),
-        backends=("llguidance", "xgrammar"),
-        max_batch=8,
-        max_queue=64,
+        load_model(tiny_model_dir, dtype="bfloat16", progress=False), max_batch=8, max_queue=64
     )
     yield engine
     stop_engine(engine)

@@ -80,12 +80,7 @@ def serving(engine: Any, settings: ServerSettings | None = None) -> Iterator[Run
         yield server
 
 
-def start_engine(
-    model: Any, *, warm: bool = True, backends: tuple[str, ...] | None = None, **config: Any
-) -> Any:
-    """An engine for ``model`` with a compiler of its own; ``warm``: its compile workers
-    started up front, every backend's or those of ``backends`` (another backend's worker
-    starts at its first compile)."""
+def start_engine(model: Any, *, warm: bool = True, **config: Any) -> Any:
     from thinkstruct.engine import Engine, EngineConfig
     from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 
@@ -95,7 +90,7 @@ def start_engine(
     engine = Engine(model, config=EngineConfig(**config), compiler=compiler)
     engine.start()
     if warm:
-        compiler.warm_up(backends, timeout_s=120.0)
+        compiler.warm_up(timeout_s=120.0)
     return engine
 
 
