@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 import pytest
 import torch
@@ -31,7 +31,7 @@ from thinkstruct.engine.model.loading import LoadedModel, load_model
 from thinkstruct.engine.model.model_cache import MANIFEST, entry_problem, read_manifest
 from thinkstruct.engine.model.paths import served_model_name
 from thinkstruct.parsers import UnknownName, render_chat
-from thinkstruct.tokenizer import gguf_cache_key, smollm2_gguf_path
+from thinkstruct.tokenizer import cache_dir, gguf_cache_key, smollm2_gguf_path
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 SHORT = "The capital of France is"  # bf16 prefill is slow on CPUs without AVX512-BF16: keep prompts short
@@ -149,30 +149,51 @@ def test_int8_quantizes_the_linear_layers_and_keeps_the_answer(
     assert agreed >= 0.75 * len(answer)
 
 
-def test_keeping_outlier_layers_float_is_closer_to_float32(smollm2_int8: LoadedModel) -> None:
-    """Teacher-forced on float32's own answer: less KL than quantizing every Linear."""
-    import warnings
+class Haiku(NamedTuple):
+    """float32's own greedy answer to a haiku request: the ids (prompt and answer), the
+    positions that predict the answer, and float32's log-probabilities there."""
 
-    from torch.ao.quantization import quantize_dynamic
+    ids: torch.Tensor
+    span: slice
+    reference: torch.Tensor
 
+
+@pytest.fixture(scope="module")
+def haiku() -> Haiku:
     reference = load_model(dtype="float32", progress=False)
     prompt = chat_ids(
         reference, [{"role": "user", "content": "Write a haiku about the sea."}], enable_thinking=False
     )
     ids = torch.tensor([prompt + greedy(reference, prompt, 24)])
     span = slice(len(prompt) - 1, ids.shape[1] - 1)
+    with torch.inference_mode():
+        logprobs = reference.model(input_ids=ids).logits[0, span].log_softmax(-1)
+    return Haiku(ids, span, logprobs)
 
-    def kl(model: torch.nn.Module) -> float:
-        with torch.inference_mode():
-            ref = reference.model(input_ids=ids).logits[0, span].log_softmax(-1)
-            out = model(input_ids=ids).logits[0, span].log_softmax(-1)
-        return float(torch.nn.functional.kl_div(out, ref, log_target=True, reduction="batchmean"))
+
+def _haiku_logprobs(haiku: Haiku, model: torch.nn.Module) -> torch.Tensor:
+    """``model``'s log-probabilities teacher-forced on float32's haiku."""
+    with torch.inference_mode():
+        return model(input_ids=haiku.ids).logits[0, haiku.span].log_softmax(-1)
+
+
+def _haiku_kl(haiku: Haiku, out: torch.Tensor) -> float:
+    """KL(float32 || out) per position of the haiku."""
+    return float(torch.nn.functional.kl_div(out, haiku.reference, log_target=True, reduction="batchmean"))
+
+
+def test_keeping_outlier_layers_float_is_closer_to_float32(smollm2_int8: LoadedModel, haiku: Haiku) -> None:
+    """Teacher-forced on float32's own answer: less KL than quantizing every Linear."""
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
 
     everything = load_model(dtype="float32", progress=False).model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         quantize_dynamic(everything, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
-    assert kl(smollm2_int8.model) < kl(everything) / 2
+    dynamic, every_linear = _haiku_logprobs(haiku, smollm2_int8.model), _haiku_logprobs(haiku, everything)
+    assert _haiku_kl(haiku, dynamic) < _haiku_kl(haiku, every_linear) / 2
 
 
 def test_int8_weights_quantize_every_linear_and_keep_the_answer(smollm2_int8_weights: LoadedModel) -> None:
@@ -189,26 +210,14 @@ def test_int8_weights_quantize_every_linear_and_keep_the_answer(smollm2_int8_wei
 
 
 def test_int8_weights_stay_far_closer_to_float32_than_dynamic_int8(
-    smollm2_int8: LoadedModel, smollm2_int8_weights: LoadedModel
+    smollm2_int8: LoadedModel, smollm2_int8_weights: LoadedModel, haiku: Haiku
 ) -> None:
     """Teacher-forced on float32's own answer: with float32 activations the int8 weights
     keep float32's next token nearly everywhere, at a fraction of dynamic int8's KL."""
-    reference = load_model(dtype="float32", progress=False)
-    prompt = chat_ids(
-        reference, [{"role": "user", "content": "Write a haiku about the sea."}], enable_thinking=False
-    )
-    ids = torch.tensor([prompt + greedy(reference, prompt, 24)])
-    span = slice(len(prompt) - 1, ids.shape[1] - 1)
-    with torch.inference_mode():
-        ref = reference.model(input_ids=ids).logits[0, span].log_softmax(-1)
-        weights = smollm2_int8_weights.model(input_ids=ids).logits[0, span].log_softmax(-1)
-        dynamic = smollm2_int8.model(input_ids=ids).logits[0, span].log_softmax(-1)
-
-    def kl(out: torch.Tensor) -> float:
-        return float(torch.nn.functional.kl_div(out, ref, log_target=True, reduction="batchmean"))
-
-    assert kl(weights) < kl(dynamic) / 4
-    assert float((weights.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.9
+    weights = _haiku_logprobs(haiku, smollm2_int8_weights.model)
+    dynamic = _haiku_logprobs(haiku, smollm2_int8.model)
+    assert _haiku_kl(haiku, weights) < _haiku_kl(haiku, dynamic) / 4
+    assert float((weights.argmax(-1) == haiku.reference.argmax(-1)).float().mean()) >= 0.9
 
 
 # ---- a local model directory ----------------------------------------------------------------
@@ -472,6 +481,11 @@ def crashed_then_raced(tmp_path_factory: pytest.TempPathFactory, smollm2: Loaded
     cache = tmp_path_factory.mktemp("cache")
     root = cache / "models"
     key = gguf_cache_key(smollm2_gguf_path())
+    # The GGUF's tokenizer, as the user cache keeps it (read, not converted: 4 CPU-s less
+    # per fresh cache); the conversion under test is the weights'.
+    tokenizer = cache_dir() / "gguf-tokenizers" / key
+    if (tokenizer / "tokenizer.json").exists():
+        shutil.copytree(tokenizer, cache / "gguf-tokenizers" / key)
     progress = cache / "victim.stderr"
     with progress.open("w") as stderr:
         victim = _start(cache, stderr=stderr)

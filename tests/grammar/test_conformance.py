@@ -121,6 +121,7 @@ class BackendRuns:
     def results(self, backend: str) -> dict[str, list[SchemaResult]]:
         if backend not in self._done:
             recorded = read_expectations().get("results", {}).get(backend, {})
+            same_config = _same_config(backend)
             carried: list[SchemaResult] = []
             tasks = []
             for draft, cases in self.suite.items():
@@ -131,7 +132,7 @@ class BackendRuns:
                     carry = (
                         outcome == TIMEOUT or case.id in slow or not _checked_in_plain_run(backend, case.id)
                     )
-                    if not UPDATE and outcome is not None and carry and _same_config(backend):
+                    if not UPDATE and outcome is not None and carry and same_config:
                         # See the module docstring: a recorded timeout or slow compile, or a
                         # schema outside the plain run's half, is carried, not re-run.
                         carried.append(SchemaResult(case, backend, outcome, reason="recorded"))

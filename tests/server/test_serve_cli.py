@@ -101,11 +101,11 @@ class _Serve:
 
 def test_serve_answers_then_sigterm_drains_ends_in_flight_requests_and_exits_0(tiny_model_dir: Path) -> None:
     # One backend: the server warms only its compile workers before it reports healthy.
-    # A grace of 5 s: room for a 4-token request in flight to finish, not a 4000-token one
+    # A grace of 3 s: room for a 4-token request in flight to finish, not a 4000-token one
     # (seed 1 writes no end-of-sequence token in its first 3000).
     server = _Serve(
         "--model", str(tiny_model_dir), "--dtype", "float32", "--quantize", "none",
-        "--grace", "5", "--backend", "llguidance",
+        "--grace", "3", "--backend", "llguidance",
     )  # fmt: skip
     statuses = server.wait_healthy()
     assert set(statuses) <= {503, 200} and statuses[-1] == 200
