@@ -220,10 +220,12 @@ def start_worker(setup: bytes, backend: str) -> Started:
                     if _zygote is not None:
                         _zygote.close()
                     _zygote = None
-    return _own_process(setup, backend)
+    return own_process(setup, backend)
 
 
-def _own_process(setup: bytes, backend: str) -> Started:
+def own_process(setup: bytes, backend: str) -> Started:
+    """A compile worker as a process of its own (``python -m``
+    :mod:`~thinkstruct.grammar.service.worker_process`), its setup written to its stdin."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     process = subprocess.Popen(
         [sys.executable, "-m", "thinkstruct.grammar.service.worker_process"],
