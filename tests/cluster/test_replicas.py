@@ -161,7 +161,8 @@ BAD_REQUESTS: list[dict[str, Any]] = [
 def test_bad_input_is_the_same_4xx_as_without_ray(http: httpx.Client, model_dir: Path) -> None:
     from thinkstruct.engine import load_model
 
-    engine = start_engine(load_model(model_dir, progress=False), max_batch=2, max_queue=8)
+    # No compile process started ahead: none of these constraints compiles.
+    engine = start_engine(load_model(model_dir, progress=False), warm=False, max_batch=2, max_queue=8)
     try:
         with serving(engine, ServerSettings()) as single, single.http() as alone:
             for body in BAD_REQUESTS:
