@@ -4,10 +4,11 @@ each test's wall time, the machine's busy CPU seconds over the run (``/proc/stat
 the CPU seconds of each kind of process (the Ray daemons, Serve's controller and proxy,
 the engine and ingress replicas, their compile workers, the test process).
 
-A process's CPU is its last sample (every ``--every`` seconds): one that lives less
-than that between two samples is missed, so the kinds' sum is at most the machine's.
-Run it alone on the machine (``flock /work/heavy.lock``); other work on the machine
-shows as the difference between the machine's CPU seconds and the processes' sum.
+A process's CPU is its last sample (taken every second): one that lives less than a
+second between two samples is missed, so the kinds' sum is at most the machine's. Run it
+alone on the machine (``flock /work/heavy.lock``); other work on the machine shows as the
+difference between the machine's CPU seconds and the processes' sum. Arguments replace
+the test files; ``RAY_TESTS_CPU_TOP=N`` lists the N processes that took the most.
 
     flock /work/heavy.lock python benchmarks/ray_tests_cpu.py [pytest args...]
 """
