@@ -202,6 +202,10 @@ class RayService(_Child):
         """The engine replicas' processes (Ray titles them ``ray::ServeReplica:<app>:engine``)."""
         return _titled(self.cluster.family(), "ServeReplica:thinkstruct:engine")
 
+    def stats_board(self) -> list[psutil.Process]:
+        """The process of its stats board actor (Ray titles it ``ray::StatsBoard``)."""
+        return _titled(self.cluster.family(), "ray::StatsBoard")
+
     def openai(self, *, timeout: float = 120.0) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=timeout)
 

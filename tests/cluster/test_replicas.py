@@ -126,6 +126,14 @@ def test_the_replicas_run_at_the_services_priority(service: RayService) -> None:
     assert [p.nice() for p in replicas] == [psutil.Process(service.process.pid).nice()] * 2
 
 
+def test_the_stats_board_process_loads_no_torch(service: RayService) -> None:
+    """The board holds a few dicts: its process imports Ray, not thinkstruct's server
+    and torch (its class goes to Ray by value)."""
+    (board,) = service.stats_board()
+    maps = Path(f"/proc/{board.pid}/maps").read_text()
+    assert "libtorch" not in maps and "_ray" in maps
+
+
 def test_metrics_report_each_replica_and_the_service(service: RayService, http: httpx.Client) -> None:
     served = {chat(http, user(f"count me {i}"), max_tokens=8).headers[HEADER] for i in range(8)}
     deadline = time.monotonic() + 60
