@@ -201,3 +201,21 @@ def test_the_step_latency_target_reaches_the_engine(capsys: pytest.CaptureFixtur
         main(["serve", "--step-latency-target-ms", "-5"])
     assert exit_info.value.code == 2
     assert "--step-latency-target-ms" in capsys.readouterr().err
+
+
+def test_compile_workers_reach_the_compiler(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--compile-workers`` sets the compile processes per backend (0: threads only);
+    a negative count is refused naming the flag."""
+    from thinkstruct.cli.parsing import build_parser, engine_spec
+
+    parser = build_parser("t")
+    assert engine_spec(parser.parse_args(["serve"])).compiler.worker_processes == 1
+    assert engine_spec(parser.parse_args(["serve", "--compile-workers", "0"])).compiler.worker_processes == 0
+    assert (
+        engine_spec(parser.parse_args(["generate", "--compile-workers", "2", "hi"])).compiler.worker_processes
+        == 2
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--compile-workers", "-1"])
+    assert exit_info.value.code == 2
+    assert "--compile-workers" in capsys.readouterr().err

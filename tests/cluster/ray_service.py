@@ -42,13 +42,23 @@ NO_EOS = {"1": -100}
 #: share; a replica it killed would fail a test for a reason not its own. One torch
 #: thread per process: two cores. No token authentication: ``ray start`` turns it on
 #: when ~/.ray/auth_token exists, and a driver given an address does not (it then
-#: cannot connect).
+#: cannot connect). No idle workers started ahead (the raylet starts one per CPU when
+#: the first driver connects; the services' actors carry their own environment, so
+#: none of those would ever serve) and no Ray metrics (the tests read thinkstruct's
+#: /metrics, which comes from the replicas, not from Ray's): CPU the replicas need.
 RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_memory_monitor_refresh_ms": "0",
     "OMP_NUM_THREADS": "1",
     "RAY_AUTH_MODE": "disabled",
+    "RAY_enable_worker_prestart": "0",
+    "RAY_prestart_worker_first_driver": "0",
+    "RAY_enable_metrics_collection": "0",
 }
+#: The options of every test service: grammars compile in threads, so no replica starts
+#: compile processes (no test here sends a constraint that compiles; a constraint that
+#: does not compile is answered by the ingress, the same as a single process's).
+SERVICE_OPTIONS = ("--compile-workers", "0")
 #: Ray Serve's processes of a service, by the titles Ray gives them (``ray::ServeReplica:
 #: <app>:<deployment>``, ``ray::ServeController``, ``ray::ProxyActor``).
 SERVE_TITLES = ("ServeReplica:thinkstruct:", "ServeController", "ProxyActor")
@@ -178,7 +188,7 @@ class RayService(_Child):
         command = [str(Path(sys.executable).parent / "thinkstruct"), "serve", "--model", str(model_dir)]
         super().__init__(
             [*command, "--port", str(self.port), "--log-level", "warning", "--ray-address", cluster.address]
-            + list(options),
+            + [*SERVICE_OPTIONS, *options],
             {**os.environ, **RAY_ENV},
             ready="thinkstruct: listening on",
             what="the service",
@@ -191,6 +201,10 @@ class RayService(_Child):
     def engine_replicas(self) -> list[psutil.Process]:
         """The engine replicas' processes (Ray titles them ``ray::ServeReplica:<app>:engine``)."""
         return _titled(self.cluster.family(), "ServeReplica:thinkstruct:engine")
+
+    def stats_board(self) -> list[psutil.Process]:
+        """The process of its stats board actor (Ray titles it ``ray::StatsBoard``)."""
+        return _titled(self.cluster.family(), "ray::StatsBoard")
 
     def openai(self, *, timeout: float = 120.0) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=timeout)

@@ -126,6 +126,14 @@ def test_the_replicas_run_at_the_services_priority(service: RayService) -> None:
     assert [p.nice() for p in replicas] == [psutil.Process(service.process.pid).nice()] * 2
 
 
+def test_the_stats_board_process_loads_no_torch(service: RayService) -> None:
+    """The board holds a few dicts: its process imports Ray, not thinkstruct's server
+    and torch (its class goes to Ray by value)."""
+    (board,) = service.stats_board()
+    maps = Path(f"/proc/{board.pid}/maps").read_text()
+    assert "libtorch" not in maps and "_ray" in maps
+
+
 def test_metrics_report_each_replica_and_the_service(service: RayService, http: httpx.Client) -> None:
     served = {chat(http, user(f"count me {i}"), max_tokens=8).headers[HEADER] for i in range(8)}
     deadline = time.monotonic() + 60
@@ -161,7 +169,8 @@ BAD_REQUESTS: list[dict[str, Any]] = [
 def test_bad_input_is_the_same_4xx_as_without_ray(http: httpx.Client, model_dir: Path) -> None:
     from thinkstruct.engine import load_model
 
-    engine = start_engine(load_model(model_dir, progress=False), max_batch=2, max_queue=8)
+    # No compile process started ahead: none of these constraints compiles.
+    engine = start_engine(load_model(model_dir, progress=False), warm=False, max_batch=2, max_queue=8)
     try:
         with serving(engine, ServerSettings()) as single, single.http() as alone:
             for body in BAD_REQUESTS:
@@ -297,6 +306,7 @@ def test_a_killed_replica_ends_its_requests_clearly_and_comes_back(
         names = replica_names(http, tries=8)
         if len(names) == 2 and names != before:
             break
+        time.sleep(0.5)  # between rounds of requests: the new replica's start needs the cores
     else:
         pytest.fail(f"the killed replica did not come back: still {names}")
 

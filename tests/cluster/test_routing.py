@@ -9,7 +9,7 @@ import pytest
 from thinkstruct.cli import main
 from thinkstruct.server.cluster.replica import ReplicaStalled, StallWatch
 from thinkstruct.server.cluster.service import ClusterOptions
-from thinkstruct.server.cluster.stats_board import StatsBoard
+from thinkstruct.server.cluster.stats_board import Board, StatsBoard
 
 
 class Clock:
@@ -77,11 +77,11 @@ def test_the_stats_board_forgets_a_replica_that_stopped_posting() -> None:
     board.post("a", replica(1))
     clock.now = 6.0
     board.post("b", replica(2))
-    assert board.read().replicas == {"a": replica(1), "b": replica(2)}
+    assert Board(*board.read()).replicas == {"a": replica(1), "b": replica(2)}
     clock.now = 12.0
-    assert board.read().replicas == {"b": replica(2)}
+    assert Board(*board.read()).replicas == {"b": replica(2)}
     board.drop("b")
-    assert board.read().replicas == {}
+    assert Board(*board.read()).replicas == {}
 
 
 def test_the_services_counters_keep_a_removed_replicas_counts_and_its_gauges_do_not() -> None:
@@ -89,18 +89,18 @@ def test_the_services_counters_keep_a_removed_replicas_counts_and_its_gauges_do_
     board = StatsBoard(max_age_s=10.0, clock=clock)
     board.post("a", replica(100, waiting=2, stop=3))
     board.post("b", replica(50, waiting=1, stop=1))
-    both = board.read().total()
+    both = Board(*board.read()).total()
     assert (both.generated_tokens, both.waiting, both.finished["stop"]) == (150, 3, 4)
     board.drop("b", replica(60, stop=2))  # scaled down: its final counts, after its last post
     board.post("a", replica(120, stop=4))
-    after = board.read().total()
+    after = Board(*board.read()).total()
     assert (after.generated_tokens, after.waiting, after.finished["stop"]) == (180, 0, 6)
     clock.now = 11.0  # a killed: its last post's counts stay
     board.post("c", replica(5))
-    killed = board.read()
+    killed = Board(*board.read())
     assert set(killed.replicas) == {"c"} and killed.total().generated_tokens == 185
     board.post("a", replica(130))  # a late post, not a death: counted live, not twice
-    assert board.read().total().generated_tokens == 195
+    assert Board(*board.read()).total().generated_tokens == 195
 
 
 def test_serve_refuses_contradicting_replica_flags_before_starting_ray(

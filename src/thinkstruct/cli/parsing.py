@@ -183,6 +183,15 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help=f"seconds one grammar compile may take (default {_COMPILER.timeout_s:g})",
     )
+    g.add_argument(
+        "--compile-workers",
+        type=_non_negative_int,
+        default=_COMPILER.worker_processes,
+        metavar="N",
+        help="grammar compile processes per backend that compiles out of process, started with the "
+        "engine; 0 compiles in threads instead: no process to start, but a compile past "
+        f"--compile-timeout then runs on to its end (default {_COMPILER.worker_processes})",
+    )
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -474,6 +483,7 @@ def engine_spec(args: argparse.Namespace) -> EngineSpec:
             strict=args.strict,
             timeout_s=args.compile_timeout,
             cache_bytes=args.grammar_cache_bytes,
+            worker_processes=args.compile_workers,
         ),
     )
 

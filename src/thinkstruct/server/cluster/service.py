@@ -29,7 +29,7 @@ from thinkstruct.server.cluster.ingress import Ingress
 from thinkstruct.server.cluster.ray_settings import ray_serve_env
 from thinkstruct.server.cluster.replica import EngineReplica
 from thinkstruct.server.cluster.router import PromptPrefixRouter
-from thinkstruct.server.cluster.stats_board import StatsBoard
+from thinkstruct.server.cluster.stats_board import start_board
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -174,7 +174,7 @@ def application(spec: EngineSpec, settings: ServerSettings, options: ClusterOpti
         graceful_shutdown_timeout_s=options.grace_s + 5,
         graceful_shutdown_wait_loop_s=0.5,
     )(Ingress)
-    board = ray.remote(num_cpus=0)(StatsBoard).remote()
+    board = start_board()
     return ingress.bind(
         engine.bind(spec, board, stall_s=options.stall_s, stream_interval_s=options.stream_interval_s),
         board,
