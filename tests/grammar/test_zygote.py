@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -37,8 +38,10 @@ def _gone(pid: int) -> bool:
         return True
 
 
-@pytest.fixture
-def compiler(tokenizer: Tokenizer) -> GrammarCompiler:
+@pytest.fixture(scope="module")
+def compiler(tokenizer: Tokenizer) -> Iterator[GrammarCompiler]:
+    """One compiler for the module's tests (each leaves it able to compile: killed workers
+    and a killed zygote are replaced)."""
     with GrammarCompiler(tokenizer, CompilerConfig(worker_processes=2, inline_compile_bytes=0)) as c:
         yield c
 
