@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,9 @@ import pytest
 from thinkstruct.vllm_serve import vllm_command
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from alone import free_port  # noqa: E402 - a port below the ephemeral range (see its doc)
+
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 #: Most seconds vLLM may take to report healthy (60-120 s measured on 2 idle cores; the
 #: test machine may be shared). The test modules' pytest timeout leaves room for it.
@@ -51,12 +53,6 @@ class VllmServer:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def vllm_server(
     *, backend: str = "thinkstruct", env: Mapping[str, str] | None = None
@@ -64,7 +60,7 @@ def vllm_server(
     """Start vLLM on the embedded model and wait until ``/health`` answers 200."""
     if not VLLM_PYTHON.is_file():
         pytest.fail(f"{VLLM_PYTHON} is missing: run `make venv-vllm` (make test builds it)")
-    port = _free_port()
+    port = free_port()
     command = vllm_command(
         port=port, backend=backend, python=str(VLLM_PYTHON), progress=False, extra=TEST_ARGS
     )
