@@ -101,14 +101,13 @@ class _Zygote:
 
     def __init__(self) -> None:
         here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", _MAIN, str(there.fileno())],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                env=env,
+                env=_child_env(),
                 pass_fds=(there.fileno(),),
             )
         finally:
@@ -226,18 +225,23 @@ def start_worker(setup: bytes, backend: str) -> Started:
 def own_process(setup: bytes, backend: str) -> Started:
     """A compile worker as a process of its own (``python -m``
     :mod:`~thinkstruct.grammar.service.worker_process`), its setup written to its stdin."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     process = subprocess.Popen(
         [sys.executable, "-m", "thinkstruct.grammar.service.worker_process"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=env,
+        env=_child_env(),
     )
     stdin = _opened(process.stdin)
     _forward(_opened(process.stderr), backend)
     write_message(stdin, setup)
     return Started(process, stdin, _opened(process.stdout))
+
+
+def _child_env() -> dict[str, str]:
+    """A compile process's environment: this one's, OpenMP at one thread (a compile is
+    one thread; a zygote must hold no thread pool when it forks), output unbuffered."""
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 
 def _opened(stream: IO[bytes] | None) -> IO[bytes]:
@@ -290,9 +294,7 @@ def _serve(requests: IO[bytes], answers: socket.socket) -> None:
         (in_r, in_w), (out_r, out_w), (err_r, err_w) = ends
         for fd in (in_r, out_w, err_w):
             os.close(fd)
-        answers.sendmsg(
-            [pickle.dumps(("ok", pid))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, _fds(in_w, out_r, err_r))]
-        )
+        socket.send_fds(answers, [pickle.dumps(("ok", pid))], [in_w, out_r, err_r])
         for fd in (in_w, out_r, err_r):
             os.close(fd)
 
@@ -314,12 +316,6 @@ def _become_worker(ends: list[tuple[int, int]], answers: socket.socket, ready: A
         code = 1
     finally:
         os._exit(code)
-
-
-def _fds(*fds: int) -> bytes:
-    import array
-
-    return array.array("i", fds).tobytes()
 
 
 def main() -> None:
