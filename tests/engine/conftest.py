@@ -23,6 +23,13 @@ def smollm2() -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
+def smollm2_gguf() -> LoadedModel:
+    """SmolLM2-135M-Instruct on its GGUF file's own blocks, as ``thinkstruct serve`` runs it
+    by default (decodes about 5x faster here than in bfloat16)."""
+    return load_model(quantize="gguf", progress=False)
+
+
+@pytest.fixture(scope="session")
 def smollm2_int8() -> LoadedModel:
     """SmolLM2-135M-Instruct with dynamic int8 Linear layers (about 6 s to quantize)."""
     return load_model(quantize="int8", progress=False)

@@ -22,6 +22,12 @@ UNIQUE = UNIQUE_CASE.schema
 
 
 @pytest.fixture(scope="module")
+def smollm2(smollm2_gguf):
+    """The embedded model as the server runs it by default (its GGUF's blocks)."""
+    return smollm2_gguf
+
+
+@pytest.fixture(scope="module")
 def compiler(smollm2):
     with GrammarCompiler(smollm2.tokenizer) as c:
         yield c

@@ -23,6 +23,12 @@ from checked_cases import KEYWORD_CASES, SEVENS, schema_question, valid  # the b
 
 
 @pytest.fixture(scope="module")
+def smollm2(smollm2_gguf):
+    """The embedded model as the server runs it by default (its GGUF's blocks)."""
+    return smollm2_gguf
+
+
+@pytest.fixture(scope="module")
 def compiler(smollm2):
     with GrammarCompiler(smollm2.tokenizer) as c:
         yield c

@@ -25,11 +25,6 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def smollm2_gguf() -> LoadedModel:
-    return load_model(quantize="gguf", progress=False)
-
-
-@pytest.fixture(scope="module")
 def smollm2_float32() -> LoadedModel:
     return load_model(dtype="float32", progress=False)
 

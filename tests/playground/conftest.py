@@ -55,7 +55,8 @@ def _require_browser() -> None:
 def engine() -> Iterator[Any]:
     from thinkstruct.engine import load_model
 
-    engine = start_engine(load_model(None, progress=False), max_batch=4, max_queue=16)
+    # The embedded model as `make serve` runs it (its GGUF's own blocks).
+    engine = start_engine(load_model(None, quantize="auto", progress=False), max_batch=4, max_queue=16)
     yield engine
     engine.close()
 
