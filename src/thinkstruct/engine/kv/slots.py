@@ -52,9 +52,10 @@ def slot_attention(
     """
     if attention_mask is None:
         # Not a pass the runner planned (the model used on its own): transformers' own SDPA.
-        return sdpa_attention_forward(
+        out, weights = sdpa_attention_forward(
             module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs
         )
+        return out, weights
     batch, q_heads, q_len, dim = query.shape
     kv_heads = key.shape[1]
     group = q_heads // kv_heads
@@ -75,7 +76,7 @@ class _SlotLayer(CacheLayerMixin):
     """One layer's buffers; writes go where the owning cache's plan says."""
 
     def __init__(self, owner: SlotCache, index: int) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
+        super().__init__()
         self._owner = owner
         self._index = index
         self.is_initialized = True

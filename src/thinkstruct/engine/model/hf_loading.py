@@ -145,11 +145,11 @@ def transformers_progress(enabled: bool) -> Iterator[None]:
         original = getattr(gguf_utils, "tqdm", None)
         hf_logging.disable_progress_bar()
         if original is not None:
-            gguf_utils.tqdm = functools.partial(original, disable=True)  # type: ignore[attr-defined]
+            gguf_utils.tqdm = functools.partial(original, disable=True)
         try:
             yield
         finally:
             if original is not None:
-                gguf_utils.tqdm = original  # type: ignore[attr-defined]
+                gguf_utils.tqdm = original
             if was_enabled:
                 hf_logging.enable_progress_bar()

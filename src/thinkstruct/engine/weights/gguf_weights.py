@@ -364,7 +364,7 @@ def _name_map(model: Any, architecture: str) -> tuple[dict[str, str], Any]:
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     config = model.config
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(  # type: ignore[no-untyped-call]
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(
         config={
             "num_attention_heads": config.num_attention_heads,
             "num_key_value_heads": getattr(config, "num_key_value_heads", config.num_attention_heads),

@@ -182,7 +182,7 @@ class RemoteHandle:
                         return
                 failure = "the replica's stream ended before the request did"
             except asyncio.CancelledError:
-                stream.cancel()  # type: ignore[no-untyped-call]
+                stream.cancel()
                 self._end(Delta(finish_reason=FinishReason.ABORT))
                 raise
             except Exception as e:  # noqa: BLE001 (a dead or refusing replica: Ray's errors or the engine's)

@@ -165,7 +165,7 @@ def application(spec: EngineSpec, settings: ServerSettings, options: ClusterOpti
     )(EngineReplica)
     # The ingress listens on --port itself (direct ingress, see ray_settings.py): on the
     # machine `thinkstruct serve` runs on, where the user expects the service.
-    here = {f"node:{ray.util.get_node_ip_address()}": 0.001}  # type: ignore[no-untyped-call]
+    here = {f"node:{ray.util.get_node_ip_address()}": 0.001}
     ingress = serve.deployment(
         name="ingress",
         logging_config=quiet,
@@ -228,7 +228,7 @@ def serve_cluster(
         stop.wait()
         log.info("stopping: draining in-flight requests (up to %.0f s)", options.grace_s)
         serve.delete(APP_NAME)
-        serve.shutdown()  # type: ignore[no-untyped-call]
+        serve.shutdown()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -82,11 +82,11 @@ def start_board() -> Any:
     process imports Ray alone, not thinkstruct (with its class by name it imported the
     server and torch: measured, 7.7 CPU-s and ~500 MB to hold a few dicts)."""
     module = sys.modules[__name__]
-    cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
+    cloudpickle.register_pickle_by_value(module)
     try:
         return ray.remote(num_cpus=0)(StatsBoard).remote()
     finally:
-        cloudpickle.unregister_pickle_by_value(module)  # type: ignore[no-untyped-call]
+        cloudpickle.unregister_pickle_by_value(module)
 
 
 @dataclasses.dataclass(frozen=True)
