@@ -15,9 +15,9 @@ and stderr pipes attached. The worker is the zygote's child, not the caller's: t
 caller watches and kills it through a pidfd (:class:`ForkedProcess`), and the zygote,
 ignoring SIGCHLD, leaves its reaping to the kernel. The zygote ends when the last pool
 of its process closes (:func:`release`) or its stdin closes; its workers, each when its own
-stdin closes. Where no zygote can run (it died
-twice on one request, or the platform has no pidfd), a worker is started as its own
-process instead, as before (:mod:`~thinkstruct.grammar.service.worker_process`).
+stdin closes. Where no zygote can run (it died twice on one request, or the platform
+has no pidfd), a worker starts as a process of its own instead
+(:mod:`~thinkstruct.grammar.service.worker_process`).
 """
 
 from __future__ import annotations
