@@ -32,10 +32,11 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_engine(tiny_model_dir: Path) -> Iterator[Any]:
     from thinkstruct.engine import load_model
 
-    # bfloat16: on this CPU its linear layers and attention give a row the same numbers in
-    # any batch (float32's small-batch kernels do not), which the seed tests rely on.
+    # int8 weights on the compiled kernels, as `thinkstruct serve` loads it: a row gets the
+    # same numbers in any batch (float32's small-batch kernels do not), which the seed tests
+    # rely on, and a token costs a third of bfloat16's here.
     engine = start_engine(
-        load_model(tiny_model_dir, dtype="bfloat16", progress=False), max_batch=8, max_queue=64
+        load_model(tiny_model_dir, quantize="int8-weights", progress=False), max_batch=8, max_queue=64
     )
     yield engine
     stop_engine(engine)
