@@ -26,8 +26,9 @@ TOKENS = 120
 def server(tiny_model_dir: Path) -> Iterator[RunningServer]:
     from thinkstruct.engine import load_model
 
-    model = load_model(tiny_model_dir, dtype="float32", progress=False)
-    engine = start_engine(model, step_latency_target_s=1.0)
+    model = load_model(tiny_model_dir, quantize="int8-weights", progress=False)
+    # Its regex compiles in process (llguidance): no compile worker to start ahead.
+    engine = start_engine(model, warm=False, step_latency_target_s=1.0)
     try:
         with serving(engine, ServerSettings()) as running:
             yield running

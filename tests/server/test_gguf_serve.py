@@ -25,7 +25,9 @@ SCHEMA = {
 def gguf_server() -> Iterator[RunningServer]:
     from thinkstruct.engine import load_model
 
-    engine = start_engine(load_model(None, quantize="auto", progress=False), max_batch=4, max_queue=16)
+    engine = start_engine(
+        load_model(None, quantize="auto", progress=False), warm=False, max_batch=4, max_queue=16
+    )
     try:
         with serving(engine, ServerSettings(default_max_tokens=48)) as server:
             yield server
