@@ -264,7 +264,15 @@ def stream_outcome(service: RayService, text: str, started: concurrent.futures.F
         client.stream(
             "POST",
             "/v1/chat/completions",
-            json={"model": MODEL, "messages": user(text), "max_tokens": 400, "stream": True, **OFF},
+            # No end-of-sequence token: an answer that is not cut runs to its max_tokens.
+            json={
+                "model": MODEL,
+                "messages": user(text),
+                "max_tokens": 400,
+                "stream": True,
+                "logit_bias": NO_EOS,
+                **OFF,
+            },
         ) as response,
     ):
         assert response.status_code == 200
