@@ -20,7 +20,7 @@ BACKEND ?= thinkstruct
 MODEL ?=
 VLLM_ARGS ?=
 
-.PHONY: venv venv-vllm test serve vllm-serve bench clean
+.PHONY: venv venv-vllm test-setup test serve vllm-serve bench clean
 
 # pip would byte-compile every module of every package it installs (torch, transformers,
 # ray, vllm: about 22,000 files an environment, half of the install's time here); with
@@ -67,9 +67,12 @@ $(TEST_IMPORTS): $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --collect-only tests > /dev/null
 	touch $(TEST_IMPORTS)
 
-# The two environments build side by side (pip runs on one core; about 40 s each here).
+# What the tests need: the two environments, built side by side (pip runs on one core;
+# about 40 s each here), and the test imports compiled.
+test-setup: $(TEST_IMPORTS) $(VLLM_STAMP)
+
 test:
-	@$(MAKE) --no-print-directory -j2 $(TEST_IMPORTS) $(VLLM_STAMP)
+	@$(MAKE) --no-print-directory -j2 test-setup
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/ruff check src tests benchmarks
 	@# mypy (about a minute cold, one core) runs beside the tests, which leave a core idle part
