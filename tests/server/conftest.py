@@ -92,7 +92,8 @@ def short_timeout_server(tiny_model_dir: Path) -> Iterator[RunningServer]:
 def smol_engine() -> Iterator[Any]:
     from thinkstruct.engine import load_model
 
-    # What `thinkstruct serve` loads by default: int8 weights.
+    # int8 weights, as serve loads a model without GGUF blocks (the embedded one it runs on
+    # its GGUF's blocks; tests/server/test_gguf_serve.py serves that).
     engine = start_engine(
         load_model(None, quantize="int8-weights", progress=False), max_batch=8, max_queue=64
     )
