@@ -15,10 +15,11 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import NamedTuple
 
 import pytest
 import torch
+from gguf_files import write_gguf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_model import EOS_ID, THINK_END_ID, THINK_START_ID, build_tiny_model
@@ -31,7 +32,7 @@ from thinkstruct.engine.model.loading import LoadedModel, load_model
 from thinkstruct.engine.model.model_cache import MANIFEST, entry_problem, read_manifest
 from thinkstruct.engine.model.paths import served_model_name
 from thinkstruct.parsers import UnknownName, render_chat
-from thinkstruct.tokenizer import cache_dir, gguf_cache_key, smollm2_gguf_path
+from thinkstruct.tokenizer import gguf_cache_key, smollm2_gguf_path
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 SHORT = "The capital of France is"  # bf16 prefill is slow on CPUs without AVX512-BF16: keep prompts short
@@ -39,18 +40,23 @@ SHORT = "The capital of France is"  # bf16 prefill is slow on CPUs without AVX51
 
 def greedy(loaded: LoadedModel, prompt_ids: list[int], n: int) -> list[int]:
     """``n`` greedy tokens, by plain forwards with a KV cache (no sampling code involved)."""
+    return greedy_tokens(loaded.model, prompt_ids, n)
+
+
+def greedy_tokens(model: torch.nn.Module, prompt_ids: list[int], n: int) -> list[int]:
+    """:func:`greedy` of a transformers causal LM."""
     import inspect
 
     from transformers import DynamicCache
 
     # transformers 5.x renames past_key_values to cache
-    cache_kw = "cache" if "cache" in inspect.signature(loaded.model.forward).parameters else "past_key_values"
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     cache = DynamicCache()
     ids = torch.tensor([prompt_ids])
     out: list[int] = []
     with torch.inference_mode():
         for _ in range(n):
-            logits = loaded.model(input_ids=ids, use_cache=True, **{cache_kw: cache}).logits
+            logits = model(input_ids=ids, use_cache=True, **{cache_kw: cache}).logits
             token = int(logits[0, -1].argmax())
             out.append(token)
             ids = torch.tensor([[token]])
@@ -452,76 +458,140 @@ def test_bad_options_are_named(kwargs: dict, message: str) -> None:
 
 # ---- the conversion cache: killed, raced, truncated ---------------------------------------
 
+#: A start of the engine on a GGUF (argv: the GGUF, the prompt, a file name) that prints
+#: its JSON summary. Its GGUF reading (transformers called with ``gguf_file=``, the
+#: conversion's dequantization) first says ``dequantizing`` on stderr, then waits until
+#: the named file exists: where a kill or a race lands does not depend on the machine's
+#: speed.
 _START = r"""
-import json, sys, torch
+import json, os, sys, time, torch, transformers
 from thinkstruct.engine.model.loading import load_model
-m = load_model(progress=True)
-ids = m.tokenizer.encode(sys.argv[1])
+
+read_gguf = transformers.AutoModelForCausalLM.from_pretrained
+def gated(*args, **kwargs):
+    if "gguf_file" in kwargs:
+        print("dequantizing", file=sys.stderr, flush=True)
+        while not os.path.exists(sys.argv[3]):
+            time.sleep(0.01)
+    return read_gguf(*args, **kwargs)
+transformers.AutoModelForCausalLM.from_pretrained = gated
+
+m = load_model(sys.argv[1], dtype="float32", progress=True)
+ids = m.tokenizer.encode(sys.argv[2])
 with torch.inference_mode():
     out = m.model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False)
 print(json.dumps({"converted": m.converted, "tokens": out[0, len(ids):].tolist(), "entry": str(m.weights_dir)}))
 """
 
 
-def _start(cache: Path, *, stderr: IO[str] | int = subprocess.PIPE) -> subprocess.Popen[str]:
-    env = {**os.environ, "THINKSTRUCT_CACHE": str(cache)}
-    return subprocess.Popen(
-        [sys.executable, "-c", _START, SHORT],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-    )
+class _Start:
+    """:data:`_START` in a process of its own, over the cache ``cache``; its stderr kept in
+    a file (read while it runs)."""
+
+    def __init__(self, cache: Path, gguf: Path, gate: Path, name: str) -> None:
+        self.stderr_path = cache / f"{name}.stderr"
+        with self.stderr_path.open("w") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _START, str(gguf), SHORT, str(gate)],
+                env={**os.environ, "THINKSTRUCT_CACHE": str(cache)},
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def says(self, text: str) -> bool:
+        assert self.process.poll() is None, self.stderr()[-3000:]
+        return text in self.stderr()
+
+    def result(self) -> dict:
+        out, _ = self.process.communicate(timeout=300)
+        assert self.process.returncode == 0, self.stderr()[-3000:]
+        return {**json.loads(out.strip().splitlines()[-1]), "stderr": self.stderr()}
+
+
+class TinyGGUF(NamedTuple):
+    path: Path
+    #: The source model's 4 greedy tokens after SHORT (float32, its own forward).
+    tokens: list[int]
+    #: A complete cache entry of it (converted in this process, in a cache of its own).
+    entry: Path
 
 
 @pytest.fixture(scope="module")
-def crashed_then_raced(tmp_path_factory: pytest.TempPathFactory, smollm2: LoadedModel) -> dict:
-    """In a fresh cache: a first start killed mid-conversion; then a damaged entry (a copy
-    of the user cache's with its weights cut short); then two starts at once."""
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> TinyGGUF:
+    """A two-layer Llama (seeded, float32) as a GGUF of float32 tensors: its conversion
+    gives back the same weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        initializer_range=0.3, tie_word_embeddings=False, bos_token_id=None, eos_token_id=317,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        source = LlamaForCausalLM(config).eval()
+    directory = tmp_path_factory.mktemp("tiny-gguf")
+    path = directory / "tiny-llama.gguf"
+    write_gguf(source, path, "llama")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("THINKSTRUCT_CACHE", str(directory / "cache"))
+        converted = load_model(path, dtype="float32", progress=False)
+    assert converted.weights_dir is not None
+    ids = converted.tokenizer.encode(SHORT)
+    tokens = greedy_tokens(source, ids, 4)
+    return TinyGGUF(path, tokens, converted.weights_dir)
+
+
+@pytest.fixture(scope="module")
+def crashed_then_raced(tmp_path_factory: pytest.TempPathFactory, tiny_gguf: TinyGGUF) -> dict:
+    """In a fresh cache: a first start killed mid-conversion; then a damaged entry (a
+    complete one with its weights cut short); then two starts at once."""
     cache = tmp_path_factory.mktemp("cache")
     root = cache / "models"
-    key = gguf_cache_key(smollm2_gguf_path())
-    # The GGUF's tokenizer, as the user cache keeps it (read, not converted: 4 CPU-s less
-    # per fresh cache); the conversion under test is the weights'.
-    tokenizer = cache_dir() / "gguf-tokenizers" / key
-    if (tokenizer / "tokenizer.json").exists():
-        shutil.copytree(tokenizer, cache / "gguf-tokenizers" / key)
-    progress = cache / "victim.stderr"
-    with progress.open("w") as stderr:
-        victim = _start(cache, stderr=stderr)
-    # Its progress bar names each step as it begins: the kill lands inside transformers'
-    # dequantization, the tokenizer already written to the staging directory.
-    wait_until(
-        lambda: victim.poll() is not None or "dequantize weights" in progress.read_text(errors="replace"),
-        "the first start converting",
-        timeout_s=240,
-    )
-    assert victim.poll() is None, progress.read_text()[-3000:]
+    key = gguf_cache_key(tiny_gguf.path)
+    never, go = cache / "never", cache / "go"
+    victim = _Start(cache, tiny_gguf.path, never, "victim")
+    # It dequantizes with the tokenizer already written to the staging directory.
+    wait_until(lambda: victim.says("dequantizing"), "the first start converting", timeout_s=240)
     assert [p for p in root.glob(f"{key}.staging-*") if (p / "tokenizer.json").exists()]
-    victim.send_signal(signal.SIGKILL)
-    victim.wait(30)
+    victim.process.send_signal(signal.SIGKILL)
+    victim.process.wait(30)
     after_kill = {
         "entry_exists": (root / key).exists(),
         "leftovers": [p.name for p in root.glob(f"{key}.staging-*")],
         "problem": entry_problem(root / key),
     }
-    # The damage: a complete-looking entry whose weights file lost all but its first MB.
-    assert smollm2.weights_dir is not None
+    # The damage: a complete-looking entry whose weights file lost its second half.
     damaged = root / key
     damaged.mkdir()
-    for path in smollm2.weights_dir.iterdir():
+    for path in tiny_gguf.entry.iterdir():
         if path.name != "model.safetensors":
             shutil.copyfile(path, damaged / path.name)
-    with open(smollm2.weights_dir / "model.safetensors", "rb") as src:
-        (damaged / "model.safetensors").write_bytes(src.read(1 << 20))
+    weights = (tiny_gguf.entry / "model.safetensors").read_bytes()
+    kept = len(weights) // 2
+    (damaged / "model.safetensors").write_bytes(weights[:kept])
     damage = entry_problem(damaged)
-    racers = [_start(cache), _start(cache)]
-    results = []
-    for racer in racers:
-        out, err = racer.communicate(timeout=400)
-        assert racer.returncode == 0, err[-3000:]
-        results.append({**json.loads(out.strip().splitlines()[-1]), "stderr": err})
-    return {"root": root, "key": key, "after_kill": after_kill, "damage": damage, "results": results}
+    # Two starts at once: one converts (held in its dequantization until the other says
+    # it waits), the other waits for it.
+    racers = [_Start(cache, tiny_gguf.path, go, f"racer-{i}") for i in range(2)]
+    wait_until(
+        lambda: (
+            any(r.says("dequantizing") for r in racers)
+            and any(r.says("waiting for another process") for r in racers)
+        ),
+        "one start converting while the other waits",
+        timeout_s=240,
+    )
+    go.touch()
+    results = [racer.result() for racer in racers]
+    return {
+        "root": root, "key": key, "after_kill": after_kill, "damage": damage, "kept": kept,
+        "results": results,
+    }  # fmt: skip
 
 
 @pytest.mark.slow
@@ -536,7 +606,7 @@ def test_a_kill_mid_conversion_leaves_no_entry(crashed_then_raced: dict) -> None
 def test_a_truncated_entry_is_detected_and_rebuilt(crashed_then_raced: dict) -> None:
     entry = crashed_then_raced["root"] / crashed_then_raced["key"]
     assert crashed_then_raced["damage"].startswith(
-        f"{entry / 'model.safetensors'} has {1 << 20} bytes, the manifest says "
+        f"{entry / 'model.safetensors'} has {crashed_then_raced['kept']} bytes, the manifest says "
     )
     converter = next(r for r in crashed_then_raced["results"] if r["converted"])
     assert "is incomplete" in converter["stderr"] and "converting it again" in converter["stderr"]
@@ -550,17 +620,16 @@ def test_concurrent_starts_convert_once_and_agree(crashed_then_raced: dict) -> N
     assert sorted(r["converted"] for r in results) == [False, True]
     converter = next(r for r in results if r["converted"])
     waiter = next(r for r in results if not r["converted"])
-    assert "converting SmolLM2-135M-Instruct.Q4_1.gguf (first start only)" in converter["stderr"]
+    assert "converting tiny-llama.gguf (first start only)" in converter["stderr"]
     assert "waiting for another process converting" in waiter["stderr"]
+    assert "dequantizing" not in waiter["stderr"]  # it read the converter's entry
     assert results[0]["tokens"] == results[1]["tokens"] and results[0]["entry"] == str(root / key)
     assert not list(root.glob(f"{key}.staging-*"))  # the killed start's leftovers are gone
 
 
 @pytest.mark.slow
-def test_the_rebuilt_entry_gives_the_same_model(crashed_then_raced: dict, smollm2: LoadedModel) -> None:
-    tokens = crashed_then_raced["results"][0]["tokens"]
-    assert tokens == greedy(smollm2, smollm2.tokenizer.encode(SHORT), 4)
-    assert smollm2.tokenizer.decode(tokens).startswith(" Paris")
+def test_the_rebuilt_entry_gives_the_same_model(crashed_then_raced: dict, tiny_gguf: TinyGGUF) -> None:
+    assert crashed_then_raced["results"][0]["tokens"] == tiny_gguf.tokens
 
 
 def test_an_entry_without_its_manifest_is_incomplete(tmp_path: Path, smollm2: LoadedModel) -> None:
