@@ -1,7 +1,11 @@
+import json
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from thinkstruct import Tokenizer
-from thinkstruct.tokenizer import smollm2_gguf_path
+from thinkstruct.tokenizer import edit_top_level, smollm2_gguf_path
 
 
 def test_default_is_deepseek_v4(tokenizer: Tokenizer) -> None:
@@ -84,3 +88,75 @@ def test_gguf_tokenizer_multi_token_tags() -> None:
     assert smol.eos_token_ids == (2,)  # <|im_end|>
     assert len(smol.think_end_ids) == 3  # "</", "think", ">"
     assert smol.decode(list(smol.think_end_ids)) == "</think>"
+
+
+def test_all_special_json_is_the_tokenizer_with_every_added_token_special(tokenizer: Tokenizer) -> None:
+    """What plain-text encoding and llguidance's tokenizer are built from: the whole
+    tokenizer's JSON with no padding or truncation and every added token special."""
+    want = json.loads(tokenizer.hf.backend_tokenizer.to_str())
+    want["padding"] = None
+    want["truncation"] = None
+    for added in want["added_tokens"]:
+        added["special"] = True
+    got = json.loads(tokenizer.all_special_json())
+    assert got == want and list(got) == list(want)  # the keys in their order too
+
+
+def _small_tokenizer(*, spelling: str) -> Tokenizer:
+    """A three-token vocabulary (plus byte tokens) whose decoder spells tokens the way
+    ``spelling`` says: SentencePiece's ``▁`` with byte fallback, or no decoder at all."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<0x0A>": 1, "\u2581a": 2, "b": 3}
+    if spelling == "byte_fallback":
+        rust = RustTokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
+        rust.pre_tokenizer = pre_tokenizers.Metaspace()
+        rust.decoder = decoders.Sequence(
+            [
+                decoders.Replace("\u2581", " "),
+                decoders.ByteFallback(),
+                decoders.Fuse(),
+                decoders.Strip(" ", 1, 0),
+            ]
+        )
+    else:
+        rust = RustTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    return Tokenizer(PreTrainedTokenizerFast(tokenizer_object=rust, unk_token="<unk>"), eos_token_ids=[0])
+
+
+@pytest.mark.parametrize(
+    ("spelling", "decoded"),
+    [
+        ("byte_fallback", [b"", b"\n", b" a", b"b"]),
+        ("raw", [b"", b"<0x0A>", "\u2581a".encode(), b"b"]),
+    ],
+)
+def test_the_vocab_type_is_read_from_the_decoder(spelling: str, decoded: list[bytes]) -> None:
+    tok = _small_tokenizer(spelling=spelling)
+    assert tok.vocab_type() == spelling
+    assert tok.decoded_vocab() == decoded
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(
+    doc=st.dictionaries(st.text(max_size=4), _json_values, max_size=6),
+    edited=st.sets(st.text(max_size=4), max_size=3),
+    indent=st.sampled_from([None, 0, 2]),
+)
+def test_edit_top_level_replaces_exactly_the_named_values(
+    doc: dict, edited: set[str], indent: int | None
+) -> None:
+    keys = sorted(edited | set(list(doc)[:1]))  # at times one that is there, at times none
+    text = json.dumps(doc, indent=indent, ensure_ascii=False)
+    got = edit_top_level(text, {key: (lambda value, key=key: [key, value]) for key in keys})
+    want = {key: [key, value] if key in keys else value for key, value in doc.items()}
+    parsed = json.loads(got)
+    assert parsed == want and list(parsed) == list(want)

@@ -29,3 +29,20 @@ def byte_to_char() -> dict[int, str]:
 def char_to_byte() -> dict[str, int]:
     """The inverse of :func:`byte_to_char`: a vocabulary's character back to its byte."""
     return {char: byte for byte, char in byte_to_char().items()}
+
+
+#: A character no byte-level spelling uses and Latin-1 cannot encode.
+_NOT_A_BYTE = "\uffff"
+
+
+@functools.cache
+def byte_level_translation() -> dict[int, str]:
+    """A :meth:`str.translate` table that turns a byte-level spelling into Latin-1 text
+    whose encoding is the bytes it spells: each of the 256 spelling characters becomes
+    its byte's character, and every other character up to U+00FF becomes one that Latin-1
+    cannot encode, so ``token.translate(table).encode("latin-1")`` fails on any token that
+    is not a byte-level spelling (characters above U+00FF fail as they are)."""
+    table = {ord(char): chr(byte) for char, byte in char_to_byte().items()}
+    for code in range(256):
+        table.setdefault(code, _NOT_A_BYTE)
+    return table

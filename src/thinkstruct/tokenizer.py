@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from thinkstruct.byte_level import char_to_byte
+from thinkstruct.byte_level import byte_level_translation
 from thinkstruct.locations import cache_dir as cache_dir  # exported: engine/ imports it from here
 from thinkstruct.locations import package_dir
 
@@ -276,7 +276,9 @@ class Tokenizer:
         return self._once("all_special_json", self._all_special_json)
 
     def _detect_vocab_type(self) -> str:
-        decoder = json.loads(self.hf.backend_tokenizer.to_str()).get("decoder") or {}
+        # The decoder's own JSON (the whole tokenizer's is megabytes for 129k tokens).
+        state = self.hf.backend_tokenizer.decoder
+        decoder = json.loads(state.__getstate__()) if state is not None else {}
         parts = (decoder.get("decoders") or [decoder]) if isinstance(decoder, dict) else []
         types = {p.get("type") for p in parts if isinstance(p, dict)}
         if "ByteLevel" in types:
@@ -291,15 +293,15 @@ class Tokenizer:
 
     def _build_decoded_vocab(self) -> list[bytes]:
         kind = self.vocab_type()
-        table = char_to_byte() if kind == "byte_level" else {}
+        table = byte_level_translation()
         out = [b""] * self.vocab_size
         for token, idx in self.hf.get_vocab().items():
             if idx >= self.vocab_size or idx in self.special_token_ids:
                 continue
             if kind == "byte_level":
                 try:
-                    out[idx] = bytes(table[ch] for ch in token)
-                except KeyError:  # not a byte-level spelling: the text itself
+                    out[idx] = token.translate(table).encode("latin-1")
+                except UnicodeEncodeError:  # not a byte-level spelling: the text itself
                     out[idx] = token.encode("utf-8")
             elif kind == "byte_fallback":
                 if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
@@ -311,14 +313,14 @@ class Tokenizer:
         return out
 
     def _all_special_json(self) -> str:
-        doc = json.loads(self.hf.backend_tokenizer.to_str())
         # No padding or truncation, as the tokenizer's own no_padding()/no_truncation()
-        # would set them (on a copy, which costs a second for 129k tokens).
-        doc["padding"] = None
-        doc["truncation"] = None
-        for added in doc.get("added_tokens", []):
-            added["special"] = True
-        return json.dumps(doc)
+        # would set them (on a copy, which costs a second for 129k tokens). Only the
+        # top-level values that change are decoded and written again: the vocabulary and
+        # merges (megabytes) are copied as they are.
+        return edit_top_level(
+            self.hf.backend_tokenizer.to_str(),
+            {"padding": lambda _: None, "truncation": lambda _: None, "added_tokens": _all_special},
+        )
 
     def _build_text_backend(self) -> Any:
         from tokenizers import Tokenizer as RustTokenizer
@@ -385,3 +387,55 @@ def _as_id_list(value: object) -> list[int]:
     if isinstance(value, list):
         return [v for v in value if isinstance(v, int)]
     return []
+
+
+def _all_special(added_tokens: Any) -> Any:
+    for added in added_tokens or ():
+        added["special"] = True
+    return added_tokens
+
+
+_DECODER = json.JSONDecoder()
+_WHITESPACE = " \t\n\r"
+
+
+def edit_top_level(text: str, edits: dict[str, Callable[[Any], Any]]) -> str:
+    """``text``, a JSON object, with the value of each top-level key in ``edits`` replaced
+    by ``edits[key](value)``; the values before the last edited key are decoded (to find
+    where each ends), everything after it is copied as it is. A key that is missing stays
+    missing.
+
+    Raises:
+        ValueError: ``text`` is not a JSON object.
+    """
+    decode = _DECODER.raw_decode
+    pos = _skip(text, 0)
+    if not text.startswith("{", pos):
+        raise ValueError("not a JSON object")
+    parts = ["{"]
+    pos = _skip(text, pos + 1)
+    remaining = set(edits)
+    first = True
+    while remaining and not text.startswith("}", pos):
+        if not first:
+            if not text.startswith(",", pos):
+                raise ValueError(f"expected ',' at {pos}")
+            pos = _skip(text, pos + 1)
+        key, pos = decode(text, pos)
+        pos = _skip(text, pos)
+        if not text.startswith(":", pos):
+            raise ValueError(f"expected ':' at {pos}")
+        value, end = decode(text, _skip(text, pos + 1))
+        if key in edits:
+            remaining.discard(key)
+            value = edits[key](value)
+        parts.append(("" if first else ",") + json.dumps(key) + ":" + json.dumps(value))
+        first = False
+        pos = _skip(text, end)
+    return "".join(parts) + text[pos:]  # "," and the keys after, or the closing "}"
+
+
+def _skip(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in _WHITESPACE:
+        pos += 1
+    return pos
