@@ -18,11 +18,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_serve(port: int, *args: str, pythonpath: str | None = None) -> subprocess.Popen[bytes]:
+def start_serve(
+    port: int, *args: str, pythonpath: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """``thinkstruct serve --port PORT ARGS`` with sleeping OpenMP threads (as ``make serve``);
-    ``pythonpath``: another source tree's ``src`` to serve instead of this one."""
+    ``pythonpath``: another source tree's ``src`` to serve instead of this one; ``env``:
+    variables added to this process's environment."""
     exe = os.path.join(os.path.dirname(sys.executable), "thinkstruct")
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", **(env or {}))
     if pythonpath is not None:
         env["PYTHONPATH"] = pythonpath
     return subprocess.Popen(

@@ -29,13 +29,9 @@ def start_once(src: str, args: list[str], rule: alone.QuietRule) -> tuple[float,
     """(seconds to healthy, CPU seconds of the server's processes until then)."""
     alone.wait_quiet(rule)
     mark = f"serve-start-{os.getpid()}-{time.monotonic_ns()}"
-    os.environ[alone.MARK] = mark
-    try:
-        port = free_port()
-        started = time.monotonic()
-        proc = start_serve(port, *args, pythonpath=src)
-    finally:
-        del os.environ[alone.MARK]
+    port = free_port()
+    started = time.monotonic()
+    proc = start_serve(port, *args, pythonpath=src, env={alone.MARK: mark})
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc)
         seconds = time.monotonic() - started
@@ -65,17 +61,14 @@ def main() -> None:
             seconds, cpu = start_once(sides[name], args.serve_args, rule)
             results[name].append((seconds, cpu))
             print(f"round {round_ + 1}, {name}: healthy in {seconds:.2f} s, {cpu:.2f} CPU-s", flush=True)
-    for name, runs in results.items():
-        print(
-            f"{name}: median {statistics.median(s for s, _ in runs):.2f} s, "
-            f"{statistics.median(c for _, c in runs):.2f} CPU-s"
-        )
-    ours, base = results["this tree"], results["baseline"]
-    print(
-        "this tree / baseline: "
-        f"{statistics.median(s for s, _ in ours) / statistics.median(s for s, _ in base):.2f}x the time, "
-        f"{statistics.median(c for _, c in ours) / statistics.median(c for _, c in base):.2f}x the CPU"
-    )
+    medians = {
+        name: (statistics.median(s for s, _ in runs), statistics.median(c for _, c in runs))
+        for name, runs in results.items()
+    }
+    for name, (seconds, cpu) in medians.items():
+        print(f"{name}: median {seconds:.2f} s, {cpu:.2f} CPU-s")
+    (ours_s, ours_cpu), (base_s, base_cpu) = medians["this tree"], medians["baseline"]
+    print(f"this tree / baseline: {ours_s / base_s:.2f}x the time, {ours_cpu / base_cpu:.2f}x the CPU")
 
 
 if __name__ == "__main__":
