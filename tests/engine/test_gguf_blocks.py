@@ -148,7 +148,7 @@ def test_a_row_gets_the_same_bits_in_any_batch_and_on_both_paths(kernels, fmt: s
     x = torch.randn(41, unit(fmt) * 5, generator=torch.Generator().manual_seed(4))
     bias = torch.randn(112, generator=torch.Generator().manual_seed(5))
     alone = torch.cat([kernels.gguf_linear(x[i : i + 1], fmt, packed, 112, bias) for i in range(41)])
-    # 1-2 rows: four groups side by side; 3-4 rows: two; more: 8-row tiles and remainders.
+    # 1-2 rows: four groups side by side; more: two, 8 rows at a time, then 4, then the rest.
     for width in (2, 3, 4, 8, 9, 21, 33, 41):
         batched = torch.cat(
             [kernels.gguf_linear(x[i : i + width], fmt, packed, 112, bias) for i in range(0, 41, width)]

@@ -393,7 +393,7 @@ static inline __attribute__((always_inline)) TS_VNNI void gq_run512_of(const int
     if (groups == 4) {
         switch (M) { TS_GQ(1) TS_GQ(2) }
     } else if (groups == 2) {
-        switch (M) { TS_GQ(1) TS_GQ(2) TS_GQ(3) TS_GQ(4) }
+        switch (M) { TS_GQ(1) TS_GQ(2) TS_GQ(3) TS_GQ(4) TS_GQ(8) }
     } else {
         switch (M) { TS_GQ(1) TS_GQ(2) TS_GQ(3) TS_GQ(4) TS_GQ(5) TS_GQ(6) TS_GQ(7) TS_GQ(8) }
     }
@@ -441,9 +441,13 @@ static inline gq_acts gq_from(const gq_acts a, int64_t m, int64_t K) {
 
 /* Output blocks [b_lo, b_hi) of 16 (row groups) of the M quantized rows a times the
  * packed weights of format fmt (fmt, accumulate constant at each call; see gguf_blocks).
- * AVX-512: 1-2 rows take 4 groups side by side, more rows 4 at a time over 2 groups (an
- * odd last group: 8 rows at a time over it). 8 rows x 1 group spilled registers: 4 x 2
- * measured 1.9x its speed for Q4_1 at 8 rows, 2.5-3x at 64 (one thread, gguf_matvec.py).
+ * AVX-512: 1-2 rows take 4 groups side by side, more rows 8 at a time over 2 groups
+ * (then 4, then what is left; an odd last group: 8 rows at a time over it). 8 rows x 1
+ * group spilled registers: 4 x 2 measured 1.9x its speed for Q4_1 at 8 rows, 2.5-3x at 64
+ * (one thread, gguf_matvec.py). 8 x 2, which reads each group's widened quants for twice
+ * the rows, took 0.91x the time of 4 x 2 for SmolLM2's Q4_1 layers at 8 rows and 0.85-0.93x
+ * at 16-64 on one thread, 0.76-0.88x on two (AMD EPYC, benchmarks/batch_kernels.py); only
+ * 1-4 and 8 are built for 2 groups (each tile is built for every format).
  * AVX2: 2 rows at a time a group. */
 static inline __attribute__((always_inline)) void gq_blocks(const int fmt, const int accumulate, const gq_acts a,
                                                             int64_t M, int64_t K, const uint8_t *w,
@@ -453,10 +457,11 @@ static inline __attribute__((always_inline)) void gq_blocks(const int fmt, const
     if (gq_vnni_on()) {
         const int side = M <= 2 ? 4 : 2;
         for (; b_lo + side <= b_hi; b_lo += side)
-            for (int64_t m = 0; m < M; m += 4)
-                gq_run512(fmt, side, accumulate, gq_from(a, m, K), side == 4 ? M : M - m < 4 ? M - m : 4, K,
-                          w + b_lo * row_bytes, bias == NULL ? NULL : bias + 16 * b_lo, out + m * ld_out + 16 * b_lo,
-                          ld_out);
+            for (int64_t m = 0, n; m < M; m += n) {
+                n = side == 4 ? M : M - m >= 8 ? 8 : M - m >= 4 ? 4 : M - m;
+                gq_run512(fmt, side, accumulate, gq_from(a, m, K), n, K, w + b_lo * row_bytes,
+                          bias == NULL ? NULL : bias + 16 * b_lo, out + m * ld_out + 16 * b_lo, ld_out);
+            }
         for (int64_t b = b_lo; b < b_hi; b++)
             for (int64_t m = 0; m < M; m += 8)
                 gq_run512(fmt, 1, accumulate, gq_from(a, m, K), M - m < 8 ? M - m : 8, K, w + b * row_bytes,
