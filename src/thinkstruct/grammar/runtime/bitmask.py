@@ -53,7 +53,12 @@ class TokenBitmask:
         if batch_size > self._buffer.shape[0]:
             self._buffer = allocate_bitmask(batch_size, self.vocab_size)
         view = self._buffer[:batch_size]
-        view.fill_(_ALL_ALLOWED)
+        if view.device.type == "cpu":
+            # numpy's fill stays on this thread; torch's fill_ of a few hundred KB wakes
+            # its OpenMP threads (about 1 ms a decoding step of 32 rows, measured).
+            view.numpy().fill(_ALL_ALLOWED)
+        else:
+            view.fill_(_ALL_ALLOWED)
         return view
 
 
