@@ -13,9 +13,11 @@ multiply-adds, and of int16 pair multiply-adds into int32 as the GGUF blocks use
 Each figure is the best of ``--repeats`` calls (the machine is shared: best, not mean); the
 kernels of a batch size are interleaved call by call. ``x peak`` is a kernel's GFLOP/s over
 the peak of the arithmetic it runs (int16 for GGUF blocks, float32 for the rest). The
-decoding step's line also gives tokens/s and the ceiling the integer peak sets for the
-model (its multiply-adds a token: weights, plus attention over the rows' positions).
-OpenMP threads wait passively, as ``thinkstruct serve`` sets them.
+decoding step (the model loaded as ``thinkstruct serve`` loads it: its GGUF blocks) also
+gives tokens/s and its ratio to the ceilings the peaks set for the model's multiply-adds a
+token in weights: ``x ceiling`` at the int16 peak (the arithmetic the blocks run), ``x f32
+ceiling`` at the float32 FMA peak (a float32 model's). OpenMP threads wait passively, as
+``thinkstruct serve`` sets them.
 """
 
 from __future__ import annotations
@@ -223,17 +225,22 @@ def main() -> None:
                 flush=True,
             )
     if not args.no_step:
-        decoding_steps(args.rows, lengths, repeats=max(3, args.repeats // 4), peak_i16=peak_i16)
+        decoding_steps(
+            args.rows, lengths, repeats=max(3, args.repeats // 4), peak_i16=peak_i16, peak_f32=peak_f32
+        )
     print("# python benchmarks/batch_kernels.py " + " ".join(sys.argv[1:]))
 
 
-def decoding_steps(rows_list: list[int], lengths: np.ndarray, *, repeats: int, peak_i16: float) -> None:
+def decoding_steps(
+    rows_list: list[int], lengths: np.ndarray, *, repeats: int, peak_i16: float, peak_f32: float
+) -> None:
     """A whole decoding step of the embedded model (its GGUF blocks), per batch size: each
     slot prefilled to its drawn length, then one token per slot."""
+    from thinkstruct.engine.assembly import EngineSpec
     from thinkstruct.engine.model.loading import load_model
     from thinkstruct.engine.runners.decoder_runner import DecoderRunner
 
-    model = load_model(progress=False)
+    model = load_model(quantize=EngineSpec().quantize, progress=False)  # as thinkstruct serve loads it
     config = model.model.config
     max_rows = max(rows_list)
     runner = DecoderRunner(
@@ -257,11 +264,15 @@ def decoding_steps(rows_list: list[int], lengths: np.ndarray, *, repeats: int, p
                 runner.forward(slot, [prompt[start : start + 256]], [start])
         attention_madds = 2 * layers * HEADS * DIM  # a token over one position: scores and sum
         ceiling = peak_i16 * 1e9 / (2 * madds_per_token)
+        ceiling_f32 = peak_f32 * 1e9 / (2 * madds_per_token)
         print(
             f"# decoding step, the embedded model: {madds_per_token / 1e6:.1f}M multiply-adds a token in "
-            f"weights; ceiling at the int16 peak {ceiling:.0f} tokens/s (attention excluded)"
+            f"weights; ceiling at the int16 peak {ceiling:.0f} tokens/s, at the float32 FMA peak "
+            f"{ceiling_f32:.0f} (attention excluded)"
         )
-        print(f"{'rows':>4} {'step ms':>8} {'tokens/s':>9} {'GFLOP/s':>8} {'x peak':>6} {'x ceiling':>9}")
+        print(
+            f"{'rows':>4} {'step ms':>8} {'tokens/s':>9} {'GFLOP/s':>8} {'x peak':>6} {'x ceiling':>9} {'x f32 ceiling':>13}"
+        )
         for rows in rows_list:
             starts = [int(n) - 1 for n in lengths[:rows]]
             tokens = [[int(t)] for t in rng.integers(100, 10000, rows)]
@@ -274,7 +285,7 @@ def decoding_steps(rows_list: list[int], lengths: np.ndarray, *, repeats: int, p
             rate = 2 * madds / best / 1e9
             print(
                 f"{rows:>4} {best * 1e3:>8.1f} {rows / best:>9.1f} {rate:>8.1f} {rate / peak_i16:>6.2f} "
-                f"{rows / best / ceiling:>9.2f}",
+                f"{rows / best / ceiling:>9.2f} {rows / best / ceiling_f32:>13.2f}",
                 flush=True,
             )
 
