@@ -31,6 +31,7 @@ from thinkstruct.engine import (
     SamplingParams,
     load_model,
 )
+from thinkstruct.engine.core.executor import MASKS_DURING_FORWARD_ROWS
 from thinkstruct.grammar.service.compiler import CompilerConfig, GrammarCompiler
 from thinkstruct.parsers import render_chat
 
@@ -630,12 +631,13 @@ def test_finished_requests_give_their_kv_blocks_back(tiny_model, compiler) -> No
 
 def test_masks_filled_during_or_after_the_pass_give_the_same_answers(tiny_model, compiler) -> None:
     """The mask thread (a spare core) and the engine thread after the pass (none spare)
-    fill the same masks: a seeded batch of schema answers is the same tokens either way."""
+    fill the same masks: a seeded batch of schema answers is the same tokens either way,
+    and with the choice by the step's constrained rows (``None``: 8 rows here)."""
     ids, _ = prompt_ids(tiny_model)
     grammar = compiler.compile(Constraint.json_schema(BOUNDED_SCHEMA))
     answers = []
-    for during in (True, False):
-        config = EngineConfig(max_batch=4, masks_during_forward=during)
+    for during in (True, False, None):
+        config = EngineConfig(max_batch=MASKS_DURING_FORWARD_ROWS, masks_during_forward=during)
         with Engine(tiny_model, config=config, compiler=compiler) as e:
             handles = [
                 e.submit(
@@ -643,11 +645,11 @@ def test_masks_filled_during_or_after_the_pass_give_the_same_answers(tiny_model,
                         prompt_ids=ids, sampling=SamplingParams(max_tokens=60, seed=seed), grammar=grammar
                     )
                 )
-                for seed in range(3)
+                for seed in range(MASKS_DURING_FORWARD_ROWS)
             ]
             outs = [h.wait() for h in handles]
         for out in outs:
             assert out.finish_reason is FinishReason.STOP
             jsonschema.validate(json.loads(out.content), BOUNDED_SCHEMA)
         answers.append([o.token_ids for o in outs])
-    assert answers[0] == answers[1]
+    assert answers[0] == answers[1] == answers[2]

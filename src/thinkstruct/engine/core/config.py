@@ -21,9 +21,9 @@ KV_DEMAND_BUDGETS = 2
 
 
 #: Seconds a decoding step should take by default (``EngineConfig.step_latency_target_s``):
-#: the int16 multiply-add peak of two cores (205 GFLOP/s, ``benchmarks/batch_kernels.py``)
-#: over SmolLM2's 134.5M multiply-adds a token caps it near 760 tokens/s, so a step of 64
-#: rows (the default ``max_batch``) takes at least 84 ms.
+#: SmolLM2's decoding step of 64 rows (the default ``max_batch``) took 77 ms at best on two
+#: cores of an AMD EPYC (``benchmarks/batch_kernels.py``, positions 30-200), so 100 ms lets
+#: the batch reach the cap there and holds it lower where steps are slower.
 DEFAULT_STEP_LATENCY_TARGET_S = 0.1
 
 
@@ -124,8 +124,10 @@ class EngineConfig:
         check_tries_per_request: most such retries in one request.
         masks_during_forward: fill grammar masks on a helper thread while the forward pass
             runs (the libraries release the GIL); ``None``: where a core is left over
-            beside torch's threads (:func:`~thinkstruct.engine.core.executor.spare_core`), else
-            after the pass.
+            beside torch's threads (:func:`~thinkstruct.engine.core.executor.spare_core`) or
+            a decoding step has at least
+            :data:`~thinkstruct.engine.core.executor.MASKS_DURING_FORWARD_ROWS` constrained
+            rows, else after the pass.
         speculation: n-gram drafts verified in the decoding pass
             (:mod:`~thinkstruct.engine.sampling.speculation`), on a batch-invariant runner only
             (there a seed gives the same tokens with and without); ``None`` turns it off.

@@ -54,7 +54,7 @@ from thinkstruct.engine.core.config import (
     check_request,
     prompt_token_limit,
 )
-from thinkstruct.engine.core.executor import Executor, spare_core
+from thinkstruct.engine.core.executor import Executor
 from thinkstruct.engine.core.handle import RequestHandle
 from thinkstruct.engine.core.matchers import RequestMatchers
 from thinkstruct.engine.core.scheduler import Scheduler
@@ -317,9 +317,7 @@ class Engine:
                 stop_ids=self._stop_ids,
                 prefix_cache_bytes=budget.prefix_bytes,
                 speculation=config.speculation,
-                masks_during_forward=spare_core()
-                if config.masks_during_forward is None
-                else config.masks_during_forward,
+                masks_during_forward=config.masks_during_forward,
             )
         except BaseException as e:  # noqa: BLE001 - reported to start()
             failure.append(e)
