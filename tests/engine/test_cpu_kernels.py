@@ -317,7 +317,7 @@ def test_a_killed_build_leaves_nothing_half_written(tmp_path, monkeypatch) -> No
     """The library is compiled under a temporary name and renamed: a build that fails
     leaves no library (and no partial file) behind, and the next call builds again.
     The build is of a one-function C file with the library's own flags: the kernels' own
-    source takes about 21 CPU-s to build on a quiet 2-core EPYC, and the ``kernels``
+    source takes about 29 CPU-s to build on a quiet 2-core EPYC, and the ``kernels``
     fixture builds it (once per cache)."""
     source = tmp_path / "one.c"
     source.write_text("int one(void) { return 1; }\n")
