@@ -23,9 +23,12 @@ def test_shape_and_reuse() -> None:
     rows = buf.rows(3)
     assert rows.shape == (3, 4040) and rows.dtype == torch.int32
     rows[0].zero_()
+    rows[1, 4039] = 5
     again = buf.rows(2)
     assert again.data_ptr() == rows.data_ptr()  # the same memory, reset
-    assert int(again[0, 0]) == -1
+    assert bool((again == -1).all())  # every word of every row, the last included
+    grown = buf.rows(9)  # past the rows allocated: a new buffer, all allowed
+    assert grown.shape == (9, 4040) and bool((grown == -1).all())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
