@@ -347,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--masks-during-forward",
         choices=["auto", "on", "off"],
         default="auto",
-        help="EngineConfig.masks_during_forward (auto: where a core is left over)",
+        help="EngineConfig.masks_during_forward (auto: where a core is left over or a step has 8+ constrained rows)",
     )
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     alone.add_arguments(parser)

@@ -149,8 +149,14 @@ class Executor:
             if speculation is not None and speculation.measured_costs and runner.batch_invariant
             else None
         )
-        self.masks_during_forward = (
-            True if masks_during_forward is None and spare_core() else masks_during_forward
+        #: The fewest constrained rows whose masks a decoding step fills on the mask thread
+        #: during the pass (``None``: never).
+        self.masks_during_from: int | None = (
+            None
+            if masks_during_forward is False
+            else 1
+            if masks_during_forward or spare_core()
+            else MASKS_DURING_FORWARD_ROWS
         )
         self._stop_ids = stop_ids
         self._masks = TokenBitmask(max_batch, vocab_size)
@@ -239,10 +245,10 @@ class Executor:
         rows = [_Row(seq, len(fed)) for seq, fed in zip(seqs, feeds, strict=True)]
         masks = self._masks.rows(len(rows))
         constrained = [i for i in ready if seqs[i].matcher is not None]
-        during = self.masks_during_forward
+        during_from = self.masks_during_from
         fill = (
             self._mask_pool.submit(self._fill_rows, rows, constrained, masks)
-            if constrained and (during or (during is None and len(constrained) >= MASKS_DURING_FORWARD_ROWS))
+            if constrained and during_from is not None and len(constrained) >= during_from
             else None
         )
         tail = [1 + len(d) for d in drafts] if any(drafts) else None
