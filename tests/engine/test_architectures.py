@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from gguf_files import write_gguf
+from kv_reference import kv_dtype_of, reference_logits, tolerance
 
 from thinkstruct.engine.kernels.cpu_kernels import cpu_kernels
 from thinkstruct.engine.runners.architectures import ARCHITECTURES, REFUSED, architecture_of
@@ -134,12 +135,6 @@ def _runner(models: dict[str, Any], model_type: str, way: str, slots: int = 3) -
     return runner, model
 
 
-def reference_logits(model: Any, ids: list[int]) -> torch.Tensor:
-    """Logits of the last token of ``ids``, from transformers' own full forward pass."""
-    with torch.inference_mode():
-        return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()
-
-
 def _ids(seed: int, n: int) -> list[int]:
     return [(seed * 131 + 17 * i * i + 7 * i) % (VOCAB - 3) + 3 for i in range(n)]
 
@@ -156,17 +151,25 @@ def test_ragged_rows_and_a_copied_slot_give_transformers_logits(models, model_ty
     with torch.inference_mode():
         for slot, ids in enumerate(rows):
             got = runner.forward(slot, [ids], [0])[0]
-            torch.testing.assert_close(got, reference_logits(model, ids), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                got, reference_logits(model, ids, kv_dtype_of(runner)), **tolerance(kv_dtype_of(runner))
+            )
         # One pass: rows feeding 1, 4 and 2 tokens, each from its own position.
         feeds = [_ids(4, 1), _ids(5, 4), _ids(6, 2)]
         got = runner.forward(0, feeds, [len(r) for r in rows])
         rows = [r + f for r, f in zip(rows, feeds, strict=True)]
         for i, ids in enumerate(rows):
-            torch.testing.assert_close(got[i], reference_logits(model, ids), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                got[i], reference_logits(model, ids, kv_dtype_of(runner)), **tolerance(kv_dtype_of(runner))
+            )
         # Row 2 moves to slot 0 (the scheduler's compaction) and goes on there.
         runner.copy_slot(2, 0, len(rows[2]))
         got = runner.forward(0, [_ids(7, 3)], [len(rows[2])])[0]
-    torch.testing.assert_close(got, reference_logits(model, rows[2] + _ids(7, 3)), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        got,
+        reference_logits(model, rows[2] + _ids(7, 3), kv_dtype_of(runner)),
+        **tolerance(kv_dtype_of(runner)),
+    )
 
 
 @each_entry
@@ -282,18 +285,20 @@ def test_a_gguf_of_each_architecture_loads_onto_the_decoder_runner(tmp_path, mon
     path = tmp_path / f"tiny-{arch}.gguf"
     write_gguf(source, path, arch)
     ids = _ids(12, 10)
-    want = reference_logits(source, ids)
     # float32 to 3e-4: summation order differs between torch's matmuls and the runner's
-    # (1.1e-4 seen once on one CPU, phi3); a layout error moves logits by far more.
-    for quantize, tolerance in ((None, 3e-4), ("int8-weights", None)):
+    # (1.1e-4 seen once on one CPU, phi3; float16 keys and values: kv_reference.tolerance);
+    # a layout error moves logits by far more.
+    for quantize in (None, "int8-weights"):
         loaded = load_model(path, dtype="float32", quantize=quantize, progress=False)
         assert loaded.model.config.model_type == arch
         runner = DecoderRunner(loaded.model, slots=1, context_length=CONTEXT)
         assert runner.stacked == (quantize == "int8-weights")
         with torch.inference_mode():
             got = runner.forward(0, [ids], [0])[0]
-        if tolerance is not None:
-            torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+        want = reference_logits(source, ids, kv_dtype_of(runner))
+        if quantize is None:
+            bound = max(3e-4, tolerance(kv_dtype_of(runner))["atol"])
+            torch.testing.assert_close(got, want, rtol=bound, atol=bound)
         else:  # int8 weights: the same greedy pick and close logits
             assert int(got.argmax()) == int(want.argmax())
             assert float((got - want).norm() / want.norm()) < 0.05
@@ -339,7 +344,7 @@ def test_a_q4_k_m_gguf_runs_its_own_blocks(tmp_path, monkeypatch) -> None:
     assert runner.stacked and runner.batch_invariant
     ids, other = _ids(15, 10), _ids(16, 7)
     with torch.inference_mode():
-        want = reference_logits(plain.model, ids)
+        want = reference_logits(plain.model, ids, kv_dtype_of(runner))
         got = runner.forward(0, [ids], [0])[0]
         beside = DecoderRunner(blocks.model, slots=3, context_length=CONTEXT).forward(
             0, [other, ids], [0, 0]
@@ -369,7 +374,7 @@ def test_a_gguf_with_a_type_the_kernels_do_not_run_takes_int8_rows_for_those_ten
     assert runner.stacked
     ids = _ids(17, 9)
     with torch.inference_mode():
-        got, want = runner.forward(0, [ids], [0])[0], reference_logits(plain.model, ids)
+        got, want = runner.forward(0, [ids], [0])[0], reference_logits(plain.model, ids, kv_dtype_of(runner))
     assert int(got.argmax()) == int(want.argmax())
     assert float((got - want).norm() / want.norm()) < 0.05
 
@@ -389,7 +394,8 @@ def test_dynamic_int8_projections_keep_their_biases_when_stacked(models) -> None
             model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True
         )
     assert model.model.layers[0].self_attn.q_proj.bias() is not None
-    fused = DecoderRunner(model, slots=2, context_length=CONTEXT)
+    # Keys and values in float32, as transformers keeps them: the projections are the question.
+    fused = DecoderRunner(model, slots=2, context_length=CONTEXT, kv_cache_dtype=torch.float32)
     rows = [_ids(13, 6), _ids(14, 6)]
     with torch.inference_mode():
         # The output layer over the last positions only, as the runner runs it.

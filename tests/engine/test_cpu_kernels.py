@@ -59,7 +59,8 @@ def test_rms_norm_and_silu_match_torch(kernels, rows: int, eighths: int, seed: i
 @given(data=st.data())
 def test_rope_store_and_attention_match_torch(kernels, data) -> None:
     """With or without per-head q/k norms (Qwen3), full, partial (Phi-3) or no rotary
-    (SmolLM3's layers without it), and with a sliding window or none."""
+    (SmolLM3's layers without it), with a sliding window or none, over float32 or float16
+    pools (keys and values rounded to nearest when stored)."""
     kv_heads = data.draw(st.integers(1, 3), label="kv_heads")
     heads = kv_heads * data.draw(st.integers(1, 4), label="group")
     dim = 8 * data.draw(st.sampled_from([2, 4, 8]), label="dim / 8")
@@ -68,6 +69,7 @@ def test_rope_store_and_attention_match_torch(kernels, data) -> None:
     qk_norm = data.draw(st.booleans(), label="q/k norm")
     window = data.draw(st.sampled_from([0, 1, 3, 9]), label="window")
     block = data.draw(st.sampled_from([1, 4, 8, 32]), label="block tokens")
+    kv_dtype = data.draw(st.sampled_from([torch.float32, torch.float16]), label="pool dtype")
     slots, capacity = 3, 24
     # Each token: a slot and a position; a slot's positions are filled without holes.
     lengths = data.draw(st.lists(st.integers(0, 8), min_size=slots, max_size=slots), label="new tokens")
@@ -84,7 +86,7 @@ def test_rope_store_and_attention_match_torch(kernels, data) -> None:
     per_slot = -(-capacity // block)
     order = torch.randperm(slots * per_slot + 2, generator=generator)  # two blocks no slot uses
     table = order[: slots * per_slot].view(slots, per_slot).contiguous()
-    pool_keys, pool_values = _paged(keys, table, block, len(order)), _paged(values, table, block, len(order))
+    pool_keys, pool_values = (_paged(x, table, block, len(order)).to(kv_dtype) for x in (keys, values))
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=generator) * 3
     angles = pos_of[:, None].float() * (1e4 ** (-torch.arange(0, 2 * rot_half, 2).float() / (2 * rot_half)))
     cos, sin = angles.cos().contiguous(), angles.sin().contiguous()
@@ -104,17 +106,23 @@ def test_rope_store_and_attention_match_torch(kernels, data) -> None:
         queries = _rotate_half(queries, cos[:, None], sin[:, None])
         new_keys = _rotate_half(new_keys, cos[:, None], sin[:, None])
     new_values = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim).clone()
-    want_keys, want_values = keys.clone(), values.clone()
-    want_keys[slot_of, :, pos_of] = new_keys
-    want_values[slot_of, :, pos_of] = new_values
+    want_keys, want_values = keys.to(kv_dtype), values.to(kv_dtype)
+    want_keys[slot_of, :, pos_of] = new_keys.to(kv_dtype)
+    want_values[slot_of, :, pos_of] = new_values.to(kv_dtype)
 
     kernels.rope_store(
         qkv, heads=heads, kv_heads=kv_heads, cos=cos, sin=sin, slot_of=slot_of, pos_of=pos_of,
         keys=pool_keys, values=pool_values, table=table, layout=layout,
     )  # fmt: skip
     torch.testing.assert_close(qkv[:, : heads * dim].view(tokens, heads, dim), queries, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(_unpaged(pool_keys, table, capacity), want_keys, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(_unpaged(pool_values, table, capacity), want_values)
+    # Keys to float32 rounding, before float16's (a key torch computes one float32 step
+    # away may round to the neighbouring float16 value); values are copied: exactly.
+    key_bound = 1e-3 if kv_dtype == torch.float16 else 1e-5
+    torch.testing.assert_close(
+        _unpaged(pool_keys, table, capacity), want_keys, rtol=key_bound, atol=key_bound
+    )
+    assert torch.equal(_unpaged(pool_values, table, capacity), want_values)
+    stored_keys = _unpaged(pool_keys, table, capacity).float()  # attention's reference: what was stored
 
     span = int(pos_of.max()) + 1
     got = kernels.attention(
@@ -125,8 +133,8 @@ def test_rope_store_and_attention_match_torch(kernels, data) -> None:
     for t in range(tokens):
         s, p = int(slot_of[t]), int(pos_of[t])
         lo = max(0, p + 1 - window) if window else 0  # transformers: key positions > p - window
-        k = want_keys[s, :, lo : p + 1].repeat_interleave(group, dim=0)  # [heads, p + 1 - lo, dim]
-        v = want_values[s, :, lo : p + 1].repeat_interleave(group, dim=0)
+        k = stored_keys[s, :, lo : p + 1].repeat_interleave(group, dim=0)  # [heads, p + 1 - lo, dim]
+        v = want_values[s, :, lo : p + 1].float().repeat_interleave(group, dim=0)
         want = F.scaled_dot_product_attention(queries[t][:, None], k, v, scale=dim**-0.5)[:, 0]
         torch.testing.assert_close(got[t].view(heads, dim), want, rtol=1e-4, atol=1e-4)
 
@@ -155,13 +163,15 @@ def test_attention_is_the_same_bits_whatever_is_computed_with_it(kernels, data) 
     of a slot and kv head are computed together) beside other slots' tokens give each
     token the bits it gets alone, on AVX-512 and AVX2, on 1 or 2 threads; GQA groups of
     1, 3 and 4, heads of 8 to 136 (a tail past the 16-lane sums), sliding windows, blocks
-    scattered over the pool; and torch's attention to float32 rounding."""
+    scattered over the pool; float16 pools give the bits of float32 pools holding the same
+    values (the conversion is exact); and torch's attention to float32 rounding."""
     kv_heads = data.draw(st.integers(1, 3), label="kv_heads")
     group = data.draw(st.sampled_from([1, 3, 4]), label="group")
     heads = kv_heads * group
     dim = 8 * data.draw(st.sampled_from([1, 3, 8, 17]), label="dim / 8")
     window = data.draw(st.sampled_from([0, 1, 5, 13]), label="window")
     block = data.draw(st.sampled_from([1, 3, 8, 32]), label="block tokens")
+    kv_dtype = data.draw(st.sampled_from([torch.float32, torch.float16]), label="pool dtype")
     slots, capacity = 3, 64
     runs = data.draw(st.lists(st.integers(0, 20), min_size=slots, max_size=slots), label="run lengths")
     starts = [data.draw(st.integers(0, capacity - 20), label=f"run start {s}") for s in range(slots)]
@@ -179,17 +189,18 @@ def test_attention_is_the_same_bits_whatever_is_computed_with_it(kernels, data) 
         .view(slots, per_slot)
         .contiguous()
     )
-    keys = torch.randn(kv_heads, pool_blocks, block, dim, generator=generator)
-    values = torch.randn(kv_heads, pool_blocks, block, dim, generator=generator)
+    keys = torch.randn(kv_heads, pool_blocks, block, dim, generator=generator).to(kv_dtype)
+    values = torch.randn(kv_heads, pool_blocks, block, dim, generator=generator).to(kv_dtype)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=generator) * 3
 
-    def attend(rows: slice) -> torch.Tensor:
+    def attend(rows: slice, pools: tuple[torch.Tensor, torch.Tensor] = (keys, values)) -> torch.Tensor:
         return kernels.attention(
             qkv[rows], heads=heads, kv_heads=kv_heads, slot_of=slot_of[rows], pos_of=pos_of[rows],
-            span=capacity, keys=keys, values=values, table=table, scale=dim**-0.5, window=window,
+            span=capacity, keys=pools[0], values=pools[1], table=table, scale=dim**-0.5, window=window,
         )  # fmt: skip
 
     got = attend(slice(None))
+    assert torch.equal(attend(slice(None), (keys.float(), values.float())), got), "the same values in float32"
     for t in range(tokens):
         assert torch.equal(attend(slice(t, t + 1))[0], got[t]), f"token {t} alone"
     threads = torch.get_num_threads()
@@ -204,7 +215,9 @@ def test_attention_is_the_same_bits_whatever_is_computed_with_it(kernels, data) 
         kernels.use_avx512(True)
         torch.set_num_threads(threads)
 
-    unpaged = [_unpaged(pool, table, capacity) for pool in (keys, values)]  # [slots, kv_heads, capacity, dim]
+    unpaged = [
+        _unpaged(pool.float(), table, capacity) for pool in (keys, values)
+    ]  # [slots, kv_heads, capacity, dim]
     queries = qkv[:, : heads * dim].view(tokens, heads, dim)
     for t in range(tokens):
         s, p = int(slot_of[t]), int(pos_of[t])
@@ -370,6 +383,28 @@ def test_the_stacked_pass_refuses_sizes_it_cannot_take(kernels) -> None:
             slot_of=torch.zeros(2, dtype=torch.long), pos_of=positions, pages=outside, span=2,
         )  # fmt: skip
     assert torch.equal(h, torch.ones(2, 32))
+
+
+def test_a_key_past_float16s_range_is_stored_as_its_largest_value(kernels) -> None:
+    """Keys and values beyond float16's range saturate at +-65504 when a float16 pool
+    stores them (rounding would give infinities, and attention NaN); a NaN stays NaN."""
+    kv_heads, heads, dim = 1, 1, 16
+    qkv = torch.zeros(2, (heads + 2 * kv_heads) * dim)
+    qkv[0, dim:] = torch.tensor([1e6, -1e6, 7e4, -7e4, 65504.0, 3.0, float("nan")] + [0.5] * 25)
+    qkv[1, dim:] = 1.0
+    table = torch.tensor([[0]])
+    keys, values = (torch.zeros(kv_heads, 1, 4, dim, dtype=torch.float16) for _ in range(2))
+    pos = torch.tensor([0, 1])
+    no_rotary = torch.zeros(2, 0)
+    kernels.rope_store(
+        qkv, heads=heads, kv_heads=kv_heads, cos=no_rotary, sin=no_rotary, slot_of=torch.tensor([0, 0]),
+        pos_of=pos, keys=keys, values=values, table=table, layout=RopeLayout(rotate=False),
+    )  # fmt: skip
+    stored = keys[0, 0, 0].float()
+    assert stored[:6].tolist() == [65504.0, -65504.0, 65504.0, -65504.0, 65504.0, 3.0]
+    assert stored[6].isnan()
+    assert values[0, 0, 0].float().tolist() == [0.5] * dim
+    assert torch.equal(keys[0, 0, 1].float(), torch.ones(dim))
 
 
 def test_the_single_kernels_refuse_what_they_cannot_take(kernels) -> None:

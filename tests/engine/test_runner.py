@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kv_reference import kv_dtype_of, reference_logits, tolerance
 
 from thinkstruct.engine.kernels.cpu_kernels import cpu_kernels
 from thinkstruct.engine.kv.blocks import PagedKvCache
@@ -63,13 +64,6 @@ def plain_model(tiny_model, runner_class: type[ModelRunner]):
     return _int8_weights_copy(model) if runner_class is StackedInt8Runner else model
 
 
-def reference_logits(model, ids: list[int]) -> torch.Tensor:
-    """Logits of the last token of ``ids``, from a fresh full forward pass."""
-    with torch.inference_mode():
-        out = model(input_ids=torch.tensor([ids]), use_cache=False)
-    return out.logits[0, -1].float()
-
-
 def _runner(tiny_model, runner_class: type[ModelRunner] = TransformersRunner) -> ModelRunner:
     runner = runner_class(tiny_model.model, slots=SLOTS, context_length=tiny_model.context_length)  # type: ignore[call-arg]
     if runner_class in (
@@ -88,13 +82,17 @@ def test_rows_of_different_lengths_match_the_plain_model(tiny_model, runner_clas
     with torch.inference_mode():
         for slot, ids in enumerate(rows):
             got = runner.forward(slot, [ids], [0])[0]
-            torch.testing.assert_close(got, reference_logits(plain, ids), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(
+                got, reference_logits(plain, ids, kv_dtype_of(runner)), **tolerance(kv_dtype_of(runner))
+            )
         # One pass: row 0 feeds one token, row 1 three (a sampled token plus forced ones),
         # row 2 two, each from its own position.
         feeds = [[11], [12, 13, 14], [15, 16]]
         got = runner.forward(0, feeds, [len(r) for r in rows])
     for i, (ids, feed) in enumerate(zip(rows, feeds)):
-        torch.testing.assert_close(got[i], reference_logits(plain, ids + feed), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            got[i], reference_logits(plain, ids + feed, kv_dtype_of(runner)), **tolerance(kv_dtype_of(runner))
+        )
 
 
 @runners
@@ -105,7 +103,9 @@ def test_a_row_moved_to_another_slot_keeps_its_cache(tiny_model, runner_class) -
         runner.copy_slot(2, 0, 4)
         got = runner.forward(0, [[5]], [4])[0]
     torch.testing.assert_close(
-        got, reference_logits(plain_model(tiny_model, runner_class), [1, 2, 3, 4, 5]), rtol=1e-4, atol=1e-4
+        got,
+        reference_logits(plain_model(tiny_model, runner_class), [1, 2, 3, 4, 5], kv_dtype_of(runner)),
+        **tolerance(kv_dtype_of(runner)),
     )
 
 
@@ -122,7 +122,9 @@ def test_buffers_grow_past_the_initial_capacity(tiny_model, runner_class) -> Non
     else:
         assert cache.capacity >= 300
     torch.testing.assert_close(
-        got, reference_logits(plain_model(tiny_model, runner_class), ids), rtol=1e-4, atol=1e-4
+        got,
+        reference_logits(plain_model(tiny_model, runner_class), ids, kv_dtype_of(runner)),
+        **tolerance(kv_dtype_of(runner)),
     )
 
 
@@ -144,7 +146,9 @@ def test_any_schedule_matches_the_plain_model(tiny_model, runner_class, data) ->
                 ids = data.draw(st.lists(token, min_size=1, max_size=12), label="prompt")
                 got = runner.forward(len(live), [ids], [0])[0]
                 live.append(ids)
-                torch.testing.assert_close(got, reference_logits(plain, ids), rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(
+                    got, reference_logits(plain, ids, kv_dtype_of(runner)), **tolerance(kv_dtype_of(runner))
+                )
             elif action == "leave" and live:
                 gone = data.draw(st.integers(0, len(live) - 1), label="leaving")
                 last = len(live) - 1
@@ -157,7 +161,11 @@ def test_any_schedule_matches_the_plain_model(tiny_model, runner_class, data) ->
                 got = runner.forward(0, feeds, [len(r) for r in live])
                 for i, feed in enumerate(feeds):
                     live[i] = live[i] + feed
-                    torch.testing.assert_close(got[i], reference_logits(plain, live[i]), rtol=1e-4, atol=1e-4)
+                    torch.testing.assert_close(
+                        got[i],
+                        reference_logits(plain, live[i], kv_dtype_of(runner)),
+                        **tolerance(kv_dtype_of(runner)),
+                    )
 
 
 @runners
@@ -199,7 +207,8 @@ def test_fused_int8_projections_compute_what_the_separate_layers_do(tiny_model, 
         quantize_dynamic(model, {torch.nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
     context = tiny_model.context_length
     separate = TransformersRunner(model, slots=2, context_length=context)
-    fused = DecoderRunner(model, slots=2, context_length=context)
+    # Keys and values in float32, as the transformers runner keeps them: the projections are the question.
+    fused = DecoderRunner(model, slots=2, context_length=context, kv_cache_dtype=torch.float32)
     rows = [[5, 6, 7, 8, 9], [300, 400, 500, 600, 700]]
     with torch.inference_mode():
         expected = separate.forward(0, rows, [0, 0])
@@ -223,7 +232,8 @@ def test_fused_int8_weight_projections_compute_what_the_separate_layers_do(tiny_
     quantize_int8_weights(model, compiled=compiled)
     context = tiny_model.context_length
     separate = TransformersRunner(model, slots=2, context_length=context)
-    fused = DecoderRunner(model, slots=2, context_length=context)
+    # Keys and values in float32, as the transformers runner keeps them: the projections are the question.
+    fused = DecoderRunner(model, slots=2, context_length=context, kv_cache_dtype=torch.float32)
     assert fused.compiled
     rows = [[5, 6, 7, 8, 9], [300, 400, 500]]
     with torch.inference_mode():
@@ -360,7 +370,9 @@ def test_a_stacked_pass_whose_attention_is_wider_than_the_model(avx512) -> None:
             got = runner.forward(0, [ids], [0])[0]
     finally:
         kernels.use_avx512(True)
-    torch.testing.assert_close(got, reference_logits(model, ids), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        got, reference_logits(model, ids, kv_dtype_of(runner)), **tolerance(kv_dtype_of(runner))
+    )
 
 
 def test_a_model_the_decoder_runner_does_not_compute_gets_the_transformers_runner() -> None:
@@ -381,7 +393,9 @@ def test_a_model_the_decoder_runner_does_not_compute_gets_the_transformers_runne
     assert wide.kv_budget.max_positions == eight.kv_budget.max_positions < 4096
     with torch.inference_mode():
         got = runner.forward(0, [[1, 2, 3]], [0])[0]
-    torch.testing.assert_close(got, reference_logits(model, [1, 2, 3]), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        got, reference_logits(model, [1, 2, 3], kv_dtype_of(runner)), **tolerance(kv_dtype_of(runner))
+    )
 
 
 def test_sizes_the_kernels_cannot_take_run_on_torch_operations() -> None:
@@ -392,4 +406,40 @@ def test_sizes_the_kernels_cannot_take_run_on_torch_operations() -> None:
     assert not runner.compiled
     with torch.inference_mode():
         got = runner.forward(0, [[1, 2, 3]], [0])[0]
-    torch.testing.assert_close(got, reference_logits(model, [1, 2, 3]), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        got, reference_logits(model, [1, 2, 3], kv_dtype_of(runner)), **tolerance(kv_dtype_of(runner))
+    )
+
+
+def test_the_kv_cache_holds_float16_on_the_kernels_and_the_budget_twice_the_positions(tiny_model) -> None:
+    """By default the kernels keep keys and values in float16 (half the bytes attention
+    reads), the torch operations the model's dtype; a choice holds on either, and the
+    same bytes of budget hold twice the positions in float16."""
+    budget = {"kv_cache_bytes": 1 << 20, "prefix_cache_bytes": 0}
+    model, context = tiny_model.model, tiny_model.context_length
+    default = DecoderRunner(model, slots=SLOTS, context_length=context, **budget)
+    assert default.compiled and default.cache.dtype == torch.float16
+    on_torch = DecoderRunner(model, slots=SLOTS, context_length=context, kernels=False, **budget)
+    assert on_torch.cache.dtype == torch.float32
+    wide = DecoderRunner(model, slots=SLOTS, context_length=context, kv_cache_dtype=torch.float32, **budget)
+    assert wide.cache.dtype == torch.float32
+    assert default.kv_budget.unit_bytes * 2 == wide.kv_budget.unit_bytes
+    assert default.kv_budget.max_positions == min(context, 2 * wide.kv_budget.max_positions)
+    # float16 on torch operations: the pools round, attention computes in float32.
+    rounded = DecoderRunner(
+        model, slots=SLOTS, context_length=context, kernels=False, kv_cache_dtype=torch.float16
+    )
+    ids = [5, 6, 7, 8]
+    with torch.inference_mode():
+        got = rounded.forward(0, [ids], [0])[0]
+    torch.testing.assert_close(got, reference_logits(model, ids, torch.float16), **tolerance(torch.float16))
+    with pytest.raises(ValueError, match="kv_cache_dtype must be float16, float32 or None"):
+        DecoderRunner(model, slots=SLOTS, context_length=context, kv_cache_dtype=torch.bfloat16)
+
+
+def test_a_kv_cache_dtype_for_a_model_the_decoder_runner_cannot_run_is_refused_naming_why() -> None:
+    from thinkstruct.engine.runners.decoder_runner import default_runner
+
+    model = _small_llama(hidden_size=32, hidden_act="gelu")
+    with pytest.raises(ValueError, match="needs the decoder runner.*activation 'gelu'"):
+        default_runner(model, slots=1, context_length=64, vocab_size=300, kv_cache_dtype=torch.float16)

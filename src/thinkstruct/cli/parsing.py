@@ -137,6 +137,13 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         f"default {_ENGINE.kv_cache_bytes >> 20}M). The prefix cache has its own budget, --prefix-cache-bytes",
     )
     g.add_argument(
+        "--kv-cache-dtype",
+        choices=("float16", "float32"),
+        default=None,
+        help="what the KV cache holds (default: float16 where the compiled CPU kernels run the model: half "
+        "the bytes attention reads, twice the positions a budget holds; else the model's dtype)",
+    )
+    g.add_argument(
         "--prefix-cache-bytes",
         type=_byte_size,
         default=_ENGINE.prefix_cache_bytes,
@@ -476,6 +483,7 @@ def engine_spec(args: argparse.Namespace) -> EngineSpec:
             max_prompt_tokens=getattr(args, "max_prompt_tokens", None),
             kv_cache_bytes=args.kv_cache_bytes,
             prefix_cache_bytes=args.prefix_cache_bytes,
+            kv_cache_dtype=args.kv_cache_dtype,
             **engine,
         ),
         compiler=CompilerConfig(

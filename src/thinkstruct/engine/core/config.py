@@ -6,6 +6,7 @@ the refusals a caller can retry (:class:`EngineOverloaded`, :class:`KvCacheFull`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from thinkstruct.engine.kv.budget import DEFAULT_KV_BYTES, DEFAULT_PREFIX_BYTES
 from thinkstruct.engine.request import FinishReason, GenerationRequest, InvalidSamplingParam
@@ -118,6 +119,10 @@ class EngineConfig:
         prefix_cache_bytes: most bytes of keys and values of finished requests kept for
             requests that start the same way (:mod:`~thinkstruct.engine.kv.prefix_cache`: a
             chat's next turn, a repeated system prompt); 0 keeps none.
+        kv_cache_dtype: what the KV cache holds (``float16`` or ``float32``); ``None``:
+            float16 where the compiled kernels run the model, else the model's dtype (see
+            :class:`~thinkstruct.engine.runners.decoder_runner.DecoderRunner`). Only the
+            decoder runner takes a choice.
         check_tries_per_value: most times a value that fails a checked keyword (one no
             grammar enforces: :mod:`~thinkstruct.engine.output.checked_answer`) is generated
             again at one position before the request ends with an error naming it.
@@ -142,6 +147,7 @@ class EngineConfig:
     idle_poll_s: float = 0.05
     kv_cache_bytes: int = DEFAULT_KV_BYTES
     prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES
+    kv_cache_dtype: Literal["float16", "float32"] | None = None
     check_tries_per_value: int = 8
     check_tries_per_request: int = 32
     masks_during_forward: bool | None = None
@@ -159,6 +165,8 @@ class EngineConfig:
                 "kv_cache_bytes must be positive: it bounds the running requests' keys and values "
                 "(the prefix cache's budget is prefix_cache_bytes)"
             )
+        if self.kv_cache_dtype not in (None, "float16", "float32"):
+            raise ValueError(f"kv_cache_dtype must be float16, float32 or None, got {self.kv_cache_dtype!r}")
         if self.check_tries_per_value < 0 or self.check_tries_per_request < 0:
             raise ValueError("check_tries_per_value and check_tries_per_request must be >= 0")
 

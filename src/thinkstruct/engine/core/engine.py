@@ -290,6 +290,9 @@ class Engine:
                 vocab_size=self.tokenizer.vocab_size,
                 kv_cache_bytes=config.kv_cache_bytes,
                 prefix_cache_bytes=config.prefix_cache_bytes,
+                kv_cache_dtype=None
+                if config.kv_cache_dtype is None
+                else getattr(torch, config.kv_cache_dtype),
             )
             budget = runner.kv_budget.within(
                 kv_bytes=config.kv_cache_bytes, prefix_bytes=config.prefix_cache_bytes

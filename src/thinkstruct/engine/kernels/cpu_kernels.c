@@ -16,7 +16,9 @@
  *             offset p % block_tokens. Blocks are shared between slots (the caller never
  *             lets a kernel write a shared one). Heads outermost: a slot whose blocks
  *             are consecutive reads each head as one run, as contiguous slot buffers did
- *             (measured: blocks first cost attention ~13% at 1k positions).
+ *             (measured: blocks first cost attention ~13% at 1k positions). The pools
+ *             hold float32 or float16 (ts_pages.half): float16 rows are half the bytes
+ *             that attention reads, and their conversion to float32 is exact.
  *
  * Every result of a token depends on that token's inputs and its slot's cache only, in a
  * fixed order of operations: never on the other tokens of the pass or how many there are.
@@ -146,20 +148,24 @@ typedef struct {
 typedef struct {
     const int64_t *table;
     int64_t max_blocks, block_tokens, num_blocks;
+    int64_t half; /* 1: the pools hold float16 (rounded to nearest even when written), 0: float32 */
 } ts_pages;
+
+/* The pool element at offset at (elements) of a float32 or float16 pool. */
+static inline const void *kv_at(const void *pool, int64_t at, int64_t half) {
+    return (const char *)pool + at * (half ? 2 : 4);
+}
+
+/* 8 float32 lanes from elements i.. of a pool row p (float16 converted: exact). */
+static inline __attribute__((always_inline)) __m256 kv_load8(const void *p, int64_t i, const int half) {
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)))
+                : _mm256_loadu_ps((const float *)p + i);
+}
 
 /* The first key/value row of the block holding position p of slot s, for kv head kvh:
  * block_tokens rows of dim follow it (offset p % block_tokens is the position's). */
 static inline int64_t page_row(const ts_pages *pg, int64_t s, int64_t p, int64_t kvh) {
     return (kvh * pg->num_blocks + pg->table[s * pg->max_blocks + p / pg->block_tokens]) * pg->block_tokens;
-}
-
-/* While row r of a block is read, prefetch row r of the next block (dim floats), so the
- * next block is on its way before it is read. Blocks lie anywhere in the pool, and the
- * hardware prefetcher does not follow a jump (measured: attention over shuffled blocks
- * took 2.2x the time of consecutive ones without this). */
-static inline void page_prefetch(const float *next, int64_t r, int64_t dim) {
-    for (int64_t c = 0; c < dim; c += 16) _mm_prefetch((const char *)(next + r * dim + c), _MM_HINT_T0);
 }
 
 /* 0 when every position 0..pos_of[t] of every token's slot has a block in the pool;
@@ -182,7 +188,7 @@ static int pages_check(const ts_pages *pg, int64_t tokens, const int64_t *slot_o
  * rot_half % 8 == 0. */
 static void rope_store_rows(float *qkv, int64_t t_lo, int64_t t_hi, int64_t ld, int64_t heads, int64_t kv_heads,
                             int64_t dim, const ts_qk *qk, const float *cos_t, const float *sin_t,
-                            const int64_t *slot_of, const int64_t *pos_of, float *keys, float *values,
+                            const int64_t *slot_of, const int64_t *pos_of, void *keys, void *values,
                             const ts_pages *pg) {
     const int64_t half = qk->rot_half;
     for (int64_t t = t_lo; t < t_hi; t++) {
@@ -204,13 +210,20 @@ static void rope_store_rows(float *qkv, int64_t t_lo, int64_t t_hi, int64_t ld, 
         const int64_t off = pos_of[t] % pg->block_tokens;
         for (int64_t h = 0; h < kv_heads; h++) {
             const int64_t at = page_row(pg, slot_of[t], pos_of[t], h) + off;
-            float *kd = keys + at * dim;
-            float *vd = values + at * dim;
+            void *kd = (void *)kv_at(keys, at * dim, pg->half), *vd = (void *)kv_at(values, at * dim, pg->half);
             const float *ks = row + (heads + h) * dim;
             const float *vs = row + (heads + kv_heads + h) * dim;
-            for (int64_t i = 0; i < dim; i += 8) {
-                _mm256_storeu_ps(kd + i, _mm256_loadu_ps(ks + i));
-                _mm256_storeu_ps(vd + i, _mm256_loadu_ps(vs + i));
+            if (pg->half) {
+                const int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+                for (int64_t i = 0; i < dim; i += 8) {
+                    _mm_storeu_si128((__m128i *)((uint16_t *)kd + i), _mm256_cvtps_ph(_mm256_loadu_ps(ks + i), round));
+                    _mm_storeu_si128((__m128i *)((uint16_t *)vd + i), _mm256_cvtps_ph(_mm256_loadu_ps(vs + i), round));
+                }
+            } else {
+                for (int64_t i = 0; i < dim; i += 8) {
+                    _mm256_storeu_ps((float *)kd + i, _mm256_loadu_ps(ks + i));
+                    _mm256_storeu_ps((float *)vd + i, _mm256_loadu_ps(vs + i));
+                }
             }
         }
     }
@@ -221,9 +234,9 @@ static void rope_store_rows(float *qkv, int64_t t_lo, int64_t t_hi, int64_t ld, 
 int ts_rope_store(float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
                   const float *q_norm, const float *k_norm, float qk_eps, int64_t rot_half, int64_t rotate,
                   const float *cos_t, const float *sin_t, const int64_t *slot_of, const int64_t *pos_of,
-                  float *keys, float *values, const int64_t *table, int64_t max_blocks, int64_t block_tokens,
-                  int64_t num_blocks) {
-    const ts_pages pg = {table, max_blocks, block_tokens, num_blocks};
+                  void *keys, void *values, const int64_t *table, int64_t max_blocks, int64_t block_tokens,
+                  int64_t num_blocks, int64_t half) {
+    const ts_pages pg = {table, max_blocks, block_tokens, num_blocks, half != 0};
     if (tokens < 0 || kv_heads < 1 || dim % 8 || rot_half % 8 || 2 * rot_half > dim || ld < (heads + 2 * kv_heads) * dim)
         return -2;
     if (pages_check(&pg, tokens, slot_of, pos_of)) return -3;
@@ -263,7 +276,7 @@ typedef struct {
     const float *qkv;
     int64_t ld, heads, kv_heads, dim;
     const int64_t *slot_of, *pos_of;
-    const float *keys, *values;
+    const void *keys, *values; /* float32 or float16 (pg->half) */
     const ts_pages *pg;
     int64_t window;
     float scale;
@@ -298,31 +311,31 @@ static void *att_scratch(int64_t span, int64_t dim, ts_att_scratch *sc) {
 
 /* q . k[j] for keys j < 4, before the final reduction: 8 lanes, the sums of lanes l and
  * l + 8 of the 16-lane partial products (AVX2: two 8-lane accumulators a key). */
-static inline __attribute__((always_inline)) void dots4_256(const float *q, const float *const *k, int64_t dim,
-                                                            __m256 *v) {
+static inline __attribute__((always_inline)) void dots4_256(const float *q, const void *const *k, int64_t dim,
+                                                            __m256 *v, const int half) {
     __m256 a0[4], a1[4];
     for (int j = 0; j < 4; j++) a0[j] = a1[j] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= dim; i += 16) {
         const __m256 qa = _mm256_loadu_ps(q + i), qb = _mm256_loadu_ps(q + i + 8);
         for (int j = 0; j < 4; j++) {
-            a0[j] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k[j] + i), a0[j]);
-            a1[j] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k[j] + i + 8), a1[j]);
+            a0[j] = _mm256_fmadd_ps(qa, kv_load8(k[j], i, half), a0[j]);
+            a1[j] = _mm256_fmadd_ps(qb, kv_load8(k[j], i + 8, half), a1[j]);
         }
     }
     if (i < dim) {
         const __m256 qa = _mm256_loadu_ps(q + i);
-        for (int j = 0; j < 4; j++) a0[j] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k[j] + i), a0[j]);
+        for (int j = 0; j < 4; j++) a0[j] = _mm256_fmadd_ps(qa, kv_load8(k[j], i, half), a0[j]);
     }
     for (int j = 0; j < 4; j++) v[j] = _mm256_add_ps(a0[j], a1[j]);
 }
 
 /* The scores q . k[j] * scale of 8 keys (AVX2). */
-static inline __attribute__((always_inline)) __m256 scores8_256(const float *q, const float *const *k, int64_t dim,
-                                                                __m256 scale) {
+static inline __attribute__((always_inline)) __m256 scores8_256(const float *q, const void *const *k, int64_t dim,
+                                                                __m256 scale, const int half) {
     __m256 v[8];
-    dots4_256(q, k, dim, v);
-    dots4_256(q, k + 4, dim, v + 4);
+    dots4_256(q, k, dim, v, half);
+    dots4_256(q, k + 4, dim, v + 4, half);
     /* lo: keys 0-3's sums of lanes 0-3, then keys 4-7's; hi: the same of lanes 4-7 */
     const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
     const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
@@ -330,12 +343,19 @@ static inline __attribute__((always_inline)) __m256 scores8_256(const float *q, 
     return _mm256_mul_ps(s, scale);
 }
 
+/* 16 float32 lanes from elements i.. of a pool row p (as kv_load8). */
+static inline __attribute__((always_inline)) TS_AVX512 __m512 kv_load16(const void *p, int64_t i, const int half) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)))
+                : _mm512_loadu_ps((const float *)p + i);
+}
+
 /* The same scores on AVX-512, for Q (1 to 3: a GQA group of 3 in one pass) queries q[c]
  * at once, each key's lanes loaded once for all: a key's 16-lane partial products in one
  * register, the 8 keys' reduced by the AVX2 tree's additions; into dst[c][0..8). */
 static inline __attribute__((always_inline)) TS_AVX512 void scores8_512(const int Q, const float *const *q,
-                                                                        const float *const *k, int64_t dim,
-                                                                        __m256 scale, float *const *dst) {
+                                                                        const void *const *k, int64_t dim,
+                                                                        __m256 scale, float *const *dst,
+                                                                        const int half) {
     __m512 a[3][8];
     for (int c = 0; c < Q; c++)
         for (int j = 0; j < 8; j++) a[c][j] = _mm512_setzero_ps();
@@ -344,7 +364,7 @@ static inline __attribute__((always_inline)) TS_AVX512 void scores8_512(const in
         __m512 qv[3];
         for (int c = 0; c < Q; c++) qv[c] = _mm512_loadu_ps(q[c] + i);
         for (int j = 0; j < 8; j++) {
-            const __m512 kv = _mm512_loadu_ps(k[j] + i);
+            const __m512 kv = kv_load16(k[j], i, half);
             for (int c = 0; c < Q; c++) a[c][j] = _mm512_fmadd_ps(qv[c], kv, a[c][j]);
         }
     }
@@ -352,7 +372,7 @@ static inline __attribute__((always_inline)) TS_AVX512 void scores8_512(const in
         __m512 qv[3];
         for (int c = 0; c < Q; c++) qv[c] = _mm512_castps256_ps512(_mm256_loadu_ps(q[c] + i));
         for (int j = 0; j < 8; j++) {
-            const __m512 kv = _mm512_castps256_ps512(_mm256_loadu_ps(k[j] + i));
+            const __m512 kv = _mm512_castps256_ps512(kv_load8(k[j], i, half));
             for (int c = 0; c < Q; c++) a[c][j] = _mm512_mask3_fmadd_ps(qv[c], kv, a[c][j], 0x00FF);
         }
     }
@@ -376,14 +396,14 @@ static inline __attribute__((always_inline)) TS_AVX512 void scores8_512(const in
  * in order, l in the nv vectors of 8 from l0 (AVX2): the sums stay in registers over the
  * keys, each value vector is loaded once for all the queries. */
 static inline __attribute__((always_inline)) void mix_slice256(const int Q, const int nv, float *const *acc,
-                                                               const float *const *w, const float *const *v,
-                                                               int j0, int j1, int64_t l0) {
+                                                               const float *const *w, const void *const *v,
+                                                               int j0, int j1, int64_t l0, const int half) {
     __m256 x[4][4];
     for (int c = 0; c < Q; c++)
         for (int u = 0; u < nv; u++) x[c][u] = _mm256_loadu_ps(acc[c] + l0 + 8 * u);
     for (int j = j0; j < j1; j++) {
         __m256 vj[4];
-        for (int u = 0; u < nv; u++) vj[u] = _mm256_loadu_ps(v[j] + l0 + 8 * u);
+        for (int u = 0; u < nv; u++) vj[u] = kv_load8(v[j], l0 + 8 * u, half);
         for (int c = 0; c < Q; c++) {
             const __m256 wj = _mm256_set1_ps(w[c][j]);
             for (int u = 0; u < nv; u++) x[c][u] = _mm256_fmadd_ps(wj, vj[u], x[c][u]);
@@ -395,28 +415,28 @@ static inline __attribute__((always_inline)) void mix_slice256(const int Q, cons
 
 /* mix_slice256 over lanes from <= l < dim, in slices of 4 vectors. */
 static inline __attribute__((always_inline)) void mix_256(const int Q, float *const *acc, const float *const *w,
-                                                          const float *const *v, int j0, int j1, int64_t from,
-                                                          int64_t dim) {
+                                                          const void *const *v, int j0, int j1, int64_t from,
+                                                          int64_t dim, const int half) {
     int64_t l = from;
-    for (; l + 32 <= dim; l += 32) mix_slice256(Q, 4, acc, w, v, j0, j1, l);
+    for (; l + 32 <= dim; l += 32) mix_slice256(Q, 4, acc, w, v, j0, j1, l, half);
     switch ((dim - l) / 8) {
-        case 3: mix_slice256(Q, 3, acc, w, v, j0, j1, l); break;
-        case 2: mix_slice256(Q, 2, acc, w, v, j0, j1, l); break;
-        case 1: mix_slice256(Q, 1, acc, w, v, j0, j1, l); break;
+        case 3: mix_slice256(Q, 3, acc, w, v, j0, j1, l, half); break;
+        case 2: mix_slice256(Q, 2, acc, w, v, j0, j1, l, half); break;
+        case 1: mix_slice256(Q, 1, acc, w, v, j0, j1, l, half); break;
     }
 }
 
 /* The same on AVX-512: vectors of 16 lanes (a dim % 16 tail by mix_256). */
 static inline __attribute__((always_inline)) TS_AVX512 void mix_slice512(const int Q, const int nv, float *const *acc,
                                                                          const float *const *w,
-                                                                         const float *const *v, int j0, int j1,
-                                                                         int64_t l0) {
+                                                                         const void *const *v, int j0, int j1,
+                                                                         int64_t l0, const int half) {
     __m512 x[4][4];
     for (int c = 0; c < Q; c++)
         for (int u = 0; u < nv; u++) x[c][u] = _mm512_loadu_ps(acc[c] + l0 + 16 * u);
     for (int j = j0; j < j1; j++) {
         __m512 vj[4];
-        for (int u = 0; u < nv; u++) vj[u] = _mm512_loadu_ps(v[j] + l0 + 16 * u);
+        for (int u = 0; u < nv; u++) vj[u] = kv_load16(v[j], l0 + 16 * u, half);
         for (int c = 0; c < Q; c++) {
             const __m512 wj = _mm512_set1_ps(w[c][j]);
             for (int u = 0; u < nv; u++) x[c][u] = _mm512_fmadd_ps(wj, vj[u], x[c][u]);
@@ -428,17 +448,17 @@ static inline __attribute__((always_inline)) TS_AVX512 void mix_slice512(const i
 
 static inline __attribute__((always_inline)) TS_AVX512 void mix_512(const int Q, float *const *acc,
                                                                     const float *const *w,
-                                                                    const float *const *v, int j0, int j1,
-                                                                    int64_t dim) {
+                                                                    const void *const *v, int j0, int j1,
+                                                                    int64_t dim, const int half) {
     int64_t l = 0;
-    for (; l + 64 <= dim; l += 64) mix_slice512(Q, 4, acc, w, v, j0, j1, l);
+    for (; l + 64 <= dim; l += 64) mix_slice512(Q, 4, acc, w, v, j0, j1, l, half);
     switch ((dim - l) / 16) {
-        case 3: mix_slice512(Q, 3, acc, w, v, j0, j1, l); break;
-        case 2: mix_slice512(Q, 2, acc, w, v, j0, j1, l); break;
-        case 1: mix_slice512(Q, 1, acc, w, v, j0, j1, l); break;
+        case 3: mix_slice512(Q, 3, acc, w, v, j0, j1, l, half); break;
+        case 2: mix_slice512(Q, 2, acc, w, v, j0, j1, l, half); break;
+        case 1: mix_slice512(Q, 1, acc, w, v, j0, j1, l, half); break;
     }
     l += (dim - l) / 16 * 16;
-    if (l < dim) mix_256(Q, acc, w, v, j0, j1, l, dim);
+    if (l < dim) mix_256(Q, acc, w, v, j0, j1, l, dim, half);
 }
 
 /* A query's scores s[0..keys) (s 32-byte aligned) to e_j = exp(s_j - max) in place,
@@ -510,19 +530,39 @@ static TS_AVX512 float softmax_512(float *s, int64_t keys) {
 
 /* One chunk of TS_KEYS keys k (row pointers) for n queries q[i]: their 8 scores into
  * dst[i][0..8). */
-static void score_chunk_256(const float *const *q, float *const *dst, int n, const float *const *k, int64_t dim,
-                            float scale) {
+static inline __attribute__((always_inline)) void score_chunk_256(const float *const *q, float *const *dst, int n,
+                                                                  const void *const *k, int64_t dim, float scale,
+                                                                  const int half) {
     const __m256 sv = _mm256_set1_ps(scale);
-    for (int i = 0; i < n; i++) _mm256_storeu_ps(dst[i], scores8_256(q[i], k, dim, sv));
+    for (int i = 0; i < n; i++) _mm256_storeu_ps(dst[i], scores8_256(q[i], k, dim, sv, half));
 }
 
-static TS_AVX512 void score_chunk_512(const float *const *q, float *const *dst, int n, const float *const *k,
-                                      int64_t dim, float scale) {
+static inline __attribute__((always_inline)) TS_AVX512 void score_chunk_512(const float *const *q,
+                                                                            float *const *dst, int n,
+                                                                            const void *const *k, int64_t dim,
+                                                                            float scale, const int half) {
     const __m256 sv = _mm256_set1_ps(scale);
     int i = 0;
-    for (; i + 3 <= n; i += 3) scores8_512(3, q + i, k, dim, sv, dst + i);
-    if (i + 2 <= n) scores8_512(2, q + i, k, dim, sv, dst + i), i += 2;
-    if (i < n) scores8_512(1, q + i, k, dim, sv, dst + i);
+    for (; i + 3 <= n; i += 3) scores8_512(3, q + i, k, dim, sv, dst + i, half);
+    if (i + 2 <= n) scores8_512(2, q + i, k, dim, sv, dst + i, half), i += 2;
+    if (i < n) scores8_512(1, q + i, k, dim, sv, dst + i, half);
+}
+
+/* One chunk's scores on the CPU's widest code for the pool's element type (each
+ * combination its own code: the element type is a constant inside). */
+static TS_AVX512 void score_chunk_512_f32(const float *const *q, float *const *dst, int n, const void *const *k,
+                                          int64_t dim, float scale) {
+    score_chunk_512(q, dst, n, k, dim, scale, 0);
+}
+static TS_AVX512 void score_chunk_512_f16(const float *const *q, float *const *dst, int n, const void *const *k,
+                                          int64_t dim, float scale) {
+    score_chunk_512(q, dst, n, k, dim, scale, 1);
+}
+static void score_chunk(const int wide, const int half, const float *const *q, float *const *dst, int n,
+                        const void *const *k, int64_t dim, float scale) {
+    if (wide) (half ? score_chunk_512_f16 : score_chunk_512_f32)(q, dst, n, k, dim, scale);
+    else if (half) score_chunk_256(q, dst, n, k, dim, scale, 1);
+    else score_chunk_256(q, dst, n, k, dim, scale, 0);
 }
 
 /* One chunk of TS_KEYS value rows v for n queries: acc[i] += e_j v[j] over their keys
@@ -533,49 +573,71 @@ static TS_AVX512 void score_chunk_512(const float *const *q, float *const *dst, 
         int f = 0;                                                                                 \
         while (f < (most) && i + f < n && j0[i + f] == 0 && j1[i + f] == TS_KEYS) f++;             \
         if ((most) >= 4 && f == 4) {                                                               \
-            mix(4, acc + i, w + i, v, 0, TS_KEYS, dim);                                            \
+            mix(4, acc + i, w + i, v, 0, TS_KEYS, dim, half);                                      \
             i += 4;                                                                                \
         } else if (f >= 2) {                                                                       \
-            mix(2, acc + i, w + i, v, 0, TS_KEYS, dim);                                            \
+            mix(2, acc + i, w + i, v, 0, TS_KEYS, dim, half);                                      \
             i += 2;                                                                                \
         } else if (f == 1) {                                                                       \
-            mix(1, acc + i, w + i, v, 0, TS_KEYS, dim);                                            \
+            mix(1, acc + i, w + i, v, 0, TS_KEYS, dim, half);                                      \
             i++;                                                                                   \
         } else {                                                                                   \
-            mix(1, acc + i, w + i, v, j0[i], j1[i], dim);                                          \
+            mix(1, acc + i, w + i, v, j0[i], j1[i], dim, half);                                    \
             i++;                                                                                   \
         }                                                                                          \
     }
 
-static void mix_chunk_256(float *const *acc, const float *const *w, const int *j0, const int *j1, int n,
-                          const float *const *v, int64_t dim) {
-#define TS_MIX256(Q, acc, w, v, j0, j1, dim) mix_256(Q, acc, w, v, j0, j1, 0, dim)
+static inline __attribute__((always_inline)) void mix_chunk_256(float *const *acc, const float *const *w,
+                                                                const int *j0, const int *j1, int n,
+                                                                const void *const *v, int64_t dim, const int half) {
+#define TS_MIX256(Q, acc, w, v, j0, j1, dim, half) mix_256(Q, acc, w, v, j0, j1, 0, dim, half)
     TS_MIX_CHUNK(TS_MIX256, 2)
 #undef TS_MIX256
 }
 
 /* (4 queries: 16 of the 32 registers hold their sums) */
-static TS_AVX512 void mix_chunk_512(float *const *acc, const float *const *w, const int *j0, const int *j1, int n,
-                                    const float *const *v, int64_t dim) {
+static inline __attribute__((always_inline)) TS_AVX512 void mix_chunk_512(float *const *acc, const float *const *w,
+                                                                          const int *j0, const int *j1, int n,
+                                                                          const void *const *v, int64_t dim,
+                                                                          const int half) {
     TS_MIX_CHUNK(mix_512, 4)
 }
 #undef TS_MIX_CHUNK
+
+/* One chunk's weighted sum, as score_chunk picks its code. */
+static TS_AVX512 void mix_chunk_512_f32(float *const *acc, const float *const *w, const int *j0, const int *j1,
+                                        int n, const void *const *v, int64_t dim) {
+    mix_chunk_512(acc, w, j0, j1, n, v, dim, 0);
+}
+static TS_AVX512 void mix_chunk_512_f16(float *const *acc, const float *const *w, const int *j0, const int *j1,
+                                        int n, const void *const *v, int64_t dim) {
+    mix_chunk_512(acc, w, j0, j1, n, v, dim, 1);
+}
+static void mix_chunk(const int wide, const int half, float *const *acc, const float *const *w, const int *j0,
+                      const int *j1, int n, const void *const *v, int64_t dim) {
+    if (wide) (half ? mix_chunk_512_f16 : mix_chunk_512_f32)(acc, w, j0, j1, n, v, dim);
+    else if (half) mix_chunk_256(acc, w, j0, j1, n, v, dim, 1);
+    else mix_chunk_256(acc, w, j0, j1, n, v, dim, 0);
+}
 
 /* Prefetch the rows of the chunk at r (TS_KEYS pool offsets) from base: blocks lie
  * anywhere in the pool, and the hardware prefetcher does not follow a jump (measured:
  * attention over shuffled blocks took 2.2x the time of consecutive ones without this).
  * Every chunk, not only those after a jump: 8 slots' decoding over 4k positions (the
  * rows from memory) took 2.1x the time with those only. */
-static inline void chunk_prefetch(const float *base, const int64_t *r, int64_t dim) {
-    for (int j = 0; j < TS_KEYS; j++)
-        for (int64_t c = 0; c < dim; c += 16) _mm_prefetch((const char *)(base + r[j] + c), _MM_HINT_T0);
+static inline void chunk_prefetch(const void *base, const int64_t *r, int64_t dim, int64_t half) {
+    const int64_t bytes = dim * (half ? 2 : 4);
+    for (int j = 0; j < TS_KEYS; j++) {
+        const char *row = (const char *)kv_at(base, r[j], half);
+        for (int64_t c = 0; c < bytes; c += 64) _mm_prefetch(row + c, _MM_HINT_T0);
+    }
 }
 
 /* The n <= TS_QUERIES queries (token t[i], query head h[i]) of one slot and kv head kvh:
  * their outputs, as the section's comment says. */
 static void attend_batch(const ts_att *a, int64_t slot, int64_t kvh, const int64_t *t, const int64_t *h, int n,
                          const ts_att_scratch *sc) {
-    const int64_t dim = a->dim, B = a->pg->block_tokens;
+    const int64_t dim = a->dim, B = a->pg->block_tokens, half = a->pg->half;
     const int wide = avx512_on();
     int64_t lo[TS_QUERIES], end[TS_QUERIES], first = INT64_MAX, last = 0;
     const float *q[TS_QUERIES];
@@ -598,18 +660,18 @@ static void attend_batch(const ts_att *a, int64_t slot, int64_t kvh, const int64
     for (int64_t p = c_lo; p < first; p++) rows[p - c_lo] = rows[first - c_lo];
     for (int64_t p = last; p < c_hi; p++) rows[p - c_lo] = rows[last - 1 - c_lo];
 
-    const float *qa[TS_QUERIES], *rk[TS_KEYS];
+    const float *qa[TS_QUERIES];
+    const void *rk[TS_KEYS];
     float *dst[TS_QUERIES];
     for (int64_t c = c_lo; c < c_hi; c += TS_KEYS) {
         const int64_t *r = rows + (c - c_lo);
-        if (c + 2 * TS_KEYS < c_hi) chunk_prefetch(a->keys, r + 2 * TS_KEYS, dim);
+        if (c + 2 * TS_KEYS < c_hi) chunk_prefetch(a->keys, r + 2 * TS_KEYS, dim, half);
         int m = 0;
         for (int i = 0; i < n; i++)
             if (c + TS_KEYS > lo[i] && c < end[i])
                 qa[m] = q[i], dst[m++] = sc->scores + i * sc->stride + 8 + (c - lo[i]);
-        for (int j = 0; j < TS_KEYS; j++) rk[j] = a->keys + r[j];
-        if (wide) score_chunk_512(qa, dst, m, rk, dim, a->scale);
-        else score_chunk_256(qa, dst, m, rk, dim, a->scale);
+        for (int j = 0; j < TS_KEYS; j++) rk[j] = kv_at(a->keys, r[j], half);
+        score_chunk(wide, (int)half, qa, dst, m, rk, dim, a->scale);
     }
 
     float inv[TS_QUERIES];
@@ -620,11 +682,12 @@ static void attend_batch(const ts_att *a, int64_t slot, int64_t kvh, const int64
     }
 
     float *acc[TS_QUERIES];
-    const float *w[TS_QUERIES], *rv[TS_KEYS];
+    const float *w[TS_QUERIES];
+    const void *rv[TS_KEYS];
     int j0[TS_QUERIES], j1[TS_QUERIES];
     for (int64_t c = c_lo; c < c_hi; c += TS_KEYS) {
         const int64_t *r = rows + (c - c_lo);
-        if (c + 2 * TS_KEYS < c_hi) chunk_prefetch(a->values, r + 2 * TS_KEYS, dim);
+        if (c + 2 * TS_KEYS < c_hi) chunk_prefetch(a->values, r + 2 * TS_KEYS, dim, half);
         int m = 0;
         for (int i = 0; i < n; i++)
             if (c + TS_KEYS > lo[i] && c < end[i]) {
@@ -633,9 +696,8 @@ static void attend_batch(const ts_att *a, int64_t slot, int64_t kvh, const int64
                 j0[m] = lo[i] > c ? (int)(lo[i] - c) : 0;
                 j1[m++] = end[i] < c + TS_KEYS ? (int)(end[i] - c) : TS_KEYS;
             }
-        for (int j = 0; j < TS_KEYS; j++) rv[j] = a->values + r[j];
-        if (wide) mix_chunk_512(acc, w, j0, j1, m, rv, dim);
-        else mix_chunk_256(acc, w, j0, j1, m, rv, dim);
+        for (int j = 0; j < TS_KEYS; j++) rv[j] = kv_at(a->values, r[j], half);
+        mix_chunk(wide, (int)half, acc, w, j0, j1, m, rv, dim);
     }
     for (int i = 0; i < n; i++) {
         float *o = a->out + t[i] * a->ld_out + h[i] * dim;
@@ -703,15 +765,15 @@ static void attend_share(const ts_att *a, int64_t T, int id, int nt, const ts_at
 
 /* Every token t's queries (in qkv) attend to its slot's positions up to pos_of[t] (see
  * the section's comment; window 0: all of them), through the block table (table,
- * max_blocks, block_tokens, num_blocks: ts_pages). span: more than every pos_of (scratch
+ * max_blocks, block_tokens, num_blocks, half: ts_pages). span: more than every pos_of (scratch
  * size). Returns 0; -2 for sizes it cannot take, -3 for a table that does not cover every
  * token's positions (nothing computed); -1 when a thread's scratch could not be
  * allocated (out is not all written). */
 int ts_attention(const float *qkv, int64_t tokens, int64_t ld, int64_t heads, int64_t kv_heads, int64_t dim,
-                 const int64_t *slot_of, const int64_t *pos_of, const float *keys, const float *values,
-                 const int64_t *table, int64_t max_blocks, int64_t block_tokens, int64_t num_blocks, int64_t span,
-                 int64_t window, float scale, float *out, int64_t ld_out) {
-    const ts_pages pg = {table, max_blocks, block_tokens, num_blocks};
+                 const int64_t *slot_of, const int64_t *pos_of, const void *keys, const void *values,
+                 const int64_t *table, int64_t max_blocks, int64_t block_tokens, int64_t num_blocks, int64_t half,
+                 int64_t span, int64_t window, float scale, float *out, int64_t ld_out) {
+    const ts_pages pg = {table, max_blocks, block_tokens, num_blocks, half != 0};
     if (tokens < 0 || kv_heads < 1 || heads % kv_heads || dim % 8 || dim > 256 || ld < (heads + 2 * kv_heads) * dim ||
         ld_out < heads * dim)
         return -2;
@@ -1061,7 +1123,7 @@ typedef struct {
     const float *qkv_scale, *out_scale, *gate_up_scale, *down_scale;
     const float *qkv_bias, *out_bias, *gate_up_bias, *down_bias;
     const float *q_norm, *k_norm;
-    float *keys, *values;
+    void *keys, *values; /* float32 or float16 pools (ts_pages.half) */
     int64_t rotate, window;
     int64_t qkv_format, out_format, gate_up_format, down_format;
     float attn_eps, mlp_eps, qk_eps, scaling;
@@ -1092,7 +1154,7 @@ static void ts_qkv_projection(const ts_layer *L, const ts_input *in, float *out,
 /* h [T, hidden] (the residual stream, updated in place) through layers[0..n_layers):
  * per layer h += o(attention(rope(qk_norm(qkv(norm(h)))))), h += down(silu_mul(gate_up(norm(h)))).
  * cos/sin [T, rot_half], slot_of/pos_of [T] and the cache's block table (table,
- * max_blocks, block_tokens, num_blocks) as for ts_rope_store and ts_attention; span:
+ * max_blocks, block_tokens, num_blocks, half) as for ts_rope_store and ts_attention; span:
  * more than every pos_of. hidden, dim, rot_half, heads*dim, inter: % 8 == 0; every
  * projection's outputs % 16 == 0, dim <= 256. Returns 0; -2 for sizes outside these,
  * -3 for a table that does not cover every token's positions (nothing computed); -1 when
@@ -1101,7 +1163,7 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
                       int64_t inter, int64_t rot_half, const ts_layer *layers, int64_t n_layers,
                       const float *cos_t, const float *sin_t, const int64_t *slot_of, const int64_t *pos_of,
                       const int64_t *table, int64_t max_blocks, int64_t block_tokens, int64_t num_blocks,
-                      int64_t span) {
+                      int64_t half, int64_t span) {
     const int64_t qkv_n = (heads + 2 * kv_heads) * dim, att_n = heads * dim;
     if (T < 1 || kv_heads < 1 || heads % kv_heads || hidden % 16 || dim % 8 || dim > 256 || rot_half % 8 ||
         2 * rot_half > dim || qkv_n % 16 || inter % 8 || span < 1)
@@ -1115,7 +1177,7 @@ int ts_decoder_layers(float *h, int64_t T, int64_t hidden, int64_t heads, int64_
              (layers[i].qkv_format == TS_INT8 || layers[i].qkv_tail_format == TS_INT8 ||
               !ts_projection_fits(layers[i].qkv_tail_format, hidden) || layers[i].qkv_split >= qkv_n / 16)))
             return -2;
-    const ts_pages pages = {table, max_blocks, block_tokens, num_blocks};
+    const ts_pages pages = {table, max_blocks, block_tokens, num_blocks, half != 0};
     if (pages_check(&pages, T, slot_of, pos_of)) return -3;
     float *x = (float *)malloc((size_t)T * hidden * sizeof(float));
     float *qkv = (float *)malloc((size_t)T * qkv_n * sizeof(float));

@@ -133,40 +133,48 @@ class LayerPointers(ctypes.Structure):
     ]
 
 
+#: The element types a KV pool may hold on the kernels (float16: half the bytes attention
+#: reads; each value rounded to nearest even when written, converted exactly when read).
+POOL_DTYPES = (torch.float32, torch.float16)
+
+
 class Pages(NamedTuple):
     """The block table of a paged KV cache, as the kernels read it: ``table`` (int64
     ``[slots, max_blocks]``, contiguous) holds the block of position ``p`` of slot ``s`` at
     ``[s, p // block_tokens]``; every layer's pools are ``[kv_heads, num_blocks,
-    block_tokens, dim]``."""
+    block_tokens, dim]`` of ``dtype`` (one of :data:`POOL_DTYPES`)."""
 
     table: torch.Tensor
     block_tokens: int
     num_blocks: int
+    dtype: torch.dtype = torch.float32
 
     @staticmethod
     def of(keys: torch.Tensor, values: torch.Tensor, table: torch.Tensor) -> Pages:
         """The table over one layer's pools ``keys``/``values``.
 
         Raises:
-            ValueError: pools that are not contiguous float32 of one shape.
+            ValueError: pools that are not contiguous float32 or float16 of one shape and
+                dtype.
         """
         if (
             keys.dim() != 4
             or keys.shape != values.shape
-            or keys.dtype != torch.float32
-            or values.dtype != torch.float32
+            or keys.dtype not in POOL_DTYPES
+            or values.dtype != keys.dtype
             or not keys.is_contiguous()
             or not values.is_contiguous()
         ):
             raise ValueError(
-                "the key/value pools must be contiguous float32 [kv_heads, num_blocks, block_tokens, dim], "
-                f"got {list(keys.shape)} and {list(values.shape)}"
+                "the key/value pools must be contiguous float32 or float16 [kv_heads, num_blocks, block_tokens, "
+                f"dim] of one dtype, got {keys.dtype} {list(keys.shape)} and {values.dtype} {list(values.shape)}"
             )
-        return Pages(table, int(keys.shape[2]), int(keys.shape[1]))
+        return Pages(table, int(keys.shape[2]), int(keys.shape[1]), keys.dtype)
 
-    def arguments(self) -> tuple[int, int, int, int]:
-        """``table, max_blocks, block_tokens, num_blocks`` for a kernel call."""
-        return self.table.data_ptr(), int(self.table.shape[1]), self.block_tokens, self.num_blocks
+    def arguments(self) -> tuple[int, int, int, int, int]:
+        """``table, max_blocks, block_tokens, num_blocks, half`` for a kernel call."""
+        half = int(self.dtype == torch.float16)
+        return self.table.data_ptr(), int(self.table.shape[1]), self.block_tokens, self.num_blocks, half
 
 
 class RopeLayout(NamedTuple):
@@ -187,7 +195,7 @@ _SIGNATURES: dict[str, list[type]] = {
         *(_ptr, _i64, _i64, _i64, _i64, _i64),  # qkv, tokens, ld, heads, kv_heads, dim
         *(_ptr, _ptr, _f32, _i64, _i64),  # q_norm, k_norm, qk_eps, rot_half, rotate
         *(_ptr, _ptr, _ptr, _ptr, _ptr, _ptr),  # cos, sin, slot_of, pos_of, keys, values
-        *(_ptr, _i64, _i64, _i64),  # table, max_blocks, block_tokens, num_blocks
+        *(_ptr, _i64, _i64, _i64, _i64),  # table, max_blocks, block_tokens, num_blocks, half
     ],
     "ts_w8_linear": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _i64],
     "ts_sample": [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr],
@@ -195,7 +203,7 @@ _SIGNATURES: dict[str, list[type]] = {
     "ts_attention": [
         *(_ptr, _i64, _i64, _i64, _i64, _i64),  # qkv, tokens, ld, heads, kv_heads, dim
         *(_ptr, _ptr, _ptr, _ptr),  # slot_of, pos_of, keys, values
-        *(_ptr, _i64, _i64, _i64),  # table, max_blocks, block_tokens, num_blocks
+        *(_ptr, _i64, _i64, _i64, _i64),  # table, max_blocks, block_tokens, num_blocks, half
         *(_i64, _i64, _f32, _ptr, _i64),  # span, window, scale, out, ld_out
     ],
 }
@@ -234,7 +242,7 @@ class CpuKernels:
             ),  # h, T, hidden, heads, kv_heads, dim, inter, rot_half
             *(ctypes.POINTER(LayerPointers), _i64),  # layers, n_layers
             *(_ptr, _ptr, _ptr, _ptr),  # cos, sin, slot_of, pos_of
-            *(_ptr, _i64, _i64, _i64, _i64),  # table, max_blocks, block_tokens, num_blocks, span
+            *(_ptr, _i64, _i64, _i64, _i64, _i64),  # table, max_blocks, block_tokens, num_blocks, half, span
         ]
         library.ts_decoder_layers.restype = ctypes.c_int
         self._lib = library

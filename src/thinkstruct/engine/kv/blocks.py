@@ -140,7 +140,7 @@ class PagedKvCache:
         slots: rows a pass may address.
         kv_heads, head_dim: the model's key/value heads and their size.
         context_length: most positions a slot holds.
-        dtype: storage dtype (the model's activation dtype).
+        dtype: what the pools hold (written keys and values are rounded to it).
         capacity_blocks: most blocks the pools ever hold (``None``: no bound beyond
             what the slots' tables and held spans refer to).
         initial_blocks: blocks the pools hold at first (default: ``capacity_blocks``, or
@@ -199,6 +199,11 @@ class PagedKvCache:
         #: order, as the one after a slot's last, is skipped when it comes up).
         self._free = list(range(blocks))
         self._free_count = blocks
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """What the pools hold."""
+        return self.keys[0].dtype
 
     @property
     def num_blocks(self) -> int:

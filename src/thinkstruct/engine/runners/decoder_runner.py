@@ -56,6 +56,7 @@ import torch.nn.functional as F
 
 from thinkstruct.engine.kernels.cpu_kernels import (
     INT8,
+    POOL_DTYPES,
     CpuKernels,
     LayerPointers,
     Pages,
@@ -254,6 +255,12 @@ class DecoderRunner(CausalLmRunner):
         kv_cache_bytes: most bytes of blocks the running requests reserve.
         prefix_cache_bytes: most bytes of blocks the prefix cache keeps; the pools hold
             at most both budgets' blocks and one for a copy on write.
+        kv_cache_dtype: what the pools hold: ``float16`` or ``float32``; ``None``:
+            float16 where the compiled kernels run the passes (half the bytes that
+            attention reads and the budgets hold twice the positions; measured: a
+            32-row step's attention at positions 40-140 in 57 % of the time), else the
+            model's own dtype. Keys and values are rounded to it when written and
+            computed with in the activations' dtype.
 
     Raises:
         ValueError: a model :func:`supports` refuses (names why).
@@ -271,13 +278,31 @@ class DecoderRunner(CausalLmRunner):
         kernels: bool = True,
         kv_cache_bytes: int = DEFAULT_KV_BYTES,
         prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES,
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
         entry = architecture_of(model, context_length=context_length)
         if isinstance(entry, str):
             raise ValueError(f"DecoderRunner cannot run this model: {entry}")
+        if kv_cache_dtype not in (None, *POOL_DTYPES):
+            raise ValueError(f"kv_cache_dtype must be float16, float32 or None (auto), got {kv_cache_dtype}")
         super().__init__(model, slots=slots, context_length=context_length, vocab_size=vocab_size)
+        base = model.base_model
+        self._norm = base.norm.weight.detach()
+        self._norm_eps = float(base.norm.variance_epsilon)
+        rotary = base.rotary_emb
+        # Its frequencies at construction: a longrope model's short factors (the only ones
+        # used within its original context, which architecture_of checked).
+        self._inv_freq = getattr(rotary, "original_inv_freq", rotary.inv_freq).detach().float()
+        self._rope_scale = float(rotary.attention_scaling)
+        self._layers = [
+            _Layer(layer, entry, config=text_config(model)) for layer in base.layers[: self._layer_count]
+        ]
+        self._inter = sum(self._layers[0].gate_up.sizes) // 2  # the MLP's width
+        self._kernels = cpu_kernels() if kernels and self._fits_kernels() else None
+        if kv_cache_dtype is None:
+            kv_cache_dtype = torch.float16 if self._kernels is not None else self._dtype
         size = block_bytes(
-            layers=self._layer_count, kv_heads=self._kv_heads, head_dim=self._head_dim, dtype=self._dtype
+            layers=self._layer_count, kv_heads=self._kv_heads, head_dim=self._head_dim, dtype=kv_cache_dtype
         )
         kv_blocks, prefix_blocks = kv_cache_bytes // size, prefix_cache_bytes // size
         self.kv_budget = KvBudget(
@@ -289,24 +314,12 @@ class DecoderRunner(CausalLmRunner):
         )
         self.cache = PagedKvCache(
             layers=self._layer_count, slots=slots, kv_heads=self._kv_heads, head_dim=self._head_dim,
-            context_length=context_length, dtype=self._dtype,
+            context_length=context_length, dtype=kv_cache_dtype,
             capacity_blocks=kv_blocks + prefix_blocks + 1,
         )  # fmt: skip
         #: The registry entry this runner computes.
         self.architecture = entry
-        base = model.base_model
-        config = text_config(model)
         self._embed = base.embed_tokens
-        self._layers = [_Layer(layer, entry, config) for layer in base.layers[: len(self.cache.keys)]]
-        self._inter = sum(self._layers[0].gate_up.sizes) // 2  # the MLP's width
-        self._norm = base.norm.weight.detach()
-        self._norm_eps = float(base.norm.variance_epsilon)
-        rotary = base.rotary_emb
-        # Its frequencies at construction: a longrope model's short factors (the only ones
-        # used within its original context, which architecture_of checked).
-        self._inv_freq = getattr(rotary, "original_inv_freq", rotary.inv_freq).detach().float()
-        self._rope_scale = float(rotary.attention_scaling)
-        self._kernels = cpu_kernels() if kernels and self._fits_kernels() else None
         self._stack = self._stack_pointers() if self._kernels is not None else None
         # One kernel call computes each token from its own inputs and slot, in a fixed
         # order (tested bit for bit); torch's matrix multiplies pick kernels by shape.
@@ -458,7 +471,7 @@ class DecoderRunner(CausalLmRunner):
             if real is not None:
                 new_keys, new_values = new_keys[real], new_values[real]
             self.cache.write_tokens(i, slot_of, pos_of, new_keys, new_values)
-            keys, values = self.cache.read_rows(i, first_slot, rows, plan.span)
+            keys, values = (pool.to(dtype) for pool in self.cache.read_rows(i, first_slot, rows, plan.span))
             folded = qk[:, :heads].reshape(rows, kv_heads, group * width, dim)
             attended = F.scaled_dot_product_attention(
                 folded, keys, values, attn_mask=masks[layer.window], scale=layer.scaling
@@ -503,7 +516,8 @@ class DecoderRunner(CausalLmRunner):
             h, stack, heads=self._heads, kv_heads=self._kv_heads, dim=self._head_dim,
             inter=self._inter, rot_half=self._inv_freq.numel(),
             cos=packed.cos, sin=packed.sin, slot_of=packed.slot_of, pos_of=packed.pos_of,
-            pages=Pages(self.cache.table, self.cache.block_tokens, self.cache.num_blocks), span=plan.span,
+            pages=Pages(self.cache.table, self.cache.block_tokens, self.cache.num_blocks, self.cache.dtype),
+            span=plan.span,
         )  # fmt: skip
         last = tail_positions(plan.lengths, tail, width=None)
         return self._logits(kernels.rms_norm(h[last], self._norm, self._norm_eps))
@@ -588,20 +602,29 @@ def default_runner(
     vocab_size: int,
     kv_cache_bytes: int = DEFAULT_KV_BYTES,
     prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES,
+    kv_cache_dtype: torch.dtype | None = None,
 ) -> ModelRunner:
     """:class:`DecoderRunner` for the models its architecture registry computes exactly
     (fewer operations per step), the transformers runner for any other (logging why;
     at most :attr:`TransformersRunner.most_slots` of the ``slots``); either within the
-    budgets given (:class:`~thinkstruct.engine.kv.budget.KvBudget`)."""
+    budgets given (:class:`~thinkstruct.engine.kv.budget.KvBudget`).
+
+    Raises:
+        ValueError: a ``kv_cache_dtype`` for a model the decoder runner cannot run (the
+            transformers runner keeps the model's dtype), naming why.
+    """
     reason = supports(model, context_length=context_length)
-    kind: type[DecoderRunner] | type[TransformersRunner] = DecoderRunner
-    if reason is not None:
-        log.info("transformers runner (not the decoder runner: %s)", reason)
-        kind = TransformersRunner
-        slots = min(slots, TransformersRunner.most_slots)
-    return kind(
+    if reason is None:
+        return DecoderRunner(
+            model, slots=slots, context_length=context_length, vocab_size=vocab_size,
+            kv_cache_bytes=kv_cache_bytes, prefix_cache_bytes=prefix_cache_bytes, kv_cache_dtype=kv_cache_dtype,
+        )  # fmt: skip
+    if kv_cache_dtype is not None:
+        raise ValueError(f"a KV cache dtype needs the decoder runner, which cannot run this model: {reason}")
+    log.info("transformers runner (not the decoder runner: %s)", reason)
+    return TransformersRunner(
         model,
-        slots=slots,
+        slots=min(slots, TransformersRunner.most_slots),
         context_length=context_length,
         vocab_size=vocab_size,
         kv_cache_bytes=kv_cache_bytes,
