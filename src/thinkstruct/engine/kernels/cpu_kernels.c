@@ -18,7 +18,8 @@
  *             are consecutive reads each head as one run, as contiguous slot buffers did
  *             (measured: blocks first cost attention ~13% at 1k positions). The pools
  *             hold float32 or float16 (ts_pages.half): float16 rows are half the bytes
- *             that attention reads, and their conversion to float32 is exact.
+ *             that attention reads, and their conversion to float32 is exact (stored:
+ *             rounded to nearest, saturated at +-65504).
  *
  * Every result of a token depends on that token's inputs and its slot's cache only, in a
  * fixed order of operations: never on the other tokens of the pass or how many there are.
@@ -156,6 +157,14 @@ static inline const void *kv_at(const void *pool, int64_t at, int64_t half) {
     return (const char *)pool + at * (half ? 2 : 4);
 }
 
+/* 8 float32 values as float16, rounded to nearest even; those past float16's range
+ * saturate at +-65504 (rounding would give infinities, and attention NaN); NaN stays NaN
+ * (max and min return their second operand where one is NaN). */
+static inline __m128i to_half8(__m256 x) {
+    const __m256 top = _mm256_set1_ps(65504.0f), bottom = _mm256_set1_ps(-65504.0f);
+    return _mm256_cvtps_ph(_mm256_min_ps(top, _mm256_max_ps(bottom, x)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
 /* 8 float32 lanes from elements i.. of a pool row p (float16 converted: exact). */
 static inline __attribute__((always_inline)) __m256 kv_load8(const void *p, int64_t i, const int half) {
     return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)))
@@ -214,10 +223,9 @@ static void rope_store_rows(float *qkv, int64_t t_lo, int64_t t_hi, int64_t ld, 
             const float *ks = row + (heads + h) * dim;
             const float *vs = row + (heads + kv_heads + h) * dim;
             if (pg->half) {
-                const int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
                 for (int64_t i = 0; i < dim; i += 8) {
-                    _mm_storeu_si128((__m128i *)((uint16_t *)kd + i), _mm256_cvtps_ph(_mm256_loadu_ps(ks + i), round));
-                    _mm_storeu_si128((__m128i *)((uint16_t *)vd + i), _mm256_cvtps_ph(_mm256_loadu_ps(vs + i), round));
+                    _mm_storeu_si128((__m128i *)((uint16_t *)kd + i), to_half8(_mm256_loadu_ps(ks + i)));
+                    _mm_storeu_si128((__m128i *)((uint16_t *)vd + i), to_half8(_mm256_loadu_ps(vs + i)));
                 }
             } else {
                 for (int64_t i = 0; i < dim; i += 8) {
