@@ -163,10 +163,13 @@ def test_free_text_answers_when_the_model_stops_inside_its_thought(
         assert choice.message.model_extra.get("reasoning_content") is not None  # it thought
         assert choice.message.content and choice.message.content.strip(), choice
     # Seeded, on int8 weights on the compiled kernels (each row's numbers the same in any
-    # batch): each answer's ending is fixed.
+    # batch): each answer's ending is fixed. All but two stop: "Name a color." with seed 0
+    # and "What is the capital of Spain?" with seed 2 answer with text, then run to
+    # max_tokens (with float32 keys and values every one stopped: the draws land elsewhere).
     assert smol_server.state.engine.runner.batch_invariant
     finishes = [a.choices[0].finish_reason for a in answers]
-    assert finishes == ["stop"] * len(requests), finishes
+    ran_out = {3, 11}
+    assert finishes == ["length" if i in ran_out else "stop" for i in range(len(requests))], finishes
     streamed = "".join(
         chunk.choices[0].delta.content or ""
         for chunk in smol_server.openai().chat.completions.create(**requests[-1], stream=True)
