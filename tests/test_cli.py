@@ -135,6 +135,18 @@ def test_memory_budgets_reach_the_engine_and_the_compiler(capsys: pytest.Capture
     assert "--prefix-cache-bytes" in capsys.readouterr().err
 
 
+def test_the_kv_cache_dtype_reaches_the_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    from thinkstruct.cli.parsing import build_parser, engine_spec
+
+    parse = build_parser("t").parse_args
+    assert engine_spec(parse(["serve", "--kv-cache-dtype", "float32"])).engine.kv_cache_dtype == "float32"
+    assert engine_spec(parse(["serve"])).engine.kv_cache_dtype is None  # float16 on the kernels
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--kv-cache-dtype", "bfloat16"])
+    assert exit_info.value.code == 2
+    assert "--kv-cache-dtype" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "flags, quantize",
     [

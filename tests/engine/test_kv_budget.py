@@ -118,6 +118,26 @@ def test_the_decoder_runners_pools_hold_both_budgets_and_one_block(tiny_model) -
     )
 
 
+def test_the_kv_cache_dtype_reaches_the_runner_and_the_same_bytes_hold_half_the_positions_in_float32(
+    tiny_model,
+) -> None:
+    """``kv_cache_dtype`` (``--kv-cache-dtype``) picks what the runner's pools hold; the
+    budget is bytes, so float32 admits half the positions float16 does."""
+    with pytest.raises(ValueError, match="kv_cache_dtype must be float16, float32 or None"):
+        EngineConfig(kv_cache_dtype="bfloat16")  # type: ignore[arg-type]
+    for dtype, positions in ((None, 4 * 32), ("float32", 2 * 32)):
+        config = EngineConfig(
+            max_batch=2, kv_cache_bytes=4 * BLOCK, prefix_cache_bytes=0, kv_cache_dtype=dtype
+        )
+        with Engine(tiny_model, config=config) as e:
+            assert e.runner is not None
+            assert e.runner.cache.dtype == (torch.float32 if dtype else torch.float16)
+            with pytest.raises(KvBudgetExceeded, match=rf"{positions} positions"):
+                e.submit(_request(_prompt(20), max_tokens=positions))
+            out = e.submit(_request(_prompt(20), max_tokens=positions - 20)).wait()
+            assert out.finish_reason is FinishReason.LENGTH
+
+
 # ---- admission ------------------------------------------------------------------------------
 
 
