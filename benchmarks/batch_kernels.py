@@ -2,14 +2,16 @@
 (``CpuKernels.gguf_linear``, the embedded SmolLM2's Q4_1 layer shapes), the int8-weight
 multiply (``w8_linear``, the same shapes), attention over paged KV with rows of different
 lengths (``CpuKernels.attention``: one new token per slot, SmolLM2's 9 query heads over 3
-key/value heads of 64; ``attn f16`` over float16 pools, as the engine keeps them on the
-kernels, ``attn f32`` over float32 ones), and a whole decoding step of the embedded model
+key/value heads of 64, over 30 layers' caches in turn as a step reads them; ``attn f16``
+over float16 pools, as the engine keeps them on the kernels, ``attn f32`` over float32
+ones), and a whole decoding step of the embedded model
 (``DecoderRunner``), at 1, 8, 16, 32 and 64 rows; beside the machine's multiply-add peak,
 measured by a plain kernel compiled here (independent chains of float32 fused
 multiply-adds, and of int16 pair multiply-adds into int32 as the GGUF blocks use: AVX-512
 ``vpdpwssd`` where the CPU has VNNI, else AVX2 ``vpmaddwd``), on the same OpenMP threads.
 
     python benchmarks/batch_kernels.py [--rows 1 8 16 32 64] [--repeats 20] [--context 128 1024]
+        [--kv-cache-dtype float16 float32]
 
 Each figure is the best of ``--repeats`` calls (the machine is shared: best, not mean); the
 kernels of a batch size are interleaved call by call. ``x peak`` is a kernel's GFLOP/s over
@@ -48,6 +50,9 @@ from thinkstruct.engine.weights.int8_weights import Int8Linear
 #: SmolLM2-135M's projections of one layer, (outputs, inputs): q, k, v, o, gate, up, down.
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 32
+#: Layers whose caches one attention figure reads in turn, each its own blocks, as a
+#: decoding step of the embedded model does (one layer's alone stays in the CPU's cache).
+ATTENTION_LAYERS = 30
 
 PEAK_SOURCE = r"""
 #include <immintrin.h>
@@ -145,6 +150,14 @@ def main() -> None:
         help="the rows' positions are drawn in this range",
     )
     parser.add_argument("--no-step", action="store_true", help="leave out the whole decoding step")
+    parser.add_argument(
+        "--kv-cache-dtype",
+        nargs="+",
+        choices=("auto", "float16", "float32"),
+        default=["auto"],
+        help="what the decoding step's KV cache holds, a runner each, interleaved (auto: the engine's "
+        "default, float16 on the kernels)",
+    )
     args = parser.parse_args()
     kernels = cpu_kernels()
     if kernels is None:
@@ -174,10 +187,11 @@ def main() -> None:
     low, high = args.context
     max_rows = max(args.rows)
     per_slot = -(-high // BLOCK)
-    keys = torch.randn(KV_HEADS, max_rows * per_slot, BLOCK, DIM, generator=generator)
-    values = torch.randn(KV_HEADS, max_rows * per_slot, BLOCK, DIM, generator=generator)
+    pool_blocks = ATTENTION_LAYERS * max_rows * per_slot
+    keys = torch.randn(KV_HEADS, pool_blocks, BLOCK, DIM, generator=generator)
+    values = torch.randn(KV_HEADS, pool_blocks, BLOCK, DIM, generator=generator)
     pools = {"attn f16": (keys.half(), values.half()), "attn f32": (keys, values)}
-    table = torch.randperm(max_rows * per_slot, generator=generator).view(max_rows, per_slot).contiguous()
+    tables = torch.randperm(pool_blocks, generator=generator).view(ATTENTION_LAYERS, max_rows, per_slot)
     lengths = rng.integers(low, high + 1, max_rows)
     print(
         f"# one layer's projections {layer_madds / 1e6:.2f}M multiply-adds a row (Q4_1 blocks, int8 rows); "
@@ -213,11 +227,13 @@ def main() -> None:
                 pos_of: torch.Tensor = pos_of,
                 span: int = span,
             ) -> float:
-                kernels.attention(
-                    qkv, heads=HEADS, kv_heads=KV_HEADS, slot_of=slot_of, pos_of=pos_of, span=span,
-                    keys=pool[0], values=pool[1], table=table, scale=DIM**-0.5,
-                )  # fmt: skip
-                return 2 * HEADS * DIM * float((pos_of + 1).sum())  # scores, then the weighted sum
+                for table in tables:
+                    kernels.attention(
+                        qkv, heads=HEADS, kv_heads=KV_HEADS, slot_of=slot_of, pos_of=pos_of, span=span,
+                        keys=pool[0], values=pool[1], table=table, scale=DIM**-0.5,
+                    )  # fmt: skip
+                # Scores, then the weighted sum, in every layer.
+                return ATTENTION_LAYERS * 2 * HEADS * DIM * float((pos_of + 1).sum())
 
             sides: dict[str, Callable[[], float]] = {"gguf": gguf, "int8": int8}
             for name, pool in pools.items():
@@ -234,16 +250,28 @@ def main() -> None:
             )
     if not args.no_step:
         decoding_steps(
-            args.rows, lengths, repeats=max(3, args.repeats // 4), peak_i16=peak_i16, peak_f32=peak_f32
+            args.rows,
+            lengths,
+            repeats=max(3, args.repeats // 4),
+            peak_i16=peak_i16,
+            peak_f32=peak_f32,
+            kv_cache_dtypes=args.kv_cache_dtype,
         )
     print("# python benchmarks/batch_kernels.py " + " ".join(sys.argv[1:]))
 
 
 def decoding_steps(
-    rows_list: list[int], lengths: np.ndarray, *, repeats: int, peak_i16: float, peak_f32: float
+    rows_list: list[int],
+    lengths: np.ndarray,
+    *,
+    repeats: int,
+    peak_i16: float,
+    peak_f32: float,
+    kv_cache_dtypes: list[str],
 ) -> None:
     """A whole decoding step of the embedded model (its GGUF blocks), per batch size: each
-    slot prefilled to its drawn length, then one token per slot."""
+    slot prefilled to its drawn length, then one token per slot; one runner per KV cache
+    dtype (``auto``: the engine's default), their steps interleaved call by call."""
     from thinkstruct.engine.assembly import EngineSpec
     from thinkstruct.engine.model.loading import load_model
     from thinkstruct.engine.runners.decoder_runner import DecoderRunner
@@ -251,12 +279,16 @@ def decoding_steps(
     model = load_model(quantize=EngineSpec().quantize, progress=False)  # as thinkstruct serve loads it
     config = model.model.config
     max_rows = max(rows_list)
-    runner = DecoderRunner(
-        model.model,
-        slots=max_rows,
-        context_length=int(lengths.max()) + 2,
-        vocab_size=model.tokenizer.vocab_size,
-    )
+    runners = {
+        name: DecoderRunner(
+            model.model,
+            slots=max_rows,
+            context_length=int(lengths.max()) + 2,
+            vocab_size=model.tokenizer.vocab_size,
+            kv_cache_dtype=None if name == "auto" else getattr(torch, name),
+        )
+        for name in kv_cache_dtypes
+    }
     hidden, inner = config.hidden_size, config.intermediate_size
     kv = config.num_key_value_heads * (hidden // config.num_attention_heads)
     layers = config.num_hidden_layers
@@ -269,7 +301,8 @@ def decoding_steps(
         for slot in range(max_rows):
             prompt = rng.integers(100, 10000, int(lengths[slot]) - 1).tolist()
             for start in range(0, len(prompt), 256):
-                runner.forward(slot, [prompt[start : start + 256]], [start])
+                for runner in runners.values():
+                    runner.forward(slot, [prompt[start : start + 256]], [start])
         attention_madds = 2 * layers * HEADS * DIM  # a token over one position: scores and sum
         ceiling = peak_i16 * 1e9 / (2 * madds_per_token)
         ceiling_f32 = peak_f32 * 1e9 / (2 * madds_per_token)
@@ -279,23 +312,28 @@ def decoding_steps(
             f"{ceiling_f32:.0f} (attention excluded)"
         )
         print(
-            f"{'rows':>4} {'step ms':>8} {'tokens/s':>9} {'GFLOP/s':>8} {'x peak':>6} {'x ceiling':>9} {'x f32 ceiling':>13}"
+            f"{'rows':>4} {'KV cache':>8} {'step ms':>8} {'tokens/s':>9} {'GFLOP/s':>8} {'x peak':>6} "
+            f"{'x ceiling':>9} {'x f32 ceiling':>13}"
         )
         for rows in rows_list:
             starts = [int(n) - 1 for n in lengths[:rows]]
             tokens = [[int(t)] for t in rng.integers(100, 10000, rows)]
-            best = float("inf")
+            best = dict.fromkeys(runners, float("inf"))
             for _ in range(repeats):
-                begin = time.perf_counter()
-                runner.forward(0, tokens, starts)
-                best = min(best, time.perf_counter() - begin)
+                for name, runner in runners.items():
+                    begin = time.perf_counter()
+                    runner.forward(0, tokens, starts)
+                    best[name] = min(best[name], time.perf_counter() - begin)
             madds = rows * madds_per_token + attention_madds * sum(n for n in lengths[:rows])
-            rate = 2 * madds / best / 1e9
-            print(
-                f"{rows:>4} {best * 1e3:>8.1f} {rows / best:>9.1f} {rate:>8.1f} {rate / peak_i16:>6.2f} "
-                f"{rows / best / ceiling:>9.2f} {rows / best / ceiling_f32:>13.2f}",
-                flush=True,
-            )
+            for name, runner in runners.items():
+                rate = 2 * madds / best[name] / 1e9
+                dtype = str(runner.cache.dtype).removeprefix("torch.")
+                print(
+                    f"{rows:>4} {dtype:>8} {best[name] * 1e3:>8.1f} {rows / best[name]:>9.1f} {rate:>8.1f} "
+                    f"{rate / peak_i16:>6.2f} {rows / best[name] / ceiling:>9.2f} "
+                    f"{rows / best[name] / ceiling_f32:>13.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
