@@ -362,7 +362,7 @@ def test_the_stacked_pass_refuses_sizes_it_cannot_take(kernels) -> None:
     h = torch.ones(2, 24)
     cos = torch.zeros(2, 8)
     positions = torch.arange(2)
-    pages = Pages(torch.zeros(1, 1, dtype=torch.long), block_tokens=8, num_blocks=1)
+    pages = Pages(torch.zeros(1, 1, dtype=torch.long), block_tokens=8, num_blocks=1, dtype=torch.float32)
     with pytest.raises(ValueError, match="hidden 24"):
         kernels.decoder_layers(
             h, (LayerPointers * 1)(), heads=2, kv_heads=1, dim=16, inter=32, rot_half=8, cos=cos, sin=cos,
@@ -376,7 +376,9 @@ def test_the_stacked_pass_refuses_sizes_it_cannot_take(kernels) -> None:
         )  # fmt: skip
     # Sizes it takes, a block table whose entry lies outside the pool: refused before any layer.
     h = torch.ones(2, 32)
-    outside = Pages(torch.full((1, 1), 5, dtype=torch.long), block_tokens=8, num_blocks=1)
+    outside = Pages(
+        torch.full((1, 1), 5, dtype=torch.long), block_tokens=8, num_blocks=1, dtype=torch.float32
+    )
     with pytest.raises(ValueError, match="block table"):
         kernels.decoder_layers(
             h, (LayerPointers * 1)(), heads=2, kv_heads=1, dim=16, inter=32, rot_half=8, cos=cos, sin=cos,

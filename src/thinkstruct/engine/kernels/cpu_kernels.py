@@ -147,7 +147,7 @@ class Pages(NamedTuple):
     table: torch.Tensor
     block_tokens: int
     num_blocks: int
-    dtype: torch.dtype = torch.float32
+    dtype: torch.dtype
 
     @staticmethod
     def of(keys: torch.Tensor, values: torch.Tensor, table: torch.Tensor) -> Pages:
