@@ -43,6 +43,7 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import quantize
 
+from thinkstruct.engine.core.config import KV_CACHE_DTYPES
 from thinkstruct.engine.kernels.cpu_kernels import cpu_kernels
 from thinkstruct.engine.weights.gguf_weights import pack_blocks
 from thinkstruct.engine.weights.int8_weights import Int8Linear
@@ -153,7 +154,7 @@ def main() -> None:
     parser.add_argument(
         "--kv-cache-dtype",
         nargs="+",
-        choices=("auto", "float16", "float32"),
+        choices=("auto", *KV_CACHE_DTYPES),
         default=["auto"],
         help="what the decoding step's KV cache holds, a runner each, interleaved (auto: the engine's "
         "default, float16 on the kernels)",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from thinkstruct.engine.assembly import EngineSpec
-from thinkstruct.engine.core.config import EngineConfig
+from thinkstruct.engine.core.config import KV_CACHE_DTYPES, EngineConfig
 from thinkstruct.engine.core.thinking_budget import DEFAULT_REASONING_SHARE, check_reasoning_share
 from thinkstruct.engine.model.loading import DTYPES
 from thinkstruct.grammar.backends import BACKEND_NAMES
@@ -138,7 +138,7 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--kv-cache-dtype",
-        choices=("float16", "float32"),
+        choices=KV_CACHE_DTYPES,
         default=None,
         help="what the KV cache holds (default: float16 where the compiled CPU kernels run the model: half "
         "the bytes attention reads, twice the positions a budget holds; else the model's dtype)",

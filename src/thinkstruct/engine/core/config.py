@@ -6,7 +6,7 @@ the refusals a caller can retry (:class:`EngineOverloaded`, :class:`KvCacheFull`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from thinkstruct.engine.kv.budget import DEFAULT_KV_BYTES, DEFAULT_PREFIX_BYTES
 from thinkstruct.engine.request import FinishReason, GenerationRequest, InvalidSamplingParam
@@ -20,6 +20,10 @@ _MIB = 1 << 20
 #: for it.
 KV_DEMAND_BUDGETS = 2
 
+
+#: What a KV cache may be told to hold (``EngineConfig.kv_cache_dtype``, ``--kv-cache-dtype``).
+KvCacheDtype = Literal["float16", "float32"]
+KV_CACHE_DTYPES: tuple[KvCacheDtype, ...] = get_args(KvCacheDtype)
 
 #: Seconds a decoding step should take by default (``EngineConfig.step_latency_target_s``):
 #: SmolLM2's decoding step of 64 rows (the default ``max_batch``) took 77 ms at best on two
@@ -147,7 +151,7 @@ class EngineConfig:
     idle_poll_s: float = 0.05
     kv_cache_bytes: int = DEFAULT_KV_BYTES
     prefix_cache_bytes: int = DEFAULT_PREFIX_BYTES
-    kv_cache_dtype: Literal["float16", "float32"] | None = None
+    kv_cache_dtype: KvCacheDtype | None = None
     check_tries_per_value: int = 8
     check_tries_per_request: int = 32
     masks_during_forward: bool | None = None
@@ -165,8 +169,10 @@ class EngineConfig:
                 "kv_cache_bytes must be positive: it bounds the running requests' keys and values "
                 "(the prefix cache's budget is prefix_cache_bytes)"
             )
-        if self.kv_cache_dtype not in (None, "float16", "float32"):
-            raise ValueError(f"kv_cache_dtype must be float16, float32 or None, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be {', '.join(KV_CACHE_DTYPES)} or None, got {self.kv_cache_dtype!r}"
+            )
         if self.check_tries_per_value < 0 or self.check_tries_per_request < 0:
             raise ValueError("check_tries_per_value and check_tries_per_request must be >= 0")
 
