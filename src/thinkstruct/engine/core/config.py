@@ -26,9 +26,10 @@ KvCacheDtype = Literal["float16", "float32"]
 KV_CACHE_DTYPES: tuple[KvCacheDtype, ...] = get_args(KvCacheDtype)
 
 #: Seconds a decoding step should take by default (``EngineConfig.step_latency_target_s``):
-#: SmolLM2's decoding step of 64 rows (the default ``max_batch``) took 77 ms at best on two
-#: cores of an AMD EPYC (``benchmarks/batch_kernels.py``, positions 30-200), so 100 ms lets
-#: the batch reach the cap there and holds it lower where steps are slower.
+#: SmolLM2's decoding step of 64 rows (the default ``max_batch``) took 68 ms at best on two
+#: cores of an AMD EPYC (``benchmarks/batch_kernels.py``, positions 30-200, float16 KV; 76 ms
+#: in float32), so 100 ms lets the batch reach the cap there and holds it lower where steps
+#: are slower.
 DEFAULT_STEP_LATENCY_TARGET_S = 0.1
 
 
